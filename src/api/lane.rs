@@ -1,0 +1,216 @@
+//! `LaneContract`: one traffic lane and what may be done to it under pressure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::common::Decimal;
+
+/// One traffic lane on a pool: its priority, cost, guaranteed floor, ceiling,
+/// deadline, queue, retry budget, routes, and what may be done to it under
+/// pressure.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "lanekeeper.dev",
+    version = "v1alpha1",
+    kind = "LaneContract",
+    namespaced,
+    status = "LaneContractStatus",
+    shortname = "lane",
+    category = "lanekeeper",
+    printcolumn = r#"{"name":"Profile","type":"string","jsonPath":".spec.profile","description":"CapacityProfile the lane runs on"}"#,
+    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"0 is most critical"}"#,
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"Admitted, Capped, Throttled or Paused"}"#,
+    printcolumn = r#"{"name":"Demand","type":"number","jsonPath":".status.demandUnitsPerSecond","description":"Demand in work units/s"}"#,
+    printcolumn = r#"{"name":"Admitted","type":"number","jsonPath":".status.admittedUnitsPerSecond","description":"Admitted work units/s"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.floorUnitsPerSecond) || !has(self.ceilingUnitsPerSecond) || quantity(self.floorUnitsPerSecond).compareTo(quantity(self.ceilingUnitsPerSecond)) <= 0").message("floorUnitsPerSecond must be <= ceilingUnitsPerSecond").field_path(".floorUnitsPerSecond"))]
+#[x_kube(validation = Rule::new("!has(self.borrowing) || self.checkpointable").message("borrowing requires checkpointable: true").field_path(".borrowing"))]
+pub struct LaneContractSpec {
+    /// Name of the CapacityProfile (same namespace) this lane runs on.
+    #[x_kube(validation = Rule::new("self != ''").message("profile must not be empty"))]
+    pub profile: String,
+    /// Priority, 0 being the most critical. Capacity is filled in strict
+    /// priority order after floors; lanes of equal priority share by weight.
+    #[x_kube(validation = Rule::new("self >= 0").message("priority must be >= 0"))]
+    pub priority: i32,
+    /// Share of capacity among lanes of equal priority.
+    #[serde(default = "default_weight")]
+    #[x_kube(validation = Rule::new("self >= 1").message("weight must be >= 1"))]
+    pub weight: i32,
+    /// Work units one request of this lane costs (the pool's capacity is
+    /// measured in work units per second).
+    #[x_kube(validation = Rule::new("quantity(self).isGreaterThan(quantity('0'))").message("workUnitsPerRequest must be greater than 0"))]
+    pub work_units_per_request: Decimal,
+    /// Requests per second assumed when no telemetry gives the lane's rate.
+    pub expected_requests_per_second: Decimal,
+    /// Work units per second reserved for this lane before any other lane is
+    /// served (headroom for its bursts, even when its demand is lower).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_units_per_second: Option<Decimal>,
+    /// Most work units per second the lane is ever admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling_units_per_second: Option<Decimal>,
+    /// What may be done to this lane under pressure.
+    #[serde(default)]
+    pub shedding: SheddingSpec,
+    /// The lane's work can be checkpointed and resumed (required to borrow).
+    #[serde(default)]
+    pub checkpointable: bool,
+    /// Lease of another lane's idle floor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowing: Option<BorrowingSpec>,
+    /// End-to-end deadline of one request, in seconds.
+    #[x_kube(validation = Rule::new("self >= 1").message("deadlineSeconds must be >= 1"))]
+    pub deadline_seconds: i64,
+    /// The gateway queue for this lane.
+    pub queue: QueueSpec,
+    /// Client retry limits and the retry budget the gateway enforces.
+    pub retry: RetrySpec,
+    /// Model routes the lane may use.
+    pub routes: RoutesSpec,
+    /// Optional long context that may be reduced under pressure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional_context: Option<OptionalContextSpec>,
+}
+
+fn default_weight() -> i32 {
+    1
+}
+
+/// What may be done to a lane under pressure.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.mode != 'Defer' || has(self.minUnitsPerSecond)").message("shedding.mode Defer requires minUnitsPerSecond").field_path(".minUnitsPerSecond"))]
+pub struct SheddingSpec {
+    /// `Never`: never paused nor capped (it keeps its floor); `Throttle`: may be
+    /// capped, never paused; `Defer`: may be capped down to `minUnitsPerSecond`;
+    /// `Pause`: may be paused.
+    #[serde(default)]
+    pub mode: SheddingMode,
+    /// For `Defer`: the lowest rate a level may cap the lane to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_units_per_second: Option<Decimal>,
+}
+
+/// What may be done to a lane under pressure.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SheddingMode {
+    /// Never paused or capped.
+    Never,
+    /// May be capped, never paused.
+    #[default]
+    Throttle,
+    /// May be capped down to `minUnitsPerSecond`.
+    Defer,
+    /// May be paused.
+    Pause,
+}
+
+/// Borrowing of other lanes' idle floors.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BorrowingSpec {
+    /// Lanes (same namespace and profile) whose idle floor may be borrowed, in
+    /// order of preference.
+    #[x_kube(validation = Rule::new("size(self) >= 1").message("borrowing.from must name at least one lane"))]
+    pub from: Vec<String>,
+    /// Most work units per second borrowed in total.
+    pub max_units_per_second: Decimal,
+    /// How long a grant stays valid without a newer decision, in seconds.
+    #[serde(default = "default_lease")]
+    #[x_kube(validation = Rule::new("self >= 1").message("leaseSeconds must be >= 1"))]
+    pub lease_seconds: i64,
+    /// How quickly the borrower must give the capacity back when the lender's
+    /// demand rises, in seconds.
+    #[serde(default = "default_release")]
+    #[x_kube(validation = Rule::new("self >= 0").message("releaseWithinSeconds must be >= 0"))]
+    pub release_within_seconds: i64,
+}
+
+fn default_lease() -> i64 {
+    300
+}
+fn default_release() -> i64 {
+    30
+}
+
+/// The gateway queue of a lane.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueSpec {
+    /// Most requests waiting; more are rejected.
+    #[x_kube(validation = Rule::new("self >= 0").message("maxDepth must be >= 0"))]
+    pub max_depth: i64,
+    /// How long a request may wait before it expires, in seconds.
+    #[x_kube(validation = Rule::new("self >= 0").message("ttlSeconds must be >= 0"))]
+    pub ttl_seconds: i64,
+}
+
+/// Retry limits.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RetrySpec {
+    /// Most attempts per request, the first included.
+    #[x_kube(validation = Rule::new("self >= 1").message("maxAttempts must be >= 1"))]
+    pub max_attempts: i32,
+    /// Retry budget: extra attempts ÷ original requests, in percent.
+    #[serde(default = "default_budget")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 100").message("budgetPercent must be within 0..100"))]
+    pub budget_percent: i32,
+}
+
+fn default_budget() -> i32 {
+    5
+}
+
+/// Model routes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutesSpec {
+    /// Routes used normally.
+    #[x_kube(validation = Rule::new("size(self) >= 1").message("routes.primary must name at least one route"))]
+    pub primary: Vec<String>,
+    /// Pre-approved fallback routes, used only when a level says so.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approved_fallbacks: Vec<String>,
+}
+
+/// Optional long context.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.degradedHistoryTurns <= self.historyTurns").message("degradedHistoryTurns must be <= historyTurns"))]
+pub struct OptionalContextSpec {
+    /// Conversation turns sent normally.
+    #[x_kube(validation = Rule::new("self >= 0").message("historyTurns must be >= 0"))]
+    pub history_turns: i32,
+    /// Conversation turns sent when a level rejects optional context.
+    #[x_kube(validation = Rule::new("self >= 0").message("degradedHistoryTurns must be >= 0"))]
+    pub degraded_history_turns: i32,
+}
+
+/// Observed state of a LaneContract.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneContractStatus {
+    /// The generation of the spec this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Admitted`, `Capped`, `Throttled` or `Paused`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Demand in work units per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand_units_per_second: Option<f64>,
+    /// Admitted work units per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_units_per_second: Option<f64>,
+    /// Work units per second borrowed from other lanes' idle floors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowed_units_per_second: Option<f64>,
+    /// Conditions: `Bound`, `ContractRespected`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}

@@ -1,0 +1,32 @@
+//! The custom resources of lanekeeper (`lanekeeper.dev/v1alpha1`).
+
+pub mod common;
+pub mod lane;
+pub mod policy;
+pub mod profile;
+
+pub use common::Decimal;
+pub use lane::*;
+pub use policy::*;
+pub use profile::*;
+
+use kube::CustomResourceExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+/// The API group of every lanekeeper resource.
+pub const GROUP: &str = "lanekeeper.dev";
+
+/// The three CRDs, in a stable order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![CapacityProfile::crd(), LaneContract::crd(), DegradationPolicy::crd()]
+}
+
+/// The three CRDs as one multi-document YAML stream (what `crdgen` prints).
+pub fn crds_yaml() -> String {
+    let mut out = String::new();
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd).expect("CRD serializes"));
+    }
+    out
+}

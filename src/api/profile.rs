@@ -1,0 +1,278 @@
+//! `CapacityProfile`: one GPU inference pool and what it can safely serve.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::common::Decimal;
+
+/// The measured capacity of one GPU inference pool, how it may be scaled and
+/// drained, and where its live signals come from.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "lanekeeper.dev",
+    version = "v1alpha1",
+    kind = "CapacityProfile",
+    namespaced,
+    status = "CapacityProfileStatus",
+    shortname = "capprof",
+    category = "lanekeeper",
+    printcolumn = r#"{"name":"Level","type":"string","jsonPath":".status.levelName","description":"Current degradation level"}"#,
+    printcolumn = r#"{"name":"Capacity","type":"number","jsonPath":".status.capacityUnitsPerSecond","description":"Capacity in work units/s"}"#,
+    printcolumn = r#"{"name":"Demand","type":"number","jsonPath":".status.demandUnitsPerSecond","description":"Demand in work units/s"}"#,
+    printcolumn = r#"{"name":"Admitted","type":"number","jsonPath":".status.admittedUnitsPerSecond","description":"Admitted work units/s"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.desiredReplicas","description":"Desired replicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas","description":"Ready replicas"}"#,
+    printcolumn = r#"{"name":"Telemetry","type":"string","jsonPath":".status.telemetry","description":"Known or Unknown"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityProfileSpec {
+    /// The pool of model-server pods this profile describes.
+    pub pool: PoolSpec,
+    /// The pool's measured safe capacity.
+    pub capacity: CapacitySpec,
+    /// Bounds for the pool size that lanekeeper writes to the scale target.
+    pub replicas: ReplicasSpec,
+    /// How lanekeeper writes the pool size: directly, not at all, or through an
+    /// existing HorizontalPodAutoscaler's minimum.
+    #[serde(default)]
+    pub scaling: ScalingSpec,
+    /// In-flight watermarks: real-time admission reflexes that the gateway
+    /// applies per request (passed through in the gateway config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<InFlightSpec>,
+    /// The bound and the per-pod triggers for taking misbehaving pods out of
+    /// rotation. Without it no pod is ever drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainSpec>,
+}
+
+/// The pool of model-server pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSpec {
+    /// The workload whose scale subresource sets the pool size (any kind with a
+    /// scale subresource: Deployment, StatefulSet, LeaderWorkerSet, ...).
+    pub scale_target_ref: ScaleTargetRef,
+    /// Selects the pool's pods (same namespace). Used to count ready pods and
+    /// to find drain candidates.
+    pub pod_selector: LabelSelector,
+}
+
+/// A reference to a workload with a scale subresource.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleTargetRef {
+    /// API version of the workload, e.g. `apps/v1`.
+    #[x_kube(validation = Rule::new("self != ''").message("apiVersion must not be empty"))]
+    pub api_version: String,
+    /// Kind of the workload, e.g. `Deployment`.
+    #[x_kube(validation = Rule::new("self != ''").message("kind must not be empty"))]
+    pub kind: String,
+    /// Name of the workload, in the profile's namespace.
+    #[x_kube(validation = Rule::new("self != ''").message("name must not be empty"))]
+    pub name: String,
+}
+
+/// Measured capacity of the pool.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("quantity(self.safeUnitsPerSecond).isGreaterThan(quantity('0'))").message("safeUnitsPerSecond must be greater than 0"))]
+#[x_kube(validation = Rule::new("quantity(self.unitsPerReplica).isGreaterThan(quantity('0'))").message("unitsPerReplica must be greater than 0"))]
+pub struct CapacitySpec {
+    /// The pool's measured safe capacity in work units per second: the last
+    /// load-test step at which every quality, tail-latency, error and memory
+    /// gate still held. Used as the capacity when no live signal says otherwise.
+    pub safe_units_per_second: Decimal,
+    /// Work units per second one ready replica serves safely. Capacity from
+    /// ready replicas is `readyReplicas × unitsPerReplica`; pool sizing divides
+    /// demand by it.
+    pub units_per_replica: Decimal,
+    /// Utilization (demand ÷ capacity, in percent) above which the pool is
+    /// considered hot. Also the target utilization for pool sizing.
+    #[serde(default = "default_warning_utilization")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 100").message("warningUtilizationPercent must be within 1..100"))]
+    pub warning_utilization_percent: i32,
+    /// Where the capacity figures come from; reported, and checked for expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationSpec>,
+}
+
+fn default_warning_utilization() -> i32 {
+    85
+}
+
+/// Calibration metadata of a capacity measurement.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CalibrationSpec {
+    /// Hash of the serving configuration (model, engine flags, GPU type) that
+    /// was measured. A change of configuration invalidates the measurement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+    /// When the measurement was taken (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_at: Option<String>,
+    /// How long the measurement stays valid, in seconds after `measuredAt`.
+    /// After that the profile reports `CalibrationExpired`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("validForSeconds must be at least 1"))]
+    pub valid_for_seconds: Option<i64>,
+}
+
+/// Pool size bounds.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.min <= self.max").message("replicas.min must be <= replicas.max"))]
+pub struct ReplicasSpec {
+    /// Fewest replicas lanekeeper ever asks for.
+    #[serde(default = "default_min_replicas")]
+    #[x_kube(validation = Rule::new("self >= 0").message("min must be >= 0"))]
+    pub min: i32,
+    /// Most replicas lanekeeper ever asks for.
+    #[x_kube(validation = Rule::new("self >= 1").message("max must be >= 1"))]
+    pub max: i32,
+    /// Most replicas added in one step above the currently ready replicas.
+    #[serde(default = "default_max_scale_up_step")]
+    #[x_kube(validation = Rule::new("self >= 1").message("maxScaleUpStep must be >= 1"))]
+    pub max_scale_up_step: i32,
+    /// How long demand must continuously want fewer replicas before the pool
+    /// is made smaller, in seconds.
+    #[serde(default = "default_scale_down_stabilization")]
+    #[x_kube(validation = Rule::new("self >= 0").message("scaleDownStabilizationSeconds must be >= 0"))]
+    pub scale_down_stabilization_seconds: i64,
+}
+
+fn default_min_replicas() -> i32 {
+    1
+}
+fn default_max_scale_up_step() -> i32 {
+    4
+}
+fn default_scale_down_stabilization() -> i64 {
+    300
+}
+
+/// How the pool size is written.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingSpec {
+    /// `Direct` (default) patches the scale subresource of the scale target;
+    /// `Disabled` only reports the desired replicas; `HPAMinReplicas` raises
+    /// the `minReplicas` of the HorizontalPodAutoscaler that targets the same
+    /// workload instead of fighting it.
+    #[serde(default)]
+    pub mode: ScalingMode,
+}
+
+/// How the pool size is written.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ScalingMode {
+    /// Patch the scale subresource (unless an HPA targets the workload).
+    #[default]
+    Direct,
+    /// Never write replicas; only report them.
+    Disabled,
+    /// Raise the targeting HPA's `minReplicas` to the desired replicas.
+    #[serde(rename = "HPAMinReplicas")]
+    HpaMinReplicas,
+}
+
+/// In-flight watermarks, applied per request by the gateway.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.resumeBelow < self.conserveAt && self.conserveAt <= self.stopAt").message("inFlight watermarks must satisfy resumeBelow < conserveAt <= stopAt"))]
+pub struct InFlightSpec {
+    /// At this many requests in flight the gateway rejects optional long
+    /// context (conserve).
+    #[x_kube(validation = Rule::new("self >= 1").message("conserveAt must be >= 1"))]
+    pub conserve_at: i64,
+    /// At this many requests in flight the gateway stops admitting new requests
+    /// for lanes that may be shed.
+    #[x_kube(validation = Rule::new("self >= 1").message("stopAt must be >= 1"))]
+    pub stop_at: i64,
+    /// The gateway resumes normal admission only below this many in flight.
+    #[x_kube(validation = Rule::new("self >= 0").message("resumeBelow must be >= 0"))]
+    pub resume_below: i64,
+}
+
+/// The bounded readiness drain.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSpec {
+    /// Most pods drained at once: an integer count or a percent of the ready
+    /// pods (rounded down), like a PodDisruptionBudget.
+    #[serde(default = "default_max_drained")]
+    #[x_kube(validation = Rule::new("type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')").message("maxDrained must be a non-negative integer or a percent within 0%..100%"))]
+    pub max_drained: IntOrString,
+    /// Fewest pods that must keep serving; no drain goes below it.
+    #[serde(default = "default_min_serving")]
+    #[x_kube(validation = Rule::new("self >= 0").message("minServing must be >= 0"))]
+    pub min_serving: i32,
+    /// A pod whose error ratio (0..1) is above this is a drain candidate.
+    #[x_kube(validation = Rule::new("quantity(self).compareTo(quantity('1')) <= 0").message("errorRatioAbove must be within 0..1"))]
+    pub error_ratio_above: Decimal,
+    /// How long a drained pod must look healthy before it is undrained, in
+    /// seconds.
+    #[serde(default = "default_healthy_for")]
+    #[x_kube(validation = Rule::new("self >= 0").message("healthyForSeconds must be >= 0"))]
+    pub healthy_for_seconds: i64,
+}
+
+fn default_max_drained() -> IntOrString {
+    IntOrString::String("25%".to_owned())
+}
+fn default_min_serving() -> i32 {
+    1
+}
+fn default_healthy_for() -> i64 {
+    120
+}
+
+/// Observed state of a CapacityProfile, written by the controller.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityProfileStatus {
+    /// The generation of the spec this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Current degradation level (0 = normal).
+    #[serde(default)]
+    pub level: u32,
+    /// Name of the current level (`normal` at level 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level_name: Option<String>,
+    /// `Known` or `Unknown`: whether the capacity could be had from telemetry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<String>,
+    /// Capacity in work units per second (absent while unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_units_per_second: Option<f64>,
+    /// Total demand of the bound lanes in work units per second, before shedding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand_units_per_second: Option<f64>,
+    /// Total admitted work units per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_units_per_second: Option<f64>,
+    /// Demand ÷ capacity in percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_percent: Option<f64>,
+    /// The pool size lanekeeper wants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<i32>,
+    /// Ready replicas of the pool as last observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Pods currently drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_pods: Option<i32>,
+    /// Most pods that may be drained at once right now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_budget: Option<i32>,
+    /// Standard conditions: `Ready`, `Degraded`, `TelemetryKnown`,
+    /// `Overcommitted`, `CalibrationExpired`, `ScalingConflict`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}

@@ -1,0 +1,8 @@
+#![forbid(unsafe_code)]
+//! lanekeeper: traffic-lane contracts, capacity profiles and degradation
+//! ladders for shared GPU inference pools, reconciled into gateway configs,
+//! pool sizes, bounded drains and degradation levels.
+
+pub mod api;
+pub mod policy;
+pub mod snapshot;

@@ -1,0 +1,4 @@
+#![forbid(unsafe_code)]
+fn main() {
+    print!("{}", lanekeeper::api::crds_yaml());
+}

@@ -1,0 +1,444 @@
+//! The decision engine: pure, deterministic, no I/O, no clock.
+//!
+//! Input: the specs, one signal snapshot (with its time) and the previous
+//! state. Output: the decision per profile and the next state. The controller,
+//! `plan` and `simulate` all call this same code.
+
+pub mod admission;
+pub mod bind;
+pub mod decision;
+pub mod drain;
+pub mod ladder;
+pub mod sizing;
+
+use std::collections::BTreeMap;
+
+use crate::api::{
+    CapacityProfile, DegradationPolicy, LaneContract, SheddingMode,
+};
+use crate::snapshot::{ProfileSignals, Snapshot};
+
+pub use bind::{Binding, World, bind};
+pub use decision::*;
+
+use admission::{AdmissionLane, EPS};
+use ladder::LevelInputs;
+
+/// Namespace/name key of an object.
+pub fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+fn object_key<K: kube::ResourceExt>(o: &K) -> String {
+    key(&o.namespace().unwrap_or_default(), &o.name_any())
+}
+
+/// Rounds to six decimals, for output (so 488.09999999999997 reads 488.1).
+pub fn round6(v: f64) -> f64 {
+    let r = (v * 1e6).round() / 1e6;
+    if r == 0.0 { 0.0 } else { r }
+}
+
+/// Approvals granted per profile (`namespace/name` → highest approved level).
+pub type Approvals = BTreeMap<String, u32>;
+
+/// Evaluates every profile of the world against one snapshot.
+pub fn evaluate(
+    world: &World,
+    snapshot: &Snapshot,
+    approvals: &Approvals,
+    prev: &EngineState,
+) -> (Evaluation, EngineState) {
+    let bound = bind(world);
+    let mut next = EngineState::default();
+    let mut decisions = Vec::with_capacity(bound.bindings.len());
+    for b in &bound.bindings {
+        let k = object_key(b.profile);
+        let empty = ProfileState::default();
+        let prev_state = prev.profiles.get(&k).unwrap_or(&empty);
+        let (d, s) = evaluate_profile(b, snapshot, approvals.get(&k).copied(), prev_state);
+        decisions.push(d);
+        next.profiles.insert(k, s);
+    }
+    (
+        Evaluation {
+            at: snapshot.at,
+            profiles: decisions,
+            warnings: bound.warnings,
+        },
+        next,
+    )
+}
+
+/// Where a lane's demand came from.
+struct LaneDemand {
+    rps: f64,
+    units: f64,
+    observed: bool,
+}
+
+fn lane_demand(lane: &LaneContract, snapshot: &Snapshot) -> LaneDemand {
+    let observed = snapshot
+        .lanes
+        .get(&object_key(lane))
+        .and_then(|s| s.requests_per_second)
+        .filter(|v| v.is_finite() && *v >= 0.0);
+    let rps = observed.unwrap_or(lane.spec.expected_requests_per_second.value());
+    LaneDemand {
+        rps,
+        units: rps * lane.spec.work_units_per_request.value(),
+        observed: observed.is_some(),
+    }
+}
+
+/// Capacity from the signals: available capacity, else ready replicas ×
+/// units per replica, else ready pods × units per replica.
+fn capacity_of(profile: &CapacityProfile, sig: Option<&ProfileSignals>) -> (Option<f64>, Option<String>, Option<u32>) {
+    let Some(sig) = sig else {
+        return (None, None, None);
+    };
+    let upr = profile.spec.capacity.units_per_replica.value();
+    let ready_pods = sig.pods.values().filter(|p| p.ready != Some(false)).count() as u32;
+    let ready = sig
+        .ready_replicas
+        .or(if sig.pods.is_empty() { None } else { Some(ready_pods) });
+    if let Some(a) = sig.available_units_per_second {
+        return (Some(a), Some("availableUnitsPerSecond".into()), ready);
+    }
+    if let Some(r) = sig.ready_replicas {
+        return (Some(r as f64 * upr), Some("readyReplicas".into()), ready);
+    }
+    if ready_pods > 0 {
+        return (Some(ready_pods as f64 * upr), Some("readyPods".into()), ready);
+    }
+    (None, None, ready)
+}
+
+/// How the level actions touch one lane.
+#[derive(Clone, Debug, Default)]
+struct LaneLimits {
+    paused: bool,
+    level_cap: Option<f64>,
+}
+
+/// Applies the actions of `levels` (1-based levels 1..=n) to each lane,
+/// honouring contracts. Returns the limits and the overrides (warnings).
+fn apply_actions(
+    policy: Option<&DegradationPolicy>,
+    upto: u32,
+    lanes: &[&LaneContract],
+) -> (Vec<LaneLimits>, Vec<String>) {
+    let mut limits = vec![LaneLimits::default(); lanes.len()];
+    let mut warnings = Vec::new();
+    let Some(policy) = policy else {
+        return (limits, warnings);
+    };
+    let pname = object_key(policy);
+    for (idx, level) in policy.spec.levels.iter().enumerate().take(upto as usize) {
+        let n = idx + 1;
+        for (li, lane) in lanes.iter().enumerate() {
+            let lname = lane.name_any_ref();
+            let selects = |p: Option<i32>, names: &[String]| {
+                p.is_some_and(|p| lane.spec.priority >= p) || names.iter().any(|x| x == lname)
+            };
+            for sel in &level.actions.pause {
+                if selects(sel.priority_at_least, &sel.lanes) {
+                    if lane.spec.shedding.mode == SheddingMode::Pause {
+                        limits[li].paused = true;
+                    } else {
+                        warnings.push(format!(
+                            "policy {pname} level {n} ({}) would pause lane {lname}, whose shedding mode is {:?}: not applied",
+                            level.name, lane.spec.shedding.mode
+                        ));
+                    }
+                }
+            }
+            for cap in &level.actions.cap {
+                if !selects(cap.priority_at_least, &cap.lanes) {
+                    continue;
+                }
+                let v = cap.units_per_second.value();
+                let refused = match lane.spec.shedding.mode {
+                    SheddingMode::Never => Some("whose shedding mode is Never".to_owned()),
+                    SheddingMode::Defer => {
+                        let min = lane
+                            .spec
+                            .shedding
+                            .min_units_per_second
+                            .as_ref()
+                            .map_or(0.0, |d| d.value());
+                        (v + EPS < min).then(|| format!("below its minUnitsPerSecond {min}"))
+                    }
+                    _ => None,
+                };
+                match refused {
+                    Some(why) => warnings.push(format!(
+                        "policy {pname} level {n} ({}) would cap lane {lname} at {} units/s, {why}: not applied",
+                        level.name, cap.units_per_second
+                    )),
+                    None => {
+                        let c = limits[li].level_cap.map_or(v, |c: f64| c.min(v));
+                        limits[li].level_cap = Some(c);
+                    }
+                }
+            }
+        }
+    }
+    (limits, warnings)
+}
+
+trait NameRef {
+    fn name_any_ref(&self) -> &str;
+}
+impl NameRef for LaneContract {
+    fn name_any_ref(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+/// The lane's cap under the given limits: min(demand, ceiling, level cap), 0
+/// if paused.
+fn lane_cap(lane: &LaneContract, demand: f64, l: &LaneLimits) -> f64 {
+    if l.paused {
+        return 0.0;
+    }
+    let mut c = demand;
+    if let Some(ceil) = &lane.spec.ceiling_units_per_second {
+        c = c.min(ceil.value());
+    }
+    if let Some(lc) = l.level_cap {
+        c = c.min(lc);
+    }
+    c.max(0.0)
+}
+
+/// Evaluates one profile.
+pub fn evaluate_profile(
+    b: &Binding<'_>,
+    snapshot: &Snapshot,
+    approved: Option<u32>,
+    prev: &ProfileState,
+) -> (ProfileDecision, ProfileState) {
+    let profile = b.profile;
+    let policy = b.policy;
+    let at = snapshot.at;
+    let pkey = object_key(profile);
+    let sig = snapshot.profiles.get(&pkey).map(ProfileSignals::sanitized);
+    let (capacity, capacity_source, ready) = capacity_of(profile, sig.as_ref());
+    let telemetry = if capacity.is_some() { Telemetry::Known } else { Telemetry::Unknown };
+
+    let mut lanes: Vec<&LaneContract> = b.lanes.clone();
+    lanes.sort_by(|a, c| {
+        (a.spec.priority, a.name_any_ref()).cmp(&(c.spec.priority, c.name_any_ref()))
+    });
+    let demands: Vec<LaneDemand> = lanes.iter().map(|l| lane_demand(l, snapshot)).collect();
+    let total_demand: f64 = demands.iter().map(|d| d.units).sum();
+    let utilization = capacity.and_then(|c| (c > EPS).then(|| total_demand / c * 100.0));
+    let nlevels = policy.map_or(0, |p| p.spec.levels.len() as u32);
+
+    // Demand after the actions of levels 1..k-1, for k = 1..=N.
+    let demand_after: Vec<f64> = (0..nlevels.max(1))
+        .map(|k| {
+            let (limits, _) = apply_actions(policy, k, &lanes);
+            lanes
+                .iter()
+                .zip(&demands)
+                .zip(&limits)
+                .map(|((l, d), lim)| lane_cap(l, d.units, lim))
+                .sum()
+        })
+        .collect();
+
+    let inputs = LevelInputs {
+        at,
+        capacity,
+        utilization,
+        demand_after: &demand_after,
+        signals: sig.as_ref(),
+        approved,
+    };
+    let ladder = ladder::step(policy, &inputs, prev);
+    let level = ladder.level;
+
+    // Actions of all levels up to the current one.
+    let (limits, mut warnings) = apply_actions(policy, level, &lanes);
+    let mut gateway = GatewayFlags::default();
+    if let Some(p) = policy {
+        for l in p.spec.levels.iter().take(level as usize) {
+            gateway.reject_optional_context |= l.actions.reject_optional_context;
+            gateway.use_fallback_routes |= l.actions.use_fallback_routes;
+            gateway.read_only |= l.actions.read_only;
+            gateway.static_fallback |= l.actions.static_fallback;
+        }
+    }
+    gateway.in_flight = profile.spec.in_flight.as_ref().map(|f| InFlightWatermarks {
+        conserve_at: f.conserve_at,
+        stop_at: f.stop_at,
+        resume_below: f.resume_below,
+    });
+
+    // Admission.
+    let index: BTreeMap<&str, usize> =
+        lanes.iter().enumerate().map(|(i, l)| (l.name_any_ref(), i)).collect();
+    let adm_lanes: Vec<AdmissionLane> = lanes
+        .iter()
+        .zip(&demands)
+        .zip(&limits)
+        .map(|((l, d), lim)| {
+            let cap = lane_cap(l, d.units, lim);
+            let floor = l.spec.floor_units_per_second.as_ref().map_or(0.0, |f| f.value());
+            let reserve = lane_cap(l, floor, lim);
+            let borrowing = l
+                .spec
+                .borrowing
+                .as_ref()
+                .filter(|_| l.spec.checkpointable)
+                .map(|bs| {
+                    let lenders = bs.from.iter().filter_map(|n| index.get(n.as_str()).copied()).collect();
+                    (lenders, bs.max_units_per_second.value())
+                });
+            AdmissionLane {
+                priority: l.spec.priority,
+                weight: f64::from(l.spec.weight.max(1)),
+                cap,
+                reserve,
+                borrowing,
+            }
+        })
+        .collect();
+    let floors_total: f64 = adm_lanes.iter().map(|l| l.reserve).sum();
+    // Unknown capacity holds: admission runs against the last known capacity
+    // (or, never having known one, the declared safe capacity), so missing
+    // data neither expands nor collapses what gateways admit.
+    let admission_capacity = capacity
+        .or(prev.last_capacity)
+        .unwrap_or_else(|| profile.spec.capacity.safe_units_per_second.value());
+    let admissions = admission::admit(&adm_lanes, admission_capacity);
+    if let Some(c) = capacity
+        && floors_total > c + EPS
+    {
+        warnings.push(format!(
+            "Overcommitted: lane floors add up to {} units/s, more than capacity {}",
+            round6(floors_total),
+            round6(c)
+        ));
+    }
+
+    let mut lane_decisions = Vec::with_capacity(lanes.len());
+    for (i, l) in lanes.iter().enumerate() {
+        let d = &demands[i];
+        let a = &admissions[i];
+        let lim = &limits[i];
+        let cap = adm_lanes[i].cap;
+        let ceiling = l.spec.ceiling_units_per_second.as_ref().map(|c| c.value());
+        let (state, limited_by) = if lim.paused {
+            (LaneState::Paused, Some("pause"))
+        } else if a.admitted + 1e-6 >= d.units {
+            (LaneState::Admitted, None)
+        } else if a.admitted + 1e-6 >= cap {
+            let by_level = lim.level_cap.is_some_and(|c| c + EPS < d.units && ceiling.is_none_or(|ce| c <= ce));
+            (LaneState::Capped, Some(if by_level { "level" } else { "ceiling" }))
+        } else {
+            (LaneState::Throttled, Some("capacity"))
+        };
+        let wpr = l.spec.work_units_per_request.value();
+        let lease = l.spec.borrowing.as_ref().map_or(0, |bs| bs.lease_seconds);
+        lane_decisions.push(LaneDecision {
+            namespace: l.namespace_ref().to_owned(),
+            name: l.name_any_ref().to_owned(),
+            priority: l.spec.priority,
+            state,
+            requests_per_second: round6(d.rps),
+            demand_source: if d.observed { "Observed" } else { "Expected" }.to_owned(),
+            demand_units_per_second: round6(d.units),
+            admitted_units_per_second: round6(a.admitted),
+            admitted_requests_per_second: round6(if wpr > 0.0 { a.admitted / wpr } else { 0.0 }),
+            borrowed_units_per_second: round6(a.borrowed_total()),
+            reserved_units_per_second: round6(a.reserved),
+            level_cap_units_per_second: lim.level_cap.map(round6),
+            limited_by: limited_by.map(str::to_owned),
+            borrowing: a
+                .borrowed
+                .iter()
+                .map(|(lender, units)| BorrowGrant {
+                    from: lanes[*lender].name_any_ref().to_owned(),
+                    units_per_second: round6(*units),
+                    expires_at: at + lease,
+                })
+                .collect(),
+        });
+    }
+    let admitted_total: f64 = admissions.iter().map(|a| a.admitted).sum();
+
+    // Pool size.
+    let sizing = sizing::desired(profile, total_demand, ready, level, telemetry, at, prev);
+    let scaling_down = match (sizing.desired, ready) {
+        (Some(d), Some(r)) => (d as i64) < i64::from(r),
+        _ => false,
+    };
+
+    // Drain.
+    let drain = drain::decide(
+        profile.spec.drain.as_ref(),
+        sig.as_ref(),
+        at,
+        telemetry == Telemetry::Known && !scaling_down,
+        &prev.drained,
+    );
+
+    let level_name = match (policy, level) {
+        (_, 0) | (None, _) => "normal".to_owned(),
+        (Some(p), n) => p.spec.levels[(n - 1) as usize].name.clone(),
+    };
+
+    let next = ProfileState {
+        level,
+        level_since: ladder.level_since,
+        exit_since: ladder.exit_since,
+        gate_since: ladder.gate_since,
+        desired_replicas: sizing.desired,
+        scale_down_since: sizing.scale_down_since,
+        scale_down_want: sizing.scale_down_want,
+        drained: drain.drained,
+        last_capacity: capacity.or(prev.last_capacity),
+    };
+    let decision = ProfileDecision {
+        namespace: profile.namespace_ref().to_owned(),
+        name: profile.metadata.name.clone().unwrap_or_default(),
+        policy: policy.map(object_key),
+        telemetry,
+        level,
+        level_name,
+        pending_approval_level: ladder.pending,
+        level_since: ladder.level_since,
+        exit_holding_since: ladder.exit_since,
+        transition: ladder.transition,
+        triggers: ladder.triggers,
+        capacity_units_per_second: capacity.map(round6),
+        capacity_source,
+        demand_units_per_second: round6(total_demand),
+        admitted_units_per_second: round6(admitted_total),
+        utilization_percent: utilization.map(round6),
+        ready_replicas: ready,
+        desired_replicas: sizing.desired,
+        drain: drain.actions,
+        drained_pods: drain.drained_count,
+        drain_budget: drain.budget,
+        warnings: {
+            warnings.extend(b.warnings.iter().cloned());
+            warnings
+        },
+        gateway,
+        lanes: lane_decisions,
+    };
+    (decision, next)
+}
+
+trait NamespaceRef {
+    fn namespace_ref(&self) -> &str;
+}
+impl<K: kube::Resource> NamespaceRef for K {
+    fn namespace_ref(&self) -> &str {
+        self.meta().namespace.as_deref().unwrap_or_default()
+    }
+}

@@ -1,0 +1,110 @@
+//! The signal snapshot: what telemetry says at one moment.
+//!
+//! This is the one type that feeds the decision engine, whether the numbers
+//! come from a `plan --signals` file, the cluster, or Prometheus. Every value
+//! is optional: a missing value is *unknown*, never zero.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A timeline of snapshots (the `--signals FILE` format).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignalsFile {
+    /// Snapshots in time order.
+    pub steps: Vec<Snapshot>,
+}
+
+/// What telemetry says at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Snapshot {
+    /// Seconds: from the start of the timeline offline, Unix time live.
+    pub at: i64,
+    /// Per profile, keyed `namespace/name`. A profile without an entry has
+    /// unknown telemetry in this step.
+    #[serde(default)]
+    pub profiles: BTreeMap<String, ProfileSignals>,
+    /// Per lane, keyed `namespace/name`. A lane without an entry uses its
+    /// `expectedRequestsPerSecond`.
+    #[serde(default)]
+    pub lanes: BTreeMap<String, LaneSignals>,
+}
+
+/// Pool-level signals of one profile.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProfileSignals {
+    /// Capacity available now, in work units per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_units_per_second: Option<f64>,
+    /// Ready replicas of the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<u32>,
+    /// Requests in flight in the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<f64>,
+    /// Requests waiting in the pool's queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<f64>,
+    /// p95 latency in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_latency_seconds: Option<f64>,
+    /// Error ratio (0..1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_ratio: Option<f64>,
+    /// Per-pod evidence, keyed by pod name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pods: BTreeMap<String, PodSignals>,
+}
+
+/// Per-pod evidence.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PodSignals {
+    /// The pod's own readiness (containers ready). Absent counts as ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
+    /// The pod's error ratio (0..1); absent means no evidence this step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_ratio: Option<f64>,
+}
+
+/// Lane-level signals.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LaneSignals {
+    /// Observed requests per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_second: Option<f64>,
+}
+
+impl ProfileSignals {
+    /// Drops values that are not finite numbers or are negative: such a value
+    /// is garbage and counts as unknown, never as zero.
+    pub fn sanitized(&self) -> Self {
+        let clean = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0);
+        Self {
+            available_units_per_second: clean(self.available_units_per_second),
+            ready_replicas: self.ready_replicas,
+            in_flight: clean(self.in_flight),
+            queue_depth: clean(self.queue_depth),
+            p95_latency_seconds: clean(self.p95_latency_seconds),
+            error_ratio: clean(self.error_ratio),
+            pods: self
+                .pods
+                .iter()
+                .map(|(k, p)| {
+                    (
+                        k.clone(),
+                        PodSignals {
+                            ready: p.ready,
+                            error_ratio: clean(p.error_ratio),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
