@@ -4,5 +4,7 @@
 //! pool sizes, bounded drains and degradation levels.
 
 pub mod api;
+pub mod manifest;
+pub mod plan;
 pub mod policy;
 pub mod snapshot;

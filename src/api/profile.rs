@@ -205,7 +205,7 @@ pub struct DrainSpec {
     /// Most pods drained at once: an integer count or a percent of the ready
     /// pods (rounded down), like a PodDisruptionBudget.
     #[serde(default = "default_max_drained")]
-    #[x_kube(validation = Rule::new("type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')").message("maxDrained must be a non-negative integer or a percent within 0%..100%"))]
+    #[x_kube(validation = Rule::new("string(self).matches('^([0-9]+|(100|[1-9]?[0-9])%)$')").message("maxDrained must be a non-negative integer or a percent within 0%..100%"))]
     pub max_drained: IntOrString,
     /// Fewest pods that must keep serving; no drain goes below it.
     #[serde(default = "default_min_serving")]

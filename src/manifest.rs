@@ -1,0 +1,260 @@
+//! Loading lanekeeper objects from manifest files and directories.
+//!
+//! Multi-document YAML; objects of other kinds and documents that are not
+//! Kubernetes objects are skipped with a note. An invalid lanekeeper object is
+//! an error naming the file, the object and the field. Validation runs the
+//! CRDs' own CEL rules (the ones the API server runs), so an object that
+//! `plan` accepts is one `kubectl apply` accepts too.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use kube::core::crd::CustomResourceExt;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::api::{CapacityProfile, DegradationPolicy, GROUP, LaneContract};
+use crate::policy::World;
+
+/// A problem with one object or file.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A document is not valid YAML.
+    #[error("{path}: document {doc}: not valid YAML: {message}")]
+    Yaml {
+        /// The file.
+        path: PathBuf,
+        /// 1-based document index.
+        doc: usize,
+        /// Why.
+        message: String,
+    },
+    /// A lanekeeper object is invalid.
+    #[error("{path}: {object}: {field}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// `Kind namespace/name`.
+        object: String,
+        /// The field path, e.g. `spec.replicas.min`.
+        field: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// What was loaded, plus notes about what was skipped.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The objects.
+    pub world: World,
+    /// Notes about skipped documents (for stderr).
+    pub notes: Vec<String>,
+}
+
+/// Collects YAML files under `paths` (directories are walked recursively,
+/// files in name order).
+pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
+    let mut out = Vec::new();
+    for p in paths {
+        walk(p, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+    let io = |source| LoadError::Io {
+        path: p.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(p).map_err(io)?;
+    if meta.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+            .map_err(io)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        entries.sort();
+        for e in entries {
+            let is_yaml = e.extension().is_some_and(|x| x == "yaml" || x == "yml");
+            if e.is_dir() || is_yaml {
+                walk(&e, out)?;
+            }
+        }
+    } else {
+        out.push(p.to_owned());
+    }
+    Ok(())
+}
+
+/// Loads every lanekeeper object under `paths`.
+pub fn load(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
+    let mut loaded = Loaded::default();
+    for file in collect_files(paths)? {
+        let text = std::fs::read_to_string(&file).map_err(|source| LoadError::Io {
+            path: file.clone(),
+            source,
+        })?;
+        load_str(&file, &text, &mut loaded)?;
+    }
+    Ok(loaded)
+}
+
+/// Loads the documents of one file's text into `loaded`.
+pub fn load_str(path: &Path, text: &str, loaded: &mut Loaded) -> Result<(), LoadError> {
+    use serde::Deserialize;
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let n = i + 1;
+        let value = serde_yaml::Value::deserialize(doc).map_err(|e| LoadError::Yaml {
+            path: path.to_owned(),
+            doc: n,
+            message: e.to_string(),
+        })?;
+        if value.is_null() {
+            continue; // empty document
+        }
+        let json: Value = serde_json::to_value(&value).map_err(|e| LoadError::Yaml {
+            path: path.to_owned(),
+            doc: n,
+            message: e.to_string(),
+        })?;
+        let (Some(api_version), Some(kind)) = (
+            json.get("apiVersion").and_then(Value::as_str).map(str::to_owned),
+            json.get("kind").and_then(Value::as_str).map(str::to_owned),
+        ) else {
+            loaded.notes.push(format!(
+                "{}: document {n} is not a Kubernetes object (no apiVersion/kind): skipped",
+                path.display()
+            ));
+            continue;
+        };
+        let group = api_version.split('/').next().unwrap_or_default();
+        if group != GROUP {
+            loaded.notes.push(format!(
+                "{}: document {n}: {kind} ({api_version}) is not a lanekeeper kind: skipped",
+                path.display()
+            ));
+            continue;
+        }
+        if api_version != "lanekeeper.dev/v1alpha1" {
+            return Err(invalid(path, &json, &kind, "apiVersion", format!("unsupported version {api_version:?} (expected lanekeeper.dev/v1alpha1)")));
+        }
+        let kind = kind.as_str();
+        match kind {
+            "CapacityProfile" => loaded.world.profiles.push(parse::<CapacityProfile>(path, json, kind)?),
+            "LaneContract" => loaded.world.lanes.push(parse::<LaneContract>(path, json, kind)?),
+            "DegradationPolicy" => loaded.world.policies.push(parse::<DegradationPolicy>(path, json, kind)?),
+            other => {
+                return Err(invalid(path, &json, other, "kind", format!("unknown lanekeeper kind {other:?}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn object_name(json: &Value, kind: &str) -> String {
+    let meta = json.get("metadata");
+    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("<unnamed>");
+    let ns = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str).unwrap_or("default");
+    format!("{kind} {ns}/{name}")
+}
+
+fn invalid(path: &Path, json: &Value, kind: &str, field: &str, message: String) -> LoadError {
+    LoadError::Invalid {
+        path: path.to_owned(),
+        object: object_name(json, kind),
+        field: field.to_owned(),
+        message,
+    }
+}
+
+/// The compiled CEL rules of each CRD (compiled once).
+struct Schemas {
+    validator: kube_cel::Validator,
+    profile: kube_cel::CompiledSchema,
+    lane: kube_cel::CompiledSchema,
+    policy: kube_cel::CompiledSchema,
+}
+
+fn openapi_schema<K: CustomResourceExt>() -> Value {
+    let crd = K::crd();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .expect("CRD has a schema");
+    serde_json::to_value(schema).expect("schema serializes")
+}
+
+fn schemas() -> &'static Schemas {
+    static S: OnceLock<Schemas> = OnceLock::new();
+    S.get_or_init(|| Schemas {
+        validator: kube_cel::Validator::new(),
+        profile: kube_cel::compile_schema(&openapi_schema::<CapacityProfile>()),
+        lane: kube_cel::compile_schema(&openapi_schema::<LaneContract>()),
+        policy: kube_cel::compile_schema(&openapi_schema::<DegradationPolicy>()),
+    })
+}
+
+/// Runs the CRD's CEL rules over `json` (as the API server would). Returns
+/// `(field, message)` of every rule that fails.
+pub fn cel_errors(kind: &str, json: &Value) -> Vec<(String, String)> {
+    let s = schemas();
+    let compiled = match kind {
+        "CapacityProfile" => &s.profile,
+        "LaneContract" => &s.lane,
+        "DegradationPolicy" => &s.policy,
+        _ => return Vec::new(),
+    };
+    match s.validator.validate_compiled(compiled, json, None) {
+        Ok(()) => Vec::new(),
+        Err(errs) => errs
+            .into_vec()
+            .into_iter()
+            .map(|e| {
+                let field = e.field_path.trim_start_matches('.').to_owned();
+                (if field.is_empty() { "<root>".to_owned() } else { field }, e.message)
+            })
+            .collect(),
+    }
+}
+
+fn parse<K: DeserializeOwned + kube::Resource>(path: &Path, mut json: Value, kind: &str) -> Result<K, LoadError> {
+    // Objects without a namespace land in "default", as with kubectl.
+    if let Some(meta) = json.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.entry("namespace").or_insert_with(|| Value::String("default".into()));
+        if !meta.get("name").is_some_and(Value::is_string) {
+            return Err(invalid(path, &json, kind, "metadata.name", "is required".into()));
+        }
+    } else {
+        return Err(invalid(path, &json, kind, "metadata", "is required".into()));
+    }
+    let obj: K = serde_path_to_error::deserialize(&json).map_err(|e| {
+        let field = e.path().to_string();
+        invalid(path, &json, kind, &field, e.inner().to_string())
+    })?;
+    if let Some((field, message)) = cel_errors(kind, &json).into_iter().next() {
+        return Err(invalid(path, &json, kind, &field, message));
+    }
+    Ok(obj)
+}
+
+impl fmt::Display for Loaded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} profiles, {} lanes, {} policies",
+            self.world.profiles.len(),
+            self.world.lanes.len(),
+            self.world.policies.len()
+        )
+    }
+}

@@ -1,0 +1,153 @@
+//! `lanekeeper plan`: evaluate manifests against a signal timeline.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::common::format_number;
+use crate::policy::{self, Approvals, EngineState, Evaluation, LaneDecision, ProfileDecision, World, key};
+use crate::snapshot::{ProfileSignals, SignalsFile, Snapshot};
+
+/// The plan: one evaluation per step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Evaluations in time order.
+    pub steps: Vec<Evaluation>,
+}
+
+/// The default timeline when no signals are given: one step at 0 in which
+/// every profile's capacity is its `safeUnitsPerSecond` (and every lane's
+/// demand its `expectedRequestsPerSecond`).
+pub fn default_timeline(world: &World) -> SignalsFile {
+    let mut snap = Snapshot::default();
+    for p in &world.profiles {
+        let k = key(p.metadata.namespace.as_deref().unwrap_or_default(), p.metadata.name.as_deref().unwrap_or_default());
+        snap.profiles.insert(
+            k,
+            ProfileSignals {
+                available_units_per_second: Some(p.spec.capacity.safe_units_per_second.value()),
+                ..Default::default()
+            },
+        );
+    }
+    SignalsFile { steps: vec![snap] }
+}
+
+/// Checks a timeline: steps in strictly increasing time.
+pub fn check_timeline(t: &SignalsFile) -> Result<(), String> {
+    if t.steps.is_empty() {
+        return Err("the signals file has no steps".into());
+    }
+    for w in t.steps.windows(2) {
+        if w[1].at <= w[0].at {
+            return Err(format!("steps must be in increasing time: at {} follows at {}", w[1].at, w[0].at));
+        }
+    }
+    Ok(())
+}
+
+/// Evaluates every step, carrying the engine state from one to the next.
+pub fn plan(world: &World, timeline: &SignalsFile, approvals: &Approvals) -> Plan {
+    let mut state = EngineState::default();
+    let mut steps = Vec::with_capacity(timeline.steps.len());
+    for snap in &timeline.steps {
+        let (eval, next) = policy::evaluate(world, snap, approvals, &state);
+        state = next;
+        steps.push(eval);
+    }
+    Plan { steps }
+}
+
+fn num(v: f64) -> String {
+    format_number(v)
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "unknown".to_owned(), num)
+}
+
+fn lanes_signature(p: &ProfileDecision) -> Vec<(String, &'static str, String, String)> {
+    p.lanes
+        .iter()
+        .map(|l| (l.name.clone(), l.state.as_str(), num(l.demand_units_per_second), num(l.admitted_units_per_second)))
+        .collect()
+}
+
+fn lane_row(l: &LaneDecision) -> String {
+    let note = match (&l.limited_by, l.level_cap_units_per_second) {
+        (Some(by), Some(cap)) if by == "level" => format!("level cap {}", num(cap)),
+        (Some(by), _) => by.clone(),
+        (None, _) => String::new(),
+    };
+    format!(
+        "    {:<24} {:>3}  {:<9} {:>9} {:>9} {:>8}  {}\n",
+        l.name,
+        l.priority,
+        l.state.as_str(),
+        num(l.demand_units_per_second),
+        num(l.admitted_units_per_second),
+        num(l.borrowed_units_per_second),
+        note
+    )
+}
+
+/// Renders the plan for a human reading a pull request: one line per profile
+/// and step; the lane table where the lanes changed; transitions, drains and
+/// warnings as they happen.
+pub fn render_table(plan: &Plan) -> String {
+    let mut out = String::new();
+    let mut last: std::collections::BTreeMap<String, Vec<(String, &'static str, String, String)>> = Default::default();
+    let mut last_warnings: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for step in &plan.steps {
+        for w in &step.warnings {
+            let _ = writeln!(out, "at {:>6}s  warning: {w}", step.at);
+        }
+        for p in &step.profiles {
+            let k = format!("{}/{}", p.namespace, p.name);
+            let _ = writeln!(
+                out,
+                "at {:>6}s  {k}  level {} ({})  telemetry {}  capacity {}  demand {}  admitted {}  util {}  replicas {}{}",
+                step.at,
+                p.level,
+                p.level_name,
+                if p.telemetry == policy::Telemetry::Known { "Known" } else { "Unknown" },
+                opt(p.capacity_units_per_second),
+                num(p.demand_units_per_second),
+                num(p.admitted_units_per_second),
+                p.utilization_percent.map_or_else(|| "unknown".to_owned(), |u| format!("{}%", (u * 10.0).round() / 10.0)),
+                p.desired_replicas.map_or_else(|| "unknown".to_owned(), |d| d.to_string()),
+                p.pending_approval_level
+                    .map(|l| format!("  pending approval: level {l}"))
+                    .unwrap_or_default(),
+            );
+            if let Some(t) = &p.transition {
+                let dir = if t.to > t.from { "UP" } else { "DOWN" };
+                let _ = writeln!(out, "           {dir} level {} -> {}: {}", t.from, t.to, t.reason);
+            }
+            let sig = lanes_signature(p);
+            if last.get(&k) != Some(&sig) {
+                let _ = writeln!(
+                    out,
+                    "    {:<24} {:>3}  {:<9} {:>9} {:>9} {:>8}  {}",
+                    "LANE", "PRI", "STATE", "DEMAND", "ADMITTED", "BORROWED", "LIMIT"
+                );
+                for l in &p.lanes {
+                    out.push_str(&lane_row(l));
+                }
+                last.insert(k.clone(), sig);
+            }
+            for d in &p.drain {
+                if d.action != policy::DrainAction::Keep {
+                    let _ = writeln!(out, "           drain: {:?} {} ({})", d.action, d.pod, d.reason);
+                }
+            }
+            if last_warnings.get(&k) != Some(&p.warnings) {
+                for w in &p.warnings {
+                    let _ = writeln!(out, "           warning: {w}");
+                }
+                last_warnings.insert(k, p.warnings.clone());
+            }
+        }
+    }
+    out
+}
