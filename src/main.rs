@@ -22,8 +22,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the three CustomResourceDefinitions as YAML.
-    Crdgen,
+    /// Print the three CustomResourceDefinitions as YAML (or write one file
+    /// per CRD with --out-dir).
+    Crdgen {
+        /// Write `<crd-name>.yaml` files into this directory instead of
+        /// printing.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
     /// Evaluate manifests offline against a signal timeline and print the
     /// decisions (no cluster needed).
     Plan(PlanArgs),
@@ -96,13 +102,27 @@ fn run_plan(args: &PlanArgs) -> Result<(), (u8, String)> {
     Ok(())
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Crdgen => {
+fn crdgen(out_dir: Option<&std::path::Path>) -> Result<(), (u8, String)> {
+    match out_dir {
+        None => {
             print!("{}", lanekeeper::api::crds_yaml());
             Ok(())
         }
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| (1, format!("{}: {e}", dir.display())))?;
+            for (name, yaml) in lanekeeper::api::crd_files() {
+                let path = dir.join(name);
+                std::fs::write(&path, yaml).map_err(|e| (1, format!("{}: {e}", path.display())))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Crdgen { out_dir } => crdgen(out_dir.as_deref()),
         Command::Plan(args) => run_plan(&args),
     };
     match result {

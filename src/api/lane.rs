@@ -15,6 +15,7 @@ use super::common::Decimal;
     version = "v1alpha1",
     kind = "LaneContract",
     namespaced,
+    doc = "A LaneContract describes one traffic lane on a pool: priority, cost per request, floor, ceiling, deadline, queue, retry budget, routes, and what may be done to it under pressure.",
     status = "LaneContractStatus",
     shortname = "lane",
     category = "lanekeeper",

@@ -21,12 +21,19 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![CapacityProfile::crd(), LaneContract::crd(), DegradationPolicy::crd()]
 }
 
+/// Each CRD as `(file name, YAML)`, the way `crds/` holds them.
+pub fn crd_files() -> Vec<(String, String)> {
+    crds()
+        .into_iter()
+        .map(|crd| {
+            let name = format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("crd"));
+            let yaml = format!("---\n{}", serde_yaml::to_string(&crd).expect("CRD serializes"));
+            (name, yaml)
+        })
+        .collect()
+}
+
 /// The three CRDs as one multi-document YAML stream (what `crdgen` prints).
 pub fn crds_yaml() -> String {
-    let mut out = String::new();
-    for crd in crds() {
-        out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&crd).expect("CRD serializes"));
-    }
-    out
+    crd_files().into_iter().map(|(_, y)| y).collect()
 }

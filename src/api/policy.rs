@@ -14,6 +14,7 @@ use super::common::Decimal;
     version = "v1alpha1",
     kind = "DegradationPolicy",
     namespaced,
+    doc = "A DegradationPolicy is the ordered ladder of degradation levels of one pool: triggers, actions, approvals, and the hysteresis of the way back down.",
     status = "DegradationPolicyStatus",
     shortname = "degpol",
     category = "lanekeeper",

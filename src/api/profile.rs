@@ -15,6 +15,7 @@ use super::common::Decimal;
     version = "v1alpha1",
     kind = "CapacityProfile",
     namespaced,
+    doc = "A CapacityProfile describes one GPU inference pool: its measured safe capacity in work units per second, replica bounds, in-flight watermarks and the drain bound.",
     status = "CapacityProfileStatus",
     shortname = "capprof",
     category = "lanekeeper",

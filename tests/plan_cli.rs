@@ -1,0 +1,222 @@
+//! `lanekeeper plan` end to end: the INC-47 numbers, the golden outputs, and
+//! invalid input.
+//!
+//! Golden files live in tests/golden/; after an intended change regenerate
+//! them with `UPDATE_GOLDEN=1 cargo test --test plan_cli` and review the diff.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn lanekeeper(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("runs lanekeeper")
+}
+
+fn json_of(out: &Output) -> Value {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("plan -o json prints JSON")
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = root().join("tests/golden").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create)", path.display()));
+    assert!(
+        expected == actual,
+        "{} differs from the output; if the change is intended, regenerate with UPDATE_GOLDEN=1 and review the diff",
+        path.display()
+    );
+}
+
+fn lane<'a>(profile: &'a Value, name: &str) -> &'a Value {
+    profile["lanes"].as_array().unwrap().iter().find(|l| l["name"] == name).unwrap()
+}
+
+fn close(v: &Value, want: f64) -> bool {
+    v.as_f64().is_some_and(|x| (x - want).abs() < 1e-6)
+}
+
+#[test]
+fn inc47_without_signals() {
+    let out = lanekeeper(&["plan", "-f", "examples/inc-47", "-o", "json"]);
+    let plan = json_of(&out);
+    let steps = plan["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0]["at"], 0);
+    let p = &steps[0]["profiles"][0];
+    assert_eq!(p["namespace"], "ai-platform");
+    assert_eq!(p["name"], "agent-assist");
+    assert_eq!(p["telemetry"], "Known");
+    assert_eq!(p["level"], 1);
+    assert_eq!(p["levelName"], "conserve");
+    assert!(p["pendingApprovalLevel"].is_null());
+    assert!(close(&p["capacityUnitsPerSecond"], 560.0));
+    assert!(close(&p["demandUnitsPerSecond"], 488.1));
+    assert!(close(&p["admittedUnitsPerSecond"], 488.1));
+    assert_eq!(p["desiredReplicas"], 9);
+    assert_eq!(p["drain"], serde_json::json!([]));
+    assert_eq!(p["warnings"], serde_json::json!([]));
+    assert_eq!(p["gateway"]["rejectOptionalContext"], true);
+    assert_eq!(p["gateway"]["useFallbackRoutes"], false);
+    assert_eq!(p["gateway"]["readOnly"], false);
+    assert_eq!(p["gateway"]["inFlight"]["conserveAt"], 1350);
+    for l in p["lanes"].as_array().unwrap() {
+        assert_eq!(l["state"], "Admitted", "{l}");
+        assert!(close(&l["borrowedUnitsPerSecond"], 0.0));
+    }
+    assert_eq!(lane(p, "p0-disruption-assist")["priority"], 0);
+    assert!(close(&lane(p, "p0-disruption-assist")["demandUnitsPerSecond"], 93.6));
+    // The signals file beside the manifests is skipped with a note.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("signals.yaml") && stderr.contains("skipped"), "{stderr}");
+    golden("inc-47-plan.json", &String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn inc47_with_signals() {
+    let out = lanekeeper(&["plan", "-f", "examples/inc-47", "--signals", "examples/inc-47/signals.yaml", "-o", "json"]);
+    let plan = json_of(&out);
+    let steps = plan["steps"].as_array().unwrap();
+    let mut saw_incident = false;
+    for s in steps {
+        let p = &s["profiles"][0];
+        if close(&p["capacityUnitsPerSecond"], 420.0) {
+            saw_incident = true;
+            assert_eq!(p["level"], 2, "at {}", s["at"]);
+            assert_eq!(p["levelName"], "shed");
+            assert!(close(&p["admittedUnitsPerSecond"], 400.1));
+            let want = [
+                ("p0-disruption-assist", "Admitted", 93.6),
+                ("p1-agent-assist", "Admitted", 180.0),
+                ("p2-email-extract", "Admitted", 66.5),
+                ("p3-shift-batch", "Capped", 60.0),
+                ("p4-eval-backfill", "Paused", 0.0),
+            ];
+            for (name, state, admitted) in want {
+                let l = lane(p, name);
+                assert_eq!(l["state"], state, "{name} at {}", s["at"]);
+                assert!(close(&l["admittedUnitsPerSecond"], admitted), "{name}: {l}");
+            }
+        }
+    }
+    assert!(saw_incident);
+
+    // Recovery: one level at a time, each no sooner than 300 s after its exit
+    // condition began to hold.
+    let mut downs = Vec::new();
+    let mut prev_level = None;
+    for s in steps {
+        let p = &s["profiles"][0];
+        let level = p["level"].as_u64().unwrap();
+        if let Some(prev) = prev_level
+            && level < prev
+        {
+            assert_eq!(prev - level, 1, "more than one level down at {}", s["at"]);
+            downs.push((s["at"].as_i64().unwrap(), level));
+        }
+        prev_level = Some(level);
+    }
+    assert_eq!(downs.len(), 2, "{downs:?}");
+    // Capacity came back at 1500 (overCapacity stopped holding then).
+    assert!(downs[0].0 >= 1500 + 300, "{downs:?}");
+    assert!(downs[1].0 >= downs[0].0 + 300, "{downs:?}");
+    golden("inc-47-plan-signals.json", &String::from_utf8_lossy(&out.stdout));
+
+    let table = lanekeeper(&["plan", "-f", "examples/inc-47", "--signals", "examples/inc-47/signals.yaml"]);
+    assert!(table.status.success());
+    golden("inc-47-plan-signals.txt", &String::from_utf8_lossy(&table.stdout));
+}
+
+fn write_temp(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lanekeeper-plan-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn profile_with(replicas: &str) -> String {
+    let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
+    base.replace("replicas: {min: 4, max: 16, maxScaleUpStep: 4, scaleDownStabilizationSeconds: 300}", replicas)
+}
+
+fn assert_invalid(path: &Path, field: &str, message: &str) {
+    let out = lanekeeper(&["plan", "-f", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "stdout: {}", String::from_utf8_lossy(&out.stdout));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&path.display().to_string()), "names the file: {stderr}");
+    assert!(stderr.contains(field), "names the field {field}: {stderr}");
+    assert!(stderr.contains(message), "says why ({message}): {stderr}");
+}
+
+#[test]
+fn invalid_replicas_exit_2_naming_file_object_field() {
+    let path = write_temp("replicas", &profile_with("replicas: {min: 9, max: 4}"));
+    assert_invalid(&path, "CapacityProfile ai-platform/agent-assist: spec.replicas", "replicas.min must be <= replicas.max");
+}
+
+#[test]
+fn invalid_priority_type_exit_2() {
+    let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
+    let path = write_temp("priority", &base.replacen("priority: 1\n", "priority: \"high\"\n", 1));
+    assert_invalid(&path, "LaneContract ai-platform/p1-agent-assist: spec.priority", "invalid type");
+}
+
+#[test]
+fn invalid_quantity_exit_2() {
+    let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
+    let path = write_temp("quantity", &base.replacen("workUnitsPerRequest: \"1.80\"", "workUnitsPerRequest: \"lots\"", 1));
+    assert_invalid(&path, "LaneContract ai-platform/p0-disruption-assist: spec.workUnitsPerRequest", "not a decimal quantity");
+}
+
+#[test]
+fn other_kinds_are_skipped_with_a_note() {
+    let text = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n---\njust: data\n---\n";
+    let path = write_temp("others", text);
+    let out = lanekeeper(&["plan", "-f", path.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Deployment") && stderr.contains("not a lanekeeper kind"), "{stderr}");
+    assert!(stderr.contains("not a Kubernetes object"), "{stderr}");
+}
+
+#[test]
+fn bad_signals_file_exit_2() {
+    let path = write_temp("signals", "steps:\n- at: 0\n  profiles:\n    ai-platform/agent-assist: {availableUnitsPerSecnd: 420}\n");
+    let out = lanekeeper(&["plan", "-f", "examples/inc-47/inc-47.yaml", "--signals", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("availableUnitsPerSecnd"), "{stderr}");
+}
+
+#[test]
+fn approve_flag_grants_a_confirm_level() {
+    // Capacity far below demand even after levels 1..3 → level 4 (Confirm)
+    // holds; without approval it is pending, with --approve it is entered.
+    let path = write_temp("approve", "steps:\n- at: 0\n  profiles:\n    ai-platform/agent-assist: {availableUnitsPerSecond: 200, inFlight: 1000}\n");
+    let s = path.to_str().unwrap();
+    let pending = json_of(&lanekeeper(&["plan", "-f", "examples/inc-47/inc-47.yaml", "--signals", s, "-o", "json"]));
+    let p = &pending["steps"][0]["profiles"][0];
+    assert_eq!(p["level"], 3);
+    assert_eq!(p["pendingApprovalLevel"], 4);
+    let approved = json_of(&lanekeeper(&[
+        "plan", "-f", "examples/inc-47/inc-47.yaml", "--signals", s, "--approve", "ai-platform/agent-assist=4", "-o", "json",
+    ]));
+    let p = &approved["steps"][0]["profiles"][0];
+    assert_eq!(p["level"], 4);
+    assert!(p["pendingApprovalLevel"].is_null());
+    assert_eq!(p["gateway"]["readOnly"], true);
+}
