@@ -85,7 +85,9 @@ pub struct ScaleTargetRef {
 pub struct CapacitySpec {
     /// The pool's measured safe capacity in work units per second: the last
     /// load-test step at which every quality, tail-latency, error and memory
-    /// gate still held. Used as the capacity when no live signal says otherwise.
+    /// gate still held. `plan` without signals uses it as the capacity; the
+    /// controller admits against it only while telemetry has never been known
+    /// (live capacity comes from signals or ready replicas).
     pub safe_units_per_second: Decimal,
     /// Work units per second one ready replica serves safely. Capacity from
     /// ready replicas is `readyReplicas × unitsPerReplica`; pool sizing divides
@@ -169,7 +171,9 @@ pub struct ScalingSpec {
 }
 
 /// How the pool size is written.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum ScalingMode {
     /// Patch the scale subresource (unless an HPA targets the workload).
     #[default]
@@ -205,7 +209,11 @@ pub struct InFlightSpec {
 pub struct DrainSpec {
     /// Most pods drained at once: an integer count or a percent of the ready
     /// pods (rounded down), like a PodDisruptionBudget.
-    #[serde(default = "default_max_drained")]
+    #[serde(
+        default = "default_max_drained",
+        deserialize_with = "null_as_default_max_drained"
+    )]
+    #[schemars(schema_with = "int_or_percent_schema")]
     #[x_kube(validation = Rule::new("string(self).matches('^([0-9]+|(100|[1-9]?[0-9])%)$')").message("maxDrained must be a non-negative integer or a percent within 0%..100%"))]
     pub max_drained: IntOrString,
     /// Fewest pods that must keep serving; no drain goes below it.
@@ -220,6 +228,22 @@ pub struct DrainSpec {
     #[serde(default = "default_healthy_for")]
     #[x_kube(validation = Rule::new("self >= 0").message("healthyForSeconds must be >= 0"))]
     pub healthy_for_seconds: i64,
+}
+
+fn int_or_percent_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "default": "25%",
+    })
+}
+
+/// The schema of an int-or-string field is nullable; a null `maxDrained`
+/// means the default, as an absent one does.
+fn null_as_default_max_drained<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<IntOrString, D::Error> {
+    Ok(Option::<IntOrString>::deserialize(d)?.unwrap_or_else(default_max_drained))
 }
 
 fn default_max_drained() -> IntOrString {

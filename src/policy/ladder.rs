@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::{ApprovalMode, DegradationPolicy, EnterWhen, ExitWhen, LevelSpec, MissingTelemetry};
+use crate::api::{
+    ApprovalMode, DegradationPolicy, EnterWhen, ExitWhen, LevelSpec, MissingTelemetry,
+};
 use crate::snapshot::ProfileSignals;
 
 use super::admission::EPS;
@@ -70,16 +72,49 @@ pub fn enter_reason(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Option<St
         (Some(t), Some(v)) if v > t + EPS => Some(format!("{name}: {} > {}", round6(v), round6(t))),
         _ => None,
     };
-    above(e.in_flight_above.map(|x| x as f64), s.and_then(|s| s.in_flight), "inFlightAbove")
-        .or_else(|| above(e.queue_depth_above.map(|x| x as f64), s.and_then(|s| s.queue_depth), "queueDepthAbove"))
-        .or_else(|| {
-            above(
-                e.p95_latency_seconds_above.as_ref().map(|d| d.value()),
-                s.and_then(|s| s.p95_latency_seconds),
-                "p95LatencySecondsAbove",
-            )
-        })
-        .or_else(|| above(e.error_ratio_above.as_ref().map(|d| d.value()), s.and_then(|s| s.error_ratio), "errorRatioAbove"))
+    above(
+        e.in_flight_above.map(|x| x as f64),
+        s.and_then(|s| s.in_flight),
+        "inFlightAbove",
+    )
+    .or_else(|| {
+        above(
+            e.queue_depth_above.map(|x| x as f64),
+            s.and_then(|s| s.queue_depth),
+            "queueDepthAbove",
+        )
+    })
+    .or_else(|| {
+        above(
+            e.p95_latency_seconds_above.as_ref().map(|d| d.value()),
+            s.and_then(|s| s.p95_latency_seconds),
+            "p95LatencySecondsAbove",
+        )
+    })
+    .or_else(|| {
+        above(
+            e.error_ratio_above.as_ref().map(|d| d.value()),
+            s.and_then(|s| s.error_ratio),
+            "errorRatioAbove",
+        )
+    })
+}
+
+/// Whether every enter trigger of a level can be evaluated (its signal is
+/// known). A level whose triggers cannot be evaluated is never left: missing
+/// data is no evidence that the trigger stopped holding.
+pub fn enter_triggers_known(e: &EnterWhen, i: &LevelInputs<'_>) -> bool {
+    let s = i.signals;
+    let known = |set: bool, v: Option<f64>| !set || v.is_some();
+    known(e.over_capacity == Some(true), i.capacity)
+        && known(e.utilization_percent_above.is_some(), i.utilization)
+        && known(e.in_flight_above.is_some(), s.and_then(|s| s.in_flight))
+        && known(e.queue_depth_above.is_some(), s.and_then(|s| s.queue_depth))
+        && known(
+            e.p95_latency_seconds_above.is_some(),
+            s.and_then(|s| s.p95_latency_seconds),
+        )
+        && known(e.error_ratio_above.is_some(), s.and_then(|s| s.error_ratio))
 }
 
 /// Whether every `exitWhen` condition holds (an unknown signal does not hold).
@@ -91,14 +126,30 @@ pub fn exit_conditions_hold(x: Option<&ExitWhen>, i: &LevelInputs<'_>) -> bool {
         Some(t) => v.is_some_and(|v| v < t - EPS),
     };
     below(x.utilization_percent_below.map(f64::from), i.utilization)
-        && below(x.in_flight_below.map(|v| v as f64), s.and_then(|s| s.in_flight))
-        && below(x.queue_depth_below.map(|v| v as f64), s.and_then(|s| s.queue_depth))
-        && below(x.p95_latency_seconds_below.as_ref().map(|d| d.value()), s.and_then(|s| s.p95_latency_seconds))
-        && below(x.error_ratio_below.as_ref().map(|d| d.value()), s.and_then(|s| s.error_ratio))
+        && below(
+            x.in_flight_below.map(|v| v as f64),
+            s.and_then(|s| s.in_flight),
+        )
+        && below(
+            x.queue_depth_below.map(|v| v as f64),
+            s.and_then(|s| s.queue_depth),
+        )
+        && below(
+            x.p95_latency_seconds_below.as_ref().map(|d| d.value()),
+            s.and_then(|s| s.p95_latency_seconds),
+        )
+        && below(
+            x.error_ratio_below.as_ref().map(|d| d.value()),
+            s.and_then(|s| s.error_ratio),
+        )
 }
 
 /// Advances the ladder by one evaluation.
-pub fn step(policy: Option<&DegradationPolicy>, i: &LevelInputs<'_>, prev: &ProfileState) -> LadderOutcome {
+pub fn step(
+    policy: Option<&DegradationPolicy>,
+    i: &LevelInputs<'_>,
+    prev: &ProfileState,
+) -> LadderOutcome {
     let Some(policy) = policy else {
         return LadderOutcome::default();
     };
@@ -153,13 +204,18 @@ pub fn step(policy: Option<&DegradationPolicy>, i: &LevelInputs<'_>, prev: &Prof
             ApprovalMode::Automatic => true,
             ApprovalMode::Manual => approved,
             ApprovalMode::Confirm => {
-                let since = if holds { prev.gate_since.get(&k).copied().or(Some(at)) } else { None };
+                let since = if holds {
+                    prev.gate_since.get(&k).copied().or(Some(at))
+                } else {
+                    None
+                };
                 let timeout = l.approval.timeout_seconds.unwrap_or(0);
                 approved || since.is_some_and(|s| at - s >= timeout)
             }
         };
         if holds && l.approval.mode != ApprovalMode::Automatic {
-            out.gate_since.insert(k, prev.gate_since.get(&k).copied().unwrap_or(at));
+            out.gate_since
+                .insert(k, prev.gate_since.get(&k).copied().unwrap_or(at));
         }
     }
     let target = (1..=n)
@@ -188,7 +244,9 @@ pub fn step(policy: Option<&DegradationPolicy>, i: &LevelInputs<'_>, prev: &Prof
 
     let exit_ok = |k: u32| {
         let idx = (k - 1) as usize;
-        reasons[idx].is_none() && exit_conditions_hold(levels[idx].exit_when.as_ref(), i)
+        reasons[idx].is_none()
+            && enter_triggers_known(&levels[idx].enter_when, i)
+            && exit_conditions_hold(levels[idx].exit_when.as_ref(), i)
     };
     if !exit_ok(prev_level) {
         out.exit_since = None;

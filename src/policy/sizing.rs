@@ -18,12 +18,12 @@ pub struct Sizing {
 }
 
 /// What demand alone asks for: ceil(demand ÷ (unitsPerReplica × target
-/// utilization)), clamped to [min, max], at most `maxScaleUpStep` above the
-/// ready replicas when those are known.
-pub fn recommended(profile: &CapacityProfile, demand: f64, ready: Option<u32>) -> i32 {
+/// utilization)), clamped to [min, max].
+pub fn recommended(profile: &CapacityProfile, demand: f64) -> i32 {
     let spec = &profile.spec;
-    let per_replica =
-        spec.capacity.units_per_replica.value() * f64::from(spec.capacity.warning_utilization_percent) / 100.0;
+    let per_replica = spec.capacity.units_per_replica.value()
+        * f64::from(spec.capacity.warning_utilization_percent)
+        / 100.0;
     let raw = if per_replica > 0.0 {
         // Round before ceil so 8.000000001 from float noise stays 8.
         let x = demand / per_replica;
@@ -33,12 +33,17 @@ pub fn recommended(profile: &CapacityProfile, demand: f64, ready: Option<u32>) -
         spec.replicas.max
     };
     let (min, max) = (spec.replicas.min, spec.replicas.max.max(spec.replicas.min));
-    let mut want = raw.clamp(min, max);
-    if let Some(r) = ready {
-        let limit = i64::from(r) + i64::from(spec.replicas.max_scale_up_step.max(1));
-        want = want.min(limit.min(i64::from(i32::MAX)) as i32).max(min);
-    }
-    want
+    raw.clamp(min, max)
+}
+
+/// Limits an increase to `maxScaleUpStep` above the ready replicas (when
+/// known). Never lowers below `floor` (the last desired value, or the
+/// minimum): a drop in ready replicas is not a reason to shrink the pool.
+fn limit_scale_up(profile: &CapacityProfile, want: i32, ready: Option<u32>, floor: i32) -> i32 {
+    let Some(r) = ready else { return want };
+    let step = i64::from(profile.spec.replicas.max_scale_up_step.max(1));
+    let limit = (i64::from(r) + step).min(i64::from(i32::MAX)) as i32;
+    want.min(limit.max(floor))
 }
 
 /// Desired replicas for this evaluation.
@@ -58,16 +63,21 @@ pub fn desired(
             ..Default::default()
         };
     }
-    let want = recommended(profile, demand, ready);
+    let want = recommended(profile, demand);
     let Some(last) = prev.desired_replicas else {
         return Sizing {
-            desired: Some(want),
+            desired: Some(limit_scale_up(
+                profile,
+                want,
+                ready,
+                profile.spec.replicas.min,
+            )),
             ..Default::default()
         };
     };
     if want >= last {
         return Sizing {
-            desired: Some(want),
+            desired: Some(limit_scale_up(profile, want, ready, last)),
             ..Default::default()
         };
     }
