@@ -7,4 +7,5 @@ pub mod api;
 pub mod manifest;
 pub mod plan;
 pub mod policy;
+pub mod sim;
 pub mod snapshot;

@@ -33,6 +33,11 @@ enum Command {
     /// Evaluate manifests offline against a signal timeline and print the
     /// decisions (no cluster needed).
     Plan(PlanArgs),
+    /// Simulate traffic through a gateway enforcing the engine's decisions
+    /// (or a baseline) and report per-lane outcomes.
+    Simulate(lanekeeper::sim::cli::SimulateArgs),
+    /// Compare base and head manifests on the same scenarios and signals.
+    Diff(lanekeeper::sim::cli::DiffArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -124,6 +129,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Crdgen { out_dir } => crdgen(out_dir.as_deref()),
         Command::Plan(args) => run_plan(&args),
+        Command::Simulate(args) => lanekeeper::sim::cli::run_simulate(&args),
+        Command::Diff(args) => lanekeeper::sim::cli::run_diff(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

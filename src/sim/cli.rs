@@ -1,0 +1,186 @@
+//! Command-line arguments and entry points of `simulate` and `diff`.
+//!
+//! Entry points return `Err((exit code, message))`: 2 for bad input, 1 when a
+//! `--fail-on` condition holds or output cannot be written.
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+
+use crate::manifest;
+use crate::policy::World;
+
+use super::diff::{self, FailOn};
+use super::engine::Policy;
+use super::{chart, report, scenario};
+
+/// The policy a simulation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// The gateway enforces the latest decision of the engine.
+    Lanekeeper,
+    /// One shared FIFO queue, no priorities, no shedding.
+    Fifo,
+    /// Fixed per-lane rate limits at the contract floors, no ladder.
+    Static,
+    /// Equal weighted shares of the pool (APF-style fair queuing), no ladder.
+    Fair,
+}
+
+impl From<PolicyArg> for Policy {
+    fn from(p: PolicyArg) -> Self {
+        match p {
+            PolicyArg::Lanekeeper => Policy::Lanekeeper,
+            PolicyArg::Fifo => Policy::Fifo,
+            PolicyArg::Static => Policy::Static,
+            PolicyArg::Fair => Policy::Fair,
+        }
+    }
+}
+
+/// Output formats of `simulate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SimOutput {
+    /// A table for a human.
+    Table,
+    /// The whole report as JSON.
+    Json,
+    /// Markdown (for a pull-request comment).
+    Markdown,
+}
+
+/// `lanekeeper simulate`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SimulateArgs {
+    /// Manifest files or directories (as for `plan`).
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// The scenario (YAML; see docs/simulate.md).
+    #[arg(long)]
+    pub scenario: PathBuf,
+    /// Which gateway runs: lanekeeper or a baseline.
+    #[arg(long, value_enum, default_value = "lanekeeper")]
+    pub policy: PolicyArg,
+    /// Override the scenario's seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: SimOutput,
+    /// Also write an SVG chart (capacity, demand, admitted per lane, level).
+    #[arg(long, value_name = "OUT.svg")]
+    pub chart: Option<PathBuf>,
+}
+
+/// Output formats of `diff`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffOutput {
+    /// Plain text.
+    Table,
+    /// Markdown (for a pull-request comment).
+    Markdown,
+    /// JSON.
+    Json,
+}
+
+/// `lanekeeper diff`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DiffArgs {
+    /// Manifests before the change (file or directory).
+    #[arg(long, required = true, num_args = 1..)]
+    pub base: Vec<PathBuf>,
+    /// Manifests after the change (file or directory).
+    #[arg(long, required = true, num_args = 1..)]
+    pub head: Vec<PathBuf>,
+    /// Scenarios to simulate under both (repeatable).
+    #[arg(long, num_args = 1..)]
+    pub scenario: Vec<PathBuf>,
+    /// Signal timelines to plan under both (repeatable).
+    #[arg(long, num_args = 1..)]
+    pub signals: Vec<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: DiffOutput,
+    /// Exit 1 when any of these holds (comma-separated): p0-deadline-regression,
+    /// deadline-regression, new-warnings, decision-change, more-transitions.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub fail_on: Vec<FailOn>,
+}
+
+/// Loads manifests, printing notes to stderr.
+pub fn load_world(files: &[PathBuf]) -> Result<World, (u8, String)> {
+    let loaded = manifest::load(files).map_err(|e| (2, e.to_string()))?;
+    for n in &loaded.notes {
+        eprintln!("note: {n}");
+    }
+    Ok(loaded.world)
+}
+
+/// Runs `lanekeeper simulate`.
+pub fn run_simulate(args: &SimulateArgs) -> Result<(), (u8, String)> {
+    let world = load_world(&args.files)?;
+    if world.profiles.is_empty() {
+        return Err((
+            2,
+            "no CapacityProfile found in the manifests: nothing to simulate".into(),
+        ));
+    }
+    let mut sc = scenario::load(&args.scenario).map_err(|e| (2, e))?;
+    if let Some(s) = args.seed {
+        sc.seed = s;
+    }
+    let (_, rep) = super::simulate(&world, &sc, args.policy.into())
+        .map_err(|e| (2, format!("{}: {e}", args.scenario.display())))?;
+    match args.output {
+        SimOutput::Table => print!("{}", report::render_table(&rep)),
+        SimOutput::Markdown => print!("{}", report::render_markdown(&rep)),
+        SimOutput::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&rep).map_err(|e| (1, e.to_string()))?
+        ),
+    }
+    if let Some(path) = &args.chart {
+        chart::write_svg(&rep, path).map_err(|e| (1, e))?;
+        eprintln!("note: chart written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// Runs `lanekeeper diff`.
+pub fn run_diff(args: &DiffArgs) -> Result<(), (u8, String)> {
+    if args.scenario.is_empty() && args.signals.is_empty() {
+        return Err((2, "give at least one --scenario or --signals".into()));
+    }
+    let base = load_world(&args.base)?;
+    let head = load_world(&args.head)?;
+    let d = diff::diff(&base, &head, &args.scenario, &args.signals).map_err(|e| (2, e))?;
+    let d = diff::Labelled {
+        base: args
+            .base
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+        head: args
+            .head
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+        diff: d,
+    };
+    let failures = diff::gate(&d.diff, &args.fail_on);
+    match args.output {
+        DiffOutput::Table => print!("{}", diff::render_text(&d, &failures)),
+        DiffOutput::Markdown => print!("{}", diff::render_markdown(&d, &failures)),
+        DiffOutput::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&d).map_err(|e| (1, e.to_string()))?
+        ),
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err((1, format!("--fail-on: {}", failures.join("; "))))
+    }
+}

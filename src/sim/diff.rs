@@ -1,0 +1,582 @@
+//! `lanekeeper diff`: the same scenarios and signal timelines under the base
+//! and the head manifests, and what changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use serde::Serialize;
+
+use crate::api::common::format_number;
+use crate::plan;
+use crate::policy::{Approvals, Evaluation, ProfileDecision, World};
+use crate::snapshot::SignalsFile;
+
+use super::engine::Policy;
+use super::report::LaneReport;
+use super::scenario;
+
+/// Conditions `--fail-on` can gate on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailOn {
+    /// A priority-0 lane completes a smaller share of requests within its
+    /// deadline in some scenario (by more than 0.01 percentage points).
+    P0DeadlineRegression,
+    /// Any lane does (same tolerance).
+    DeadlineRegression,
+    /// The head produces a warning the base does not.
+    NewWarnings,
+    /// Any decision differs.
+    DecisionChange,
+    /// A profile changes level more often in some scenario.
+    MoreTransitions,
+}
+
+impl FailOn {
+    fn name(self) -> &'static str {
+        match self {
+            FailOn::P0DeadlineRegression => "p0-deadline-regression",
+            FailOn::DeadlineRegression => "deadline-regression",
+            FailOn::NewWarnings => "new-warnings",
+            FailOn::DecisionChange => "decision-change",
+            FailOn::MoreTransitions => "more-transitions",
+        }
+    }
+}
+
+/// Tolerance of a deadline regression, in percentage points.
+pub const DEADLINE_TOLERANCE_PP: f64 = 0.01;
+
+/// What changes between base and head.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Diff {
+    /// Per scenario.
+    pub scenarios: Vec<ScenarioDiff>,
+    /// Per signal timeline.
+    pub signals: Vec<SignalsDiff>,
+    /// Warnings the head produces and the base does not.
+    pub new_warnings: Vec<String>,
+    /// Warnings the base produces and the head does not.
+    pub resolved_warnings: Vec<String>,
+}
+
+/// A diff with the names of its two sides.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Labelled {
+    /// Base manifests.
+    pub base: String,
+    /// Head manifests.
+    pub head: String,
+    /// The diff.
+    #[serde(flatten)]
+    pub diff: Diff,
+}
+
+/// The first evaluation at which a profile's decision differs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FirstDifference {
+    /// `namespace/name` of the profile.
+    pub profile: String,
+    /// Time of the evaluation.
+    pub at: i64,
+    /// The base decision, summarised (only what differs).
+    pub base: String,
+    /// The head decision, summarised.
+    pub head: String,
+}
+
+/// A lane's outcomes under both.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneDelta {
+    /// `namespace/name` of the profile.
+    pub profile: String,
+    /// Lane name.
+    pub lane: String,
+    /// Priority (head's, else base's).
+    pub priority: i32,
+    /// Outcomes under the base (None: the lane is new).
+    pub base: Option<LaneReport>,
+    /// Outcomes under the head (None: the lane was removed).
+    pub head: Option<LaneReport>,
+}
+
+impl LaneDelta {
+    /// Head − base within-deadline share, percentage points.
+    pub fn deadline_delta_pp(&self) -> Option<f64> {
+        Some(
+            self.head.as_ref()?.within_deadline_percent?
+                - self.base.as_ref()?.within_deadline_percent?,
+        )
+    }
+}
+
+/// One scenario under both.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScenarioDiff {
+    /// The scenario file.
+    pub file: String,
+    /// Its name.
+    pub name: String,
+    /// First differing decision per profile.
+    pub first_differences: Vec<FirstDifference>,
+    /// Per lane.
+    pub lanes: Vec<LaneDelta>,
+    /// Level transitions per profile: (base, head).
+    pub transitions: BTreeMap<String, (usize, usize)>,
+}
+
+/// One signal timeline under both.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalsDiff {
+    /// The signals file.
+    pub file: String,
+    /// Steps in the timeline.
+    pub steps: usize,
+    /// Steps at which some profile's decision differs.
+    pub differing_steps: usize,
+    /// First differing decision per profile.
+    pub first_differences: Vec<FirstDifference>,
+}
+
+fn pkey(d: &ProfileDecision) -> String {
+    format!("{}/{}", d.namespace, d.name)
+}
+
+fn milli(v: f64) -> i64 {
+    (v * 1000.0).round() as i64
+}
+
+/// What a decision says, compared at 0.001 units/s.
+fn describe_differences(
+    b: Option<&ProfileDecision>,
+    h: Option<&ProfileDecision>,
+) -> Option<(String, String)> {
+    let (b, h) = match (b, h) {
+        (None, None) => return None,
+        (Some(_), None) => return Some(("present".into(), "absent".into())),
+        (None, Some(_)) => return Some(("absent".into(), "present".into())),
+        (Some(b), Some(h)) => (b, h),
+    };
+    let mut bs = Vec::new();
+    let mut hs = Vec::new();
+    if b.level != h.level || b.pending_approval_level != h.pending_approval_level {
+        bs.push(format!("level {} ({})", b.level, b.level_name));
+        hs.push(format!("level {} ({})", h.level, h.level_name));
+    }
+    let lanes: BTreeSet<&str> = b
+        .lanes
+        .iter()
+        .chain(&h.lanes)
+        .map(|l| l.name.as_str())
+        .collect();
+    for name in lanes {
+        let bl = b.lanes.iter().find(|l| l.name == name);
+        let hl = h.lanes.iter().find(|l| l.name == name);
+        let show = |l: Option<&crate::policy::LaneDecision>| {
+            l.map_or_else(
+                || "absent".to_owned(),
+                |l| {
+                    format!(
+                        "{} {}",
+                        l.state.as_str(),
+                        format_number(l.admitted_units_per_second)
+                    )
+                },
+            )
+        };
+        let same = match (bl, hl) {
+            (Some(x), Some(y)) => {
+                x.state == y.state
+                    && milli(x.admitted_units_per_second) == milli(y.admitted_units_per_second)
+            }
+            _ => false,
+        };
+        if !same {
+            bs.push(format!("{name} {}", show(bl)));
+            hs.push(format!("{name} {}", show(hl)));
+        }
+    }
+    if b.gateway != h.gateway {
+        bs.push(format!("gateway {:?}", flags(b)));
+        hs.push(format!("gateway {:?}", flags(h)));
+    }
+    if b.desired_replicas != h.desired_replicas {
+        bs.push(format!("replicas {:?}", b.desired_replicas));
+        hs.push(format!("replicas {:?}", h.desired_replicas));
+    }
+    (!bs.is_empty()).then(|| (bs.join("; "), hs.join("; ")))
+}
+
+fn flags(d: &ProfileDecision) -> Vec<&'static str> {
+    let g = &d.gateway;
+    [
+        (g.reject_optional_context, "rejectOptionalContext"),
+        (g.use_fallback_routes, "useFallbackRoutes"),
+        (g.read_only, "readOnly"),
+        (g.static_fallback, "staticFallback"),
+    ]
+    .into_iter()
+    .filter_map(|(on, n)| on.then_some(n))
+    .collect()
+}
+
+/// First differing evaluation per profile, and how many steps differ.
+fn compare_evaluations(base: &[Evaluation], head: &[Evaluation]) -> (Vec<FirstDifference>, usize) {
+    let mut first: BTreeMap<String, FirstDifference> = BTreeMap::new();
+    let mut differing = 0;
+    for (b, h) in base.iter().zip(head) {
+        let keys: BTreeSet<String> = b.profiles.iter().chain(&h.profiles).map(pkey).collect();
+        let mut any = false;
+        for k in keys {
+            let bd = b.profiles.iter().find(|d| pkey(d) == k);
+            let hd = h.profiles.iter().find(|d| pkey(d) == k);
+            if let Some((bs, hs)) = describe_differences(bd, hd) {
+                any = true;
+                first.entry(k.clone()).or_insert(FirstDifference {
+                    profile: k,
+                    at: b.at,
+                    base: bs,
+                    head: hs,
+                });
+            }
+        }
+        differing += usize::from(any);
+    }
+    (first.into_values().collect(), differing)
+}
+
+fn warnings_of(evals: &[Evaluation], out: &mut BTreeSet<String>) {
+    for e in evals {
+        out.extend(e.warnings.iter().cloned());
+        for p in &e.profiles {
+            out.extend(p.warnings.iter().cloned());
+        }
+    }
+}
+
+/// Computes the diff.
+pub fn diff(
+    base: &World,
+    head: &World,
+    scenarios: &[PathBuf],
+    signals: &[PathBuf],
+) -> Result<Diff, String> {
+    let mut wb = BTreeSet::new();
+    let mut wh = BTreeSet::new();
+    let mut out = Diff {
+        scenarios: Vec::new(),
+        signals: Vec::new(),
+        new_warnings: Vec::new(),
+        resolved_warnings: Vec::new(),
+    };
+    for path in scenarios {
+        let sc = scenario::load(path)?;
+        let (rb, repb) = super::simulate(base, &sc, Policy::Lanekeeper)
+            .map_err(|e| format!("{} (base): {e}", path.display()))?;
+        let (rh, reph) = super::simulate(head, &sc, Policy::Lanekeeper)
+            .map_err(|e| format!("{} (head): {e}", path.display()))?;
+        warnings_of(&rb.evaluations, &mut wb);
+        warnings_of(&rh.evaluations, &mut wh);
+        wb.extend(rb.warnings.iter().cloned());
+        wh.extend(rh.warnings.iter().cloned());
+        let (first, _) = compare_evaluations(&rb.evaluations, &rh.evaluations);
+        let mut lanes: BTreeMap<(String, i32, String), LaneDelta> = BTreeMap::new();
+        let mut transitions = BTreeMap::new();
+        for (side, rep) in [(0, &repb), (1, &reph)] {
+            for p in &rep.profiles {
+                let pk = format!("{}/{}", p.namespace, p.name);
+                let e = transitions.entry(pk.clone()).or_insert((0, 0));
+                if side == 0 {
+                    e.0 = p.level_timeline.len();
+                } else {
+                    e.1 = p.level_timeline.len();
+                }
+                for l in &p.lanes {
+                    let k = (pk.clone(), l.priority, l.name.clone());
+                    // A lane whose priority changed is matched by name.
+                    let existing = lanes
+                        .keys()
+                        .find(|(q, _, n)| *q == pk && *n == l.name)
+                        .cloned();
+                    let d = lanes.entry(existing.unwrap_or(k)).or_insert(LaneDelta {
+                        profile: pk.clone(),
+                        lane: l.name.clone(),
+                        priority: l.priority,
+                        base: None,
+                        head: None,
+                    });
+                    if side == 0 {
+                        d.base = Some(l.clone());
+                    } else {
+                        d.priority = l.priority;
+                        d.head = Some(l.clone());
+                    }
+                }
+            }
+        }
+        out.scenarios.push(ScenarioDiff {
+            file: path.display().to_string(),
+            name: repb.scenario.clone(),
+            first_differences: first,
+            lanes: lanes.into_values().collect(),
+            transitions,
+        });
+    }
+    for path in signals {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let de = serde_yaml::Deserializer::from_str(&text);
+        let t: SignalsFile = serde_path_to_error::deserialize(de)
+            .map_err(|e| format!("{}: {}: {}", path.display(), e.path(), e.inner()))?;
+        plan::check_timeline(&t).map_err(|e| format!("{}: {e}", path.display()))?;
+        let pb = plan::plan(base, &t, &Approvals::new());
+        let ph = plan::plan(head, &t, &Approvals::new());
+        warnings_of(&pb.steps, &mut wb);
+        warnings_of(&ph.steps, &mut wh);
+        let (first, differing) = compare_evaluations(&pb.steps, &ph.steps);
+        out.signals.push(SignalsDiff {
+            file: path.display().to_string(),
+            steps: t.steps.len(),
+            differing_steps: differing,
+            first_differences: first,
+        });
+    }
+    out.new_warnings = wh.difference(&wb).cloned().collect();
+    out.resolved_warnings = wb.difference(&wh).cloned().collect();
+    Ok(out)
+}
+
+/// The `--fail-on` conditions that hold, each with its evidence.
+pub fn gate(d: &Diff, conds: &[FailOn]) -> Vec<String> {
+    let mut out = Vec::new();
+    let conds: BTreeSet<FailOn> = conds.iter().copied().collect();
+    for c in conds {
+        let mut evidence = Vec::new();
+        match c {
+            FailOn::P0DeadlineRegression | FailOn::DeadlineRegression => {
+                for s in &d.scenarios {
+                    for l in &s.lanes {
+                        if c == FailOn::P0DeadlineRegression && l.priority != 0 {
+                            continue;
+                        }
+                        if let Some(dp) = l.deadline_delta_pp()
+                            && dp < -DEADLINE_TOLERANCE_PP
+                        {
+                            evidence.push(format!("{} in {}: {:+.3} pp", l.lane, s.name, dp));
+                        }
+                    }
+                }
+            }
+            FailOn::NewWarnings => evidence.extend(d.new_warnings.iter().cloned()),
+            FailOn::DecisionChange => {
+                for s in &d.scenarios {
+                    for f in &s.first_differences {
+                        evidence.push(format!("{} at {}s in {}", f.profile, f.at, s.name));
+                    }
+                }
+                for s in &d.signals {
+                    for f in &s.first_differences {
+                        evidence.push(format!("{} at {}s in {}", f.profile, f.at, s.file));
+                    }
+                }
+            }
+            FailOn::MoreTransitions => {
+                for s in &d.scenarios {
+                    for (p, (b, h)) in &s.transitions {
+                        if h > b {
+                            evidence.push(format!("{p} in {}: {b} -> {h} transitions", s.name));
+                        }
+                    }
+                }
+            }
+        }
+        if !evidence.is_empty() {
+            out.push(format!("{} ({})", c.name(), evidence.join(", ")));
+        }
+    }
+    out
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| format!("{x:.3}%"))
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |x| format!("{x:.2}s"))
+}
+
+fn drain(l: &LaneReport) -> String {
+    match (l.drain_end_backlog_seconds, l.drain_seconds) {
+        (Some(0.0), Some(d)) => format!("{d}s"),
+        (Some(0.0), None) => "-".into(),
+        (Some(x), _) => format!("{:.0}s more", x.ceil()),
+        (None, _) => "never".into(),
+    }
+}
+
+/// Cells of a lane row: within-deadline, expired, rejected, p95, backlog
+/// at end, drain — each `base → head`.
+fn lane_row(l: &LaneDelta) -> Vec<String> {
+    let both = |f: &dyn Fn(&LaneReport) -> String| {
+        let b = l.base.as_ref().map_or_else(|| "absent".to_owned(), f);
+        let h = l.head.as_ref().map_or_else(|| "absent".to_owned(), f);
+        if b == h { b } else { format!("{b} → {h}") }
+    };
+    vec![
+        l.lane.clone(),
+        l.priority.to_string(),
+        both(&|r| pct(r.within_deadline_percent)),
+        l.deadline_delta_pp()
+            .map_or_else(|| "-".into(), |d| format!("{d:+.3}")),
+        both(&|r| r.expired.to_string()),
+        both(&|r| r.rejected.to_string()),
+        both(&|r| secs(r.latency_p95_seconds)),
+        both(&|r| r.peak_backlog.to_string()),
+        both(&|r| r.backlog_at_end.to_string()),
+        both(&drain),
+    ]
+}
+
+const LANE_HEADERS: [&str; 10] = [
+    "lane",
+    "pri",
+    "within deadline",
+    "Δ pp",
+    "expired",
+    "rejected",
+    "p95",
+    "peak backlog",
+    "backlog at end",
+    "drain",
+];
+
+/// Markdown for a pull-request comment.
+pub fn render_markdown(d: &Labelled, failures: &[String]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "## lanekeeper diff\n\nbase `{}` → head `{}`\n",
+        d.base, d.head
+    );
+    for s in &d.diff.scenarios {
+        let _ = writeln!(out, "### Scenario `{}` (`{}`)\n", s.name, s.file);
+        if s.first_differences.is_empty() {
+            let _ = writeln!(out, "Decisions: identical at every evaluation.\n");
+        }
+        for f in &s.first_differences {
+            let _ = writeln!(
+                out,
+                "Decisions first differ for `{}` at **{}s**:\n- base: {}\n- head: {}\n",
+                f.profile, f.at, f.base, f.head
+            );
+        }
+        let _ = writeln!(out, "| {} |", LANE_HEADERS.join(" | "));
+        let _ = writeln!(out, "|{}", "---|".repeat(LANE_HEADERS.len()));
+        for l in &s.lanes {
+            let _ = writeln!(out, "| {} |", lane_row(l).join(" | "));
+        }
+        for (p, (b, h)) in &s.transitions {
+            let _ = writeln!(out, "\nLevel transitions of `{p}`: {b} → {h}");
+        }
+        let _ = writeln!(out);
+    }
+    for s in &d.diff.signals {
+        let _ = writeln!(out, "### Signals `{}`\n", s.file);
+        let _ = writeln!(out, "{} of {} steps differ.\n", s.differing_steps, s.steps);
+        for f in &s.first_differences {
+            let _ = writeln!(
+                out,
+                "First difference for `{}` at **{}s**:\n- base: {}\n- head: {}\n",
+                f.profile, f.at, f.base, f.head
+            );
+        }
+    }
+    if !d.diff.new_warnings.is_empty() {
+        let _ = writeln!(out, "### New warnings\n");
+        for w in &d.diff.new_warnings {
+            let _ = writeln!(out, "- {w}");
+        }
+        let _ = writeln!(out);
+    }
+    if !d.diff.resolved_warnings.is_empty() {
+        let _ = writeln!(out, "### Warnings gone\n");
+        for w in &d.diff.resolved_warnings {
+            let _ = writeln!(out, "- {w}");
+        }
+        let _ = writeln!(out);
+    }
+    if !failures.is_empty() {
+        let _ = writeln!(out, "### Failed gates\n");
+        for f in failures {
+            let _ = writeln!(out, "- :x: {f}");
+        }
+    }
+    out
+}
+
+/// Plain text.
+pub fn render_text(d: &Labelled, failures: &[String]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "base {} -> head {}", d.base, d.head);
+    for s in &d.diff.scenarios {
+        let _ = writeln!(out, "\nscenario {} ({})", s.name, s.file);
+        if s.first_differences.is_empty() {
+            let _ = writeln!(out, "  decisions identical at every evaluation");
+        }
+        for f in &s.first_differences {
+            let _ = writeln!(
+                out,
+                "  decisions first differ for {} at {}s\n    base: {}\n    head: {}",
+                f.profile, f.at, f.base, f.head
+            );
+        }
+        let rows: Vec<Vec<String>> =
+            std::iter::once(LANE_HEADERS.iter().map(|h| h.to_uppercase()).collect())
+                .chain(s.lanes.iter().map(lane_row))
+                .collect();
+        let widths: Vec<usize> = (0..LANE_HEADERS.len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        for r in &rows {
+            let mut line = String::from("  ");
+            for (c, cell) in r.iter().enumerate() {
+                let _ = write!(line, "{:<w$}  ", cell, w = widths[c]);
+            }
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        for (p, (b, h)) in &s.transitions {
+            let _ = writeln!(out, "  level transitions of {p}: {b} -> {h}");
+        }
+    }
+    for s in &d.diff.signals {
+        let _ = writeln!(
+            out,
+            "\nsignals {}: {} of {} steps differ",
+            s.file, s.differing_steps, s.steps
+        );
+        for f in &s.first_differences {
+            let _ = writeln!(
+                out,
+                "  first difference for {} at {}s\n    base: {}\n    head: {}",
+                f.profile, f.at, f.base, f.head
+            );
+        }
+    }
+    for w in &d.diff.new_warnings {
+        let _ = writeln!(out, "new warning: {w}");
+    }
+    for w in &d.diff.resolved_warnings {
+        let _ = writeln!(out, "warning gone: {w}");
+    }
+    for f in failures {
+        let _ = writeln!(out, "FAILED: {f}");
+    }
+    out
+}

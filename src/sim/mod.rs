@@ -1,0 +1,26 @@
+//! `lanekeeper simulate` and `lanekeeper diff`: traffic driven through a
+//! gateway that enforces the latest decision of the same engine `plan` and
+//! the controller use, measured against naive baselines.
+
+pub mod chart;
+pub mod cli;
+pub mod diff;
+pub mod engine;
+pub mod report;
+pub mod scenario;
+
+pub use engine::{Policy, Run, run};
+pub use report::{SimReport, report};
+pub use scenario::Scenario;
+
+/// Runs a scenario under a policy and reports it (the series at the
+/// controller's evaluation interval).
+pub fn simulate(
+    world: &crate::policy::World,
+    scenario: &Scenario,
+    policy: Policy,
+) -> Result<(Run, SimReport), String> {
+    let r = run(world, scenario, policy)?;
+    let rep = report(&r, scenario.controller.evaluation_interval_seconds);
+    Ok((r, rep))
+}

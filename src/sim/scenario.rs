@@ -1,0 +1,474 @@
+//! The scenario format: what traffic, capacity, clients and controller timing
+//! a simulation runs against. `docs/simulate.md` describes it field by field.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// A scenario file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Scenario {
+    /// A name for reports.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Seed of the random draws: same seed, same output.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// How long to simulate, in seconds.
+    pub duration_seconds: f64,
+    /// Gateway and pool tick in seconds (dispatch granularity).
+    #[serde(default = "default_tick")]
+    pub tick_seconds: f64,
+    /// The controller: how often it evaluates and how stale its telemetry is.
+    #[serde(default)]
+    pub controller: ControllerSpec,
+    /// How lanekeeper's gateway turns a decision into token buckets.
+    #[serde(default)]
+    pub gateway: GatewaySpec,
+    /// Default client behaviour for every lane.
+    #[serde(default)]
+    pub clients: ClientSpec,
+    /// Pool capacity per profile, keyed `namespace/name` (or `name` when
+    /// unambiguous).
+    #[serde(default)]
+    pub profiles: BTreeMap<String, ProfileScenario>,
+    /// Traffic per lane, keyed `namespace/name` (or `name` when unambiguous).
+    /// A lane of the manifests with no entry here gets no traffic.
+    pub lanes: BTreeMap<String, LaneScenario>,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+fn default_tick() -> f64 {
+    0.1
+}
+
+/// Controller timing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ControllerSpec {
+    /// Seconds between evaluations (the first is at 0).
+    #[serde(default = "default_eval")]
+    pub evaluation_interval_seconds: f64,
+    /// How old the telemetry is when the controller reads it.
+    #[serde(default = "default_lag")]
+    pub telemetry_lag_seconds: f64,
+    /// The window rates, p95 and error ratio are measured over.
+    #[serde(default = "default_window")]
+    pub window_seconds: f64,
+    /// Periods in which the profiles' telemetry is missing (the controller
+    /// sees no profile signals measured in them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub telemetry_outages: Vec<Outage>,
+    /// Approvals granted during the run (as `plan --approve` does).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalAt>,
+}
+
+fn default_eval() -> f64 {
+    15.0
+}
+fn default_lag() -> f64 {
+    30.0
+}
+fn default_window() -> f64 {
+    30.0
+}
+
+impl Default for ControllerSpec {
+    fn default() -> Self {
+        Self {
+            evaluation_interval_seconds: default_eval(),
+            telemetry_lag_seconds: default_lag(),
+            window_seconds: default_window(),
+            telemetry_outages: Vec::new(),
+            approvals: Vec::new(),
+        }
+    }
+}
+
+/// lanekeeper's gateway.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GatewaySpec {
+    /// Headroom over the admitted rate for lanes the decision leaves
+    /// `Admitted` (their demand is a mean; arrivals fluctuate around it).
+    /// Capped, Throttled and Paused lanes get none.
+    #[serde(default = "default_headroom")]
+    pub admitted_headroom_percent: f64,
+    /// Token bucket size, in seconds of the lane's rate.
+    #[serde(default = "default_burst")]
+    pub burst_seconds: f64,
+}
+
+fn default_headroom() -> f64 {
+    10.0
+}
+fn default_burst() -> f64 {
+    1.0
+}
+
+impl Default for GatewaySpec {
+    fn default() -> Self {
+        Self {
+            admitted_headroom_percent: default_headroom(),
+            burst_seconds: default_burst(),
+        }
+    }
+}
+
+/// A telemetry outage `[from, to)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Outage {
+    /// Start (seconds).
+    pub from: f64,
+    /// End (seconds).
+    pub to: f64,
+}
+
+/// An approval granted at a time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ApprovalAt {
+    /// When (seconds).
+    pub at: f64,
+    /// The profile, `namespace/name`.
+    pub profile: String,
+    /// Highest approved level.
+    pub level: u32,
+}
+
+/// How clients retry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ClientSpec {
+    /// Retries after the first attempt (0 = never retry).
+    #[serde(default)]
+    pub max_retries: u32,
+    /// Backoff before the first retry, seconds.
+    #[serde(default = "default_backoff")]
+    pub backoff_seconds: f64,
+    /// Each further retry waits this many times longer.
+    #[serde(default = "default_multiplier")]
+    pub backoff_multiplier: f64,
+    /// Longest backoff, seconds.
+    #[serde(default = "default_max_backoff")]
+    pub max_backoff_seconds: f64,
+    /// Jitter as a fraction of the backoff: the wait is drawn uniformly from
+    /// `[backoff × (1 − jitter), backoff]`.
+    #[serde(default = "default_jitter")]
+    pub jitter: f64,
+    /// Share of clients (0..1) that ignore Retry-After, the lane's retry
+    /// budget and its maxAttempts: they retry on their own backoff no matter
+    /// what the gateway says.
+    #[serde(default)]
+    pub ignore_retry_after_share: f64,
+    /// Whether clients stop retrying once the request's deadline has passed.
+    #[serde(default = "yes")]
+    pub give_up_after_deadline: bool,
+}
+
+fn default_backoff() -> f64 {
+    1.0
+}
+fn default_multiplier() -> f64 {
+    2.0
+}
+fn default_max_backoff() -> f64 {
+    30.0
+}
+fn default_jitter() -> f64 {
+    0.5
+}
+fn yes() -> bool {
+    true
+}
+
+impl Default for ClientSpec {
+    fn default() -> Self {
+        Self {
+            max_retries: 0,
+            backoff_seconds: default_backoff(),
+            backoff_multiplier: default_multiplier(),
+            max_backoff_seconds: default_max_backoff(),
+            jitter: default_jitter(),
+            ignore_retry_after_share: 0.0,
+            give_up_after_deadline: true,
+        }
+    }
+}
+
+/// One profile's pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProfileScenario {
+    /// Capacity in work units/s over time, piecewise constant. Without it
+    /// the pool runs at the profile's `safeUnitsPerSecond` throughout.
+    #[serde(default)]
+    pub capacity: Vec<CapacityPoint>,
+}
+
+/// Capacity from `at` on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CapacityPoint {
+    /// From this time on (seconds).
+    pub at: f64,
+    /// Work units per second the pool completes.
+    pub units_per_second: f64,
+}
+
+/// One lane's traffic.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LaneScenario {
+    /// Arrival rate over time, piecewise constant (Poisson arrivals).
+    #[serde(default)]
+    pub arrivals: Vec<RatePoint>,
+    /// Alternatively, a CSV of `at,requestsPerSecond` rows (path relative to
+    /// the scenario file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrivals_csv: Option<PathBuf>,
+    /// Service time once dispatched to the pool (lognormal).
+    pub service: ServiceSpec,
+    /// Share of served attempts that fail (independently), 0..1.
+    #[serde(default)]
+    pub failure_ratio: f64,
+    /// Requests already queued at time 0.
+    #[serde(default)]
+    pub initial_backlog: u64,
+    /// Client behaviour for this lane (replaces the scenario's `clients`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients: Option<ClientSpec>,
+}
+
+/// A rate from `at` on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RatePoint {
+    /// From this time on (seconds).
+    pub at: f64,
+    /// Requests per second.
+    pub requests_per_second: f64,
+}
+
+/// Lognormal service time given by its median and 95th percentile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceSpec {
+    /// Median, seconds.
+    pub p50_seconds: f64,
+    /// 95th percentile, seconds (≥ p50).
+    pub p95_seconds: f64,
+}
+
+/// A piecewise-constant function of time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Steps {
+    points: Vec<(f64, f64)>,
+}
+
+impl Steps {
+    /// From `(at, value)` points in increasing time. Before the first point
+    /// the value is the first point's.
+    pub fn new(points: Vec<(f64, f64)>) -> Self {
+        Self { points }
+    }
+
+    /// A constant.
+    pub fn constant(v: f64) -> Self {
+        Self {
+            points: vec![(0.0, v)],
+        }
+    }
+
+    /// The value at `t`.
+    pub fn at(&self, t: f64) -> f64 {
+        let i = self.points.partition_point(|(a, _)| *a <= t);
+        match i {
+            0 => self.points.first().map_or(0.0, |p| p.1),
+            _ => self.points[i - 1].1,
+        }
+    }
+
+    /// The first change strictly after `t`, if any.
+    pub fn next_change(&self, t: f64) -> Option<f64> {
+        let i = self.points.partition_point(|(a, _)| *a <= t);
+        self.points.get(i).map(|p| p.0)
+    }
+
+    /// The points.
+    pub fn points(&self) -> &[(f64, f64)] {
+        &self.points
+    }
+}
+
+/// Reads and checks a scenario; CSV paths are resolved against its folder.
+pub fn load(path: &Path) -> Result<Scenario, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let de = serde_yaml::Deserializer::from_str(&text);
+    let mut s: Scenario = serde_path_to_error::deserialize(de)
+        .map_err(|e| format!("{}: {}: {}", path.display(), e.path(), e.inner()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    for (k, lane) in &mut s.lanes {
+        if let Some(csv) = lane.arrivals_csv.take() {
+            if !lane.arrivals.is_empty() {
+                return Err(format!(
+                    "{}: lanes.{k}: give arrivals or arrivalsCsv, not both",
+                    path.display()
+                ));
+            }
+            let full = base.join(&csv);
+            lane.arrivals = read_rates_csv(&full)?;
+        }
+    }
+    check(&s).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(s)
+}
+
+/// Parses a CSV of `at,requestsPerSecond` (a header line is allowed, `#`
+/// starts a comment).
+pub fn read_rates_csv(path: &Path) -> Result<Vec<RatePoint>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_rates_csv(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Parses CSV text of `at,requestsPerSecond` rows.
+pub fn parse_rates_csv(text: &str) -> Result<Vec<RatePoint>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut cols = line.split(',').map(str::trim);
+        let (Some(a), Some(r), None) = (cols.next(), cols.next(), cols.next()) else {
+            return Err(format!(
+                "line {}: expected two columns: at,requestsPerSecond",
+                n + 1
+            ));
+        };
+        match (a.parse::<f64>(), r.parse::<f64>()) {
+            (Ok(at), Ok(rps)) => out.push(RatePoint {
+                at,
+                requests_per_second: rps,
+            }),
+            _ if out.is_empty() && a.parse::<f64>().is_err() => continue, // header
+            _ => return Err(format!("line {}: not numbers: {line:?}", n + 1)),
+        }
+    }
+    Ok(out)
+}
+
+fn finite_nonneg(v: f64) -> bool {
+    v.is_finite() && v >= 0.0
+}
+
+/// Checks the scenario's numbers.
+pub fn check(s: &Scenario) -> Result<(), String> {
+    if !(s.duration_seconds.is_finite() && s.duration_seconds > 0.0) {
+        return Err("durationSeconds must be > 0".into());
+    }
+    if !(s.tick_seconds.is_finite() && s.tick_seconds > 0.0 && s.tick_seconds <= 10.0) {
+        return Err("tickSeconds must be within (0, 10]".into());
+    }
+    if s.duration_seconds / s.tick_seconds > 50_000_000.0 {
+        return Err(
+            "durationSeconds / tickSeconds is too large (more than 50 million ticks)".into(),
+        );
+    }
+    let c = &s.controller;
+    if !(c.evaluation_interval_seconds.is_finite() && c.evaluation_interval_seconds >= 1.0) {
+        return Err("controller.evaluationIntervalSeconds must be >= 1".into());
+    }
+    if !finite_nonneg(c.telemetry_lag_seconds) {
+        return Err("controller.telemetryLagSeconds must be >= 0".into());
+    }
+    if !(c.window_seconds.is_finite() && c.window_seconds >= 1.0) {
+        return Err("controller.windowSeconds must be >= 1".into());
+    }
+    for o in &c.telemetry_outages {
+        if !(finite_nonneg(o.from) && o.to.is_finite() && o.to > o.from) {
+            return Err("controller.telemetryOutages: each needs 0 <= from < to".into());
+        }
+    }
+    let g = &s.gateway;
+    if !(finite_nonneg(g.admitted_headroom_percent) && g.admitted_headroom_percent <= 100.0) {
+        return Err("gateway.admittedHeadroomPercent must be within 0..100".into());
+    }
+    if !(g.burst_seconds.is_finite() && g.burst_seconds > 0.0 && g.burst_seconds <= 60.0) {
+        return Err("gateway.burstSeconds must be within (0, 60]".into());
+    }
+    check_clients("clients", &s.clients)?;
+    for (k, p) in &s.profiles {
+        check_points(
+            &format!("profiles.{k}.capacity"),
+            p.capacity.iter().map(|c| (c.at, c.units_per_second)),
+        )?;
+    }
+    for (k, l) in &s.lanes {
+        check_points(
+            &format!("lanes.{k}.arrivals"),
+            l.arrivals.iter().map(|r| (r.at, r.requests_per_second)),
+        )?;
+        let sv = &l.service;
+        if !(sv.p50_seconds.is_finite()
+            && sv.p50_seconds > 0.0
+            && sv.p95_seconds.is_finite()
+            && sv.p95_seconds >= sv.p50_seconds)
+        {
+            return Err(format!(
+                "lanes.{k}.service: need 0 < p50Seconds <= p95Seconds"
+            ));
+        }
+        if !(0.0..=1.0).contains(&l.failure_ratio) {
+            return Err(format!("lanes.{k}.failureRatio must be within 0..1"));
+        }
+        if let Some(cl) = &l.clients {
+            check_clients(&format!("lanes.{k}.clients"), cl)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_points(what: &str, pts: impl Iterator<Item = (f64, f64)>) -> Result<(), String> {
+    let mut last: Option<f64> = None;
+    for (at, v) in pts {
+        if !finite_nonneg(at) || !finite_nonneg(v) {
+            return Err(format!("{what}: times and values must be finite and >= 0"));
+        }
+        if last.is_some_and(|l| at <= l) {
+            return Err(format!(
+                "{what}: points must be in increasing time (at {at} follows at {})",
+                last.unwrap_or(0.0)
+            ));
+        }
+        last = Some(at);
+    }
+    Ok(())
+}
+
+fn check_clients(what: &str, c: &ClientSpec) -> Result<(), String> {
+    if c.max_retries > 20 {
+        return Err(format!("{what}.maxRetries must be <= 20"));
+    }
+    if !(finite_nonneg(c.backoff_seconds)
+        && finite_nonneg(c.max_backoff_seconds)
+        && c.backoff_multiplier.is_finite()
+        && c.backoff_multiplier >= 1.0)
+    {
+        return Err(format!(
+            "{what}: backoffSeconds, maxBackoffSeconds >= 0 and backoffMultiplier >= 1"
+        ));
+    }
+    if !(0.0..=1.0).contains(&c.jitter) || !(0.0..=1.0).contains(&c.ignore_retry_after_share) {
+        return Err(format!(
+            "{what}: jitter and ignoreRetryAfterShare must be within 0..1"
+        ));
+    }
+    Ok(())
+}
