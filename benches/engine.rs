@@ -11,7 +11,9 @@ use lanekeeper::snapshot::{LaneSignals, PodSignals, ProfileSignals, Snapshot};
 
 fn inc47() -> World {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/inc-47/inc-47.yaml");
-    lanekeeper::manifest::load(&[dir]).expect("example loads").world
+    lanekeeper::manifest::load(&[dir])
+        .expect("example loads")
+        .world
 }
 
 /// `profiles` copies of the INC-47 profile and policy, `lanes` lanes spread
@@ -19,7 +21,10 @@ fn inc47() -> World {
 fn world(profiles: usize, lanes: usize, pods: usize) -> (World, Snapshot) {
     let base = inc47();
     let mut w = World::default();
-    let mut snap = Snapshot { at: 0, ..Default::default() };
+    let mut snap = Snapshot {
+        at: 0,
+        ..Default::default()
+    };
     for p in 0..profiles {
         let pname = format!("pool-{p}");
         let mut prof = base.profiles[0].clone();
@@ -68,7 +73,10 @@ fn bench(c: &mut Criterion) {
     let state = EngineState::default();
 
     let w = inc47();
-    let mut snap = Snapshot { at: 0, ..Default::default() };
+    let mut snap = Snapshot {
+        at: 0,
+        ..Default::default()
+    };
     let mut sig = ProfileSignals {
         available_units_per_second: Some(420.0),
         in_flight: Some(1400.0),
@@ -92,7 +100,10 @@ fn bench(c: &mut Criterion) {
     // Sanity: the large case really evaluates 50 profiles and 1,000 lanes.
     let (eval, _) = evaluate(&w, &snap, &approvals, &state);
     assert_eq!(eval.profiles.len(), 50);
-    assert_eq!(eval.profiles.iter().map(|p| p.lanes.len()).sum::<usize>(), 1000);
+    assert_eq!(
+        eval.profiles.iter().map(|p| p.lanes.len()).sum::<usize>(),
+        1000
+    );
     let mut group = c.benchmark_group("large");
     group.sample_size(30);
     group.bench_function("evaluate 50 profiles x 1000 lanes x 10000 pods", |b| {

@@ -4,8 +4,11 @@
 //! pool sizes, bounded drains and degradation levels.
 
 pub mod api;
+pub mod controller;
+pub mod gateway;
 pub mod manifest;
 pub mod plan;
 pub mod policy;
+pub mod signals;
 pub mod sim;
 pub mod snapshot;

@@ -30,6 +30,8 @@ enum Command {
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
+    /// Run the operator against a cluster (kubeconfig or in-cluster config).
+    Run(RunArgs),
     /// Evaluate manifests offline against a signal timeline and print the
     /// decisions (no cluster needed).
     Plan(PlanArgs),
@@ -38,6 +40,49 @@ enum Command {
     Simulate(lanekeeper::sim::cli::SimulateArgs),
     /// Compare base and head manifests on the same scenarios and signals.
     Diff(lanekeeper::sim::cli::DiffArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Namespace to watch (repeatable). Default: all namespaces.
+    #[arg(long = "namespace", value_name = "NAMESPACE")]
+    namespaces: Vec<String>,
+    /// Address of the Prometheus metrics endpoint (/metrics).
+    #[arg(long, default_value = ":8080")]
+    metrics_addr: String,
+    /// Address of the health endpoints (/healthz, /readyz).
+    #[arg(long, default_value = ":8081")]
+    health_addr: String,
+    /// Seconds between periodic evaluations of every profile (lets
+    /// time-based hysteresis advance without events).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
+    resync_seconds: u64,
+    /// Take a coordination.k8s.io Lease before acting, so only one replica
+    /// writes (`--leader-elect=false` to turn off).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "lanekeeper")]
+    lease_name: String,
+    /// Namespace of the leader Lease: the controller's own.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "lanekeeper-system")]
+    lease_namespace: String,
+    /// Lease duration in seconds: a standby takes over within it when the
+    /// leader stops renewing.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..))]
+    lease_duration_seconds: u64,
+    /// This instance's identity in the Lease.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -71,9 +116,13 @@ fn parse_approvals(items: &[String]) -> Result<Approvals, String> {
             .split_once('=')
             .ok_or_else(|| format!("--approve {item:?}: expected NAMESPACE/PROFILE=LEVEL"))?;
         if !k.contains('/') {
-            return Err(format!("--approve {item:?}: expected NAMESPACE/PROFILE=LEVEL"));
+            return Err(format!(
+                "--approve {item:?}: expected NAMESPACE/PROFILE=LEVEL"
+            ));
         }
-        let level: u32 = v.parse().map_err(|_| format!("--approve {item:?}: LEVEL must be a number"))?;
+        let level: u32 = v
+            .parse()
+            .map_err(|_| format!("--approve {item:?}: LEVEL must be a number"))?;
         out.insert(k.to_owned(), level);
     }
     Ok(out)
@@ -87,10 +136,15 @@ fn run_plan(args: &PlanArgs) -> Result<(), (u8, String)> {
     let approvals = parse_approvals(&args.approve).map_err(|e| (2, e))?;
     let timeline = match &args.signals {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| (2, format!("{}: {e}", path.display())))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| (2, format!("{}: {e}", path.display())))?;
             let de = serde_yaml::Deserializer::from_str(&text);
-            let t: SignalsFile = serde_path_to_error::deserialize(de)
-                .map_err(|e| (2, format!("{}: {}: {}", path.display(), e.path(), e.inner())))?;
+            let t: SignalsFile = serde_path_to_error::deserialize(de).map_err(|e| {
+                (
+                    2,
+                    format!("{}: {}: {}", path.display(), e.path(), e.inner()),
+                )
+            })?;
             plan::check_timeline(&t).map_err(|e| (2, format!("{}: {e}", path.display())))?;
             t
         }
@@ -102,9 +156,89 @@ fn run_plan(args: &PlanArgs) -> Result<(), (u8, String)> {
     let p = plan::plan(&loaded.world, &timeline, &approvals);
     match args.output {
         Output::Table => print!("{}", plan::render_table(&p)),
-        Output::Json => println!("{}", serde_json::to_string_pretty(&p).map_err(|e| (1, e.to_string()))?),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&p).map_err(|e| (1, e.to_string()))?
+        ),
     }
     Ok(())
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown requested: finishing in-flight work");
+}
+
+fn run_operator(args: &RunArgs) -> Result<(), (u8, String)> {
+    use lanekeeper::controller::{self, Metrics, Readiness, Settings, http};
+    init_logging(args.log_format);
+    let metrics_addr =
+        http::parse_addr(&args.metrics_addr).map_err(|e| (2, format!("--metrics-addr: {e}")))?;
+    let health_addr =
+        http::parse_addr(&args.health_addr).map_err(|e| (2, format!("--health-addr: {e}")))?;
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("lanekeeper-{}", std::process::id()));
+    let settings = Settings {
+        namespaces: args.namespaces.clone(),
+        resync: std::time::Duration::from_secs(args.resync_seconds),
+        leader_election: args.leader_elect,
+        lease_name: args.lease_name.clone(),
+        lease_namespace: args.lease_namespace.clone(),
+        lease_duration_seconds: args.lease_duration_seconds,
+        identity,
+    };
+    let rt = tokio::runtime::Runtime::new().map_err(|e| (1, e.to_string()))?;
+    rt.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| (1, format!("cannot reach the cluster (kubeconfig or in-cluster config): {e}")))?;
+        let metrics = Metrics::new();
+        let readiness = Readiness::default();
+        let m = tokio::spawn(http::serve(metrics_addr, http::metrics_router(metrics.clone())));
+        let h = tokio::spawn(http::serve(health_addr, http::health_router(readiness.clone())));
+        tracing::info!(%metrics_addr, %health_addr, namespaces = ?settings.namespaces, "starting lanekeeper");
+        let result = controller::run(client, settings, metrics, readiness, Vec::new(), shutdown_signal()).await;
+        m.abort();
+        h.abort();
+        result.map_err(|e| {
+            let code = if matches!(e, controller::Error::CrdsMissing(_)) { 3 } else { 1 };
+            (code, e.to_string())
+        })
+    })
 }
 
 fn crdgen(out_dir: Option<&std::path::Path>) -> Result<(), (u8, String)> {
@@ -129,6 +263,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Crdgen { out_dir } => crdgen(out_dir.as_deref()),
         Command::Plan(args) => run_plan(&args),
+        Command::Run(args) => run_operator(&args),
         Command::Simulate(args) => lanekeeper::sim::cli::run_simulate(&args),
         Command::Diff(args) => lanekeeper::sim::cli::run_diff(&args),
     };

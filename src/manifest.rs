@@ -127,7 +127,9 @@ pub fn load_str(path: &Path, text: &str, loaded: &mut Loaded) -> Result<(), Load
             message: e.to_string(),
         })?;
         let (Some(api_version), Some(kind)) = (
-            json.get("apiVersion").and_then(Value::as_str).map(str::to_owned),
+            json.get("apiVersion")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
             json.get("kind").and_then(Value::as_str).map(str::to_owned),
         ) else {
             loaded.notes.push(format!(
@@ -145,15 +147,36 @@ pub fn load_str(path: &Path, text: &str, loaded: &mut Loaded) -> Result<(), Load
             continue;
         }
         if api_version != "lanekeeper.dev/v1alpha1" {
-            return Err(invalid(path, &json, &kind, "apiVersion", format!("unsupported version {api_version:?} (expected lanekeeper.dev/v1alpha1)")));
+            return Err(invalid(
+                path,
+                &json,
+                &kind,
+                "apiVersion",
+                format!("unsupported version {api_version:?} (expected lanekeeper.dev/v1alpha1)"),
+            ));
         }
         let kind = kind.as_str();
         match kind {
-            "CapacityProfile" => loaded.world.profiles.push(parse::<CapacityProfile>(path, json, kind)?),
-            "LaneContract" => loaded.world.lanes.push(parse::<LaneContract>(path, json, kind)?),
-            "DegradationPolicy" => loaded.world.policies.push(parse::<DegradationPolicy>(path, json, kind)?),
+            "CapacityProfile" => loaded
+                .world
+                .profiles
+                .push(parse::<CapacityProfile>(path, json, kind)?),
+            "LaneContract" => loaded
+                .world
+                .lanes
+                .push(parse::<LaneContract>(path, json, kind)?),
+            "DegradationPolicy" => loaded
+                .world
+                .policies
+                .push(parse::<DegradationPolicy>(path, json, kind)?),
             other => {
-                return Err(invalid(path, &json, other, "kind", format!("unknown lanekeeper kind {other:?}")));
+                return Err(invalid(
+                    path,
+                    &json,
+                    other,
+                    "kind",
+                    format!("unknown lanekeeper kind {other:?}"),
+                ));
             }
         }
     }
@@ -162,8 +185,14 @@ pub fn load_str(path: &Path, text: &str, loaded: &mut Loaded) -> Result<(), Load
 
 fn object_name(json: &Value, kind: &str) -> String {
     let meta = json.get("metadata");
-    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("<unnamed>");
-    let ns = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str).unwrap_or("default");
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("<unnamed>");
+    let ns = meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
     format!("{kind} {ns}/{name}")
 }
 
@@ -221,18 +250,36 @@ pub fn cel_errors(kind: &str, json: &Value) -> Vec<(String, String)> {
             .into_iter()
             .map(|e| {
                 let field = e.field_path.trim_start_matches('.').to_owned();
-                (if field.is_empty() { "<root>".to_owned() } else { field }, e.message)
+                (
+                    if field.is_empty() {
+                        "<root>".to_owned()
+                    } else {
+                        field
+                    },
+                    e.message,
+                )
             })
             .collect(),
     }
 }
 
-fn parse<K: DeserializeOwned + kube::Resource>(path: &Path, mut json: Value, kind: &str) -> Result<K, LoadError> {
+fn parse<K: DeserializeOwned + kube::Resource>(
+    path: &Path,
+    mut json: Value,
+    kind: &str,
+) -> Result<K, LoadError> {
     // Objects without a namespace land in "default", as with kubectl.
     if let Some(meta) = json.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.entry("namespace").or_insert_with(|| Value::String("default".into()));
+        meta.entry("namespace")
+            .or_insert_with(|| Value::String("default".into()));
         if !meta.get("name").is_some_and(Value::is_string) {
-            return Err(invalid(path, &json, kind, "metadata.name", "is required".into()));
+            return Err(invalid(
+                path,
+                &json,
+                kind,
+                "metadata.name",
+                "is required".into(),
+            ));
         }
     } else {
         return Err(invalid(path, &json, kind, "metadata", "is required".into()));

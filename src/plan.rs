@@ -5,7 +5,9 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::api::common::format_number;
-use crate::policy::{self, Approvals, EngineState, Evaluation, LaneDecision, ProfileDecision, World, key};
+use crate::policy::{
+    self, Approvals, EngineState, Evaluation, LaneDecision, ProfileDecision, World, key,
+};
 use crate::snapshot::{ProfileSignals, SignalsFile, Snapshot};
 
 /// The plan: one evaluation per step.
@@ -21,7 +23,10 @@ pub struct Plan {
 pub fn default_timeline(world: &World) -> SignalsFile {
     let mut snap = Snapshot::default();
     for p in &world.profiles {
-        let k = key(p.metadata.namespace.as_deref().unwrap_or_default(), p.metadata.name.as_deref().unwrap_or_default());
+        let k = key(
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default(),
+        );
         snap.profiles.insert(
             k,
             ProfileSignals {
@@ -40,7 +45,10 @@ pub fn check_timeline(t: &SignalsFile) -> Result<(), String> {
     }
     for w in t.steps.windows(2) {
         if w[1].at <= w[0].at {
-            return Err(format!("steps must be in increasing time: at {} follows at {}", w[1].at, w[0].at));
+            return Err(format!(
+                "steps must be in increasing time: at {} follows at {}",
+                w[1].at, w[0].at
+            ));
         }
     }
     Ok(())
@@ -69,7 +77,14 @@ fn opt(v: Option<f64>) -> String {
 fn lanes_signature(p: &ProfileDecision) -> Vec<(String, &'static str, String, String)> {
     p.lanes
         .iter()
-        .map(|l| (l.name.clone(), l.state.as_str(), num(l.demand_units_per_second), num(l.admitted_units_per_second)))
+        .map(|l| {
+            (
+                l.name.clone(),
+                l.state.as_str(),
+                num(l.demand_units_per_second),
+                num(l.admitted_units_per_second),
+            )
+        })
         .collect()
 }
 
@@ -96,7 +111,8 @@ fn lane_row(l: &LaneDecision) -> String {
 /// warnings as they happen.
 pub fn render_table(plan: &Plan) -> String {
     let mut out = String::new();
-    let mut last: std::collections::BTreeMap<String, Vec<(String, &'static str, String, String)>> = Default::default();
+    let mut last: std::collections::BTreeMap<String, Vec<(String, &'static str, String, String)>> =
+        Default::default();
     let mut last_warnings: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for step in &plan.steps {
         for w in &step.warnings {
@@ -110,19 +126,31 @@ pub fn render_table(plan: &Plan) -> String {
                 step.at,
                 p.level,
                 p.level_name,
-                if p.telemetry == policy::Telemetry::Known { "Known" } else { "Unknown" },
+                if p.telemetry == policy::Telemetry::Known {
+                    "Known"
+                } else {
+                    "Unknown"
+                },
                 opt(p.capacity_units_per_second),
                 num(p.demand_units_per_second),
                 num(p.admitted_units_per_second),
-                p.utilization_percent.map_or_else(|| "unknown".to_owned(), |u| format!("{}%", (u * 10.0).round() / 10.0)),
-                p.desired_replicas.map_or_else(|| "unknown".to_owned(), |d| d.to_string()),
+                p.utilization_percent.map_or_else(
+                    || "unknown".to_owned(),
+                    |u| format!("{}%", (u * 10.0).round() / 10.0)
+                ),
+                p.desired_replicas
+                    .map_or_else(|| "unknown".to_owned(), |d| d.to_string()),
                 p.pending_approval_level
                     .map(|l| format!("  pending approval: level {l}"))
                     .unwrap_or_default(),
             );
             if let Some(t) = &p.transition {
                 let dir = if t.to > t.from { "UP" } else { "DOWN" };
-                let _ = writeln!(out, "           {dir} level {} -> {}: {}", t.from, t.to, t.reason);
+                let _ = writeln!(
+                    out,
+                    "           {dir} level {} -> {}: {}",
+                    t.from, t.to, t.reason
+                );
             }
             let sig = lanes_signature(p);
             if last.get(&k) != Some(&sig) {
@@ -138,7 +166,11 @@ pub fn render_table(plan: &Plan) -> String {
             }
             for d in &p.drain {
                 if d.action != policy::DrainAction::Keep {
-                    let _ = writeln!(out, "           drain: {:?} {} ({})", d.action, d.pod, d.reason);
+                    let _ = writeln!(
+                        out,
+                        "           drain: {:?} {} ({})",
+                        d.action, d.pod, d.reason
+                    );
                 }
             }
             if last_warnings.get(&k) != Some(&p.warnings) {

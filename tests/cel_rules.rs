@@ -74,7 +74,9 @@ fn policy() -> Value {
 /// Sets (or with `None` removes) the value at a JSON pointer.
 fn with(mut v: Value, pointer: &str, new: Option<Value>) -> Value {
     let (parent, last) = pointer.rsplit_once('/').unwrap();
-    let target = v.pointer_mut(parent).unwrap_or_else(|| panic!("no {parent}"));
+    let target = v
+        .pointer_mut(parent)
+        .unwrap_or_else(|| panic!("no {parent}"));
     match (target, new) {
         (Value::Object(m), Some(n)) => {
             m.insert(last.to_owned(), n);
@@ -102,73 +104,429 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
     let d = policy;
     vec![
         // CapacityProfile
-        ("empty scale target apiVersion", with(p(), "/spec/pool/scaleTargetRef/apiVersion", Some(json!(""))), "apiVersion must not be empty"),
-        ("empty scale target kind", with(p(), "/spec/pool/scaleTargetRef/kind", Some(json!(""))), "kind must not be empty"),
-        ("empty scale target name", with(p(), "/spec/pool/scaleTargetRef/name", Some(json!(""))), "name must not be empty"),
-        ("zero safe capacity", with(p(), "/spec/capacity/safeUnitsPerSecond", Some(json!("0"))), "safeUnitsPerSecond must be greater than 0"),
-        ("zero units per replica", with(p(), "/spec/capacity/unitsPerReplica", Some(json!("0.0"))), "unitsPerReplica must be greater than 0"),
-        ("warning utilization 0", with(p(), "/spec/capacity/warningUtilizationPercent", Some(json!(0))), "warningUtilizationPercent must be within 1..100"),
-        ("warning utilization 101", with(p(), "/spec/capacity/warningUtilizationPercent", Some(json!(101))), "warningUtilizationPercent must be within 1..100"),
-        ("calibration valid for 0", with(p(), "/spec/capacity/calibration/validForSeconds", Some(json!(0))), "validForSeconds must be at least 1"),
-        ("replicas min > max", with(with(p(), "/spec/replicas/min", Some(json!(9))), "/spec/replicas/max", Some(json!(4))), "replicas.min must be <= replicas.max"),
-        ("replicas min < 0", with(p(), "/spec/replicas/min", Some(json!(-1))), "min must be >= 0"),
-        ("replicas max 0", with(with(p(), "/spec/replicas/max", Some(json!(0))), "/spec/replicas/min", Some(json!(0))), "max must be >= 1"),
-        ("maxScaleUpStep 0", with(p(), "/spec/replicas/maxScaleUpStep", Some(json!(0))), "maxScaleUpStep must be >= 1"),
-        ("negative stabilization", with(p(), "/spec/replicas/scaleDownStabilizationSeconds", Some(json!(-5))), "scaleDownStabilizationSeconds must be >= 0"),
-        ("resumeBelow >= conserveAt", with(p(), "/spec/inFlight/resumeBelow", Some(json!(1350))), "inFlight watermarks must satisfy resumeBelow < conserveAt <= stopAt"),
-        ("conserveAt > stopAt", with(p(), "/spec/inFlight/conserveAt", Some(json!(1600))), "inFlight watermarks must satisfy resumeBelow < conserveAt <= stopAt"),
-        ("conserveAt 0", with(with(with(p(), "/spec/inFlight/conserveAt", Some(json!(0))), "/spec/inFlight/resumeBelow", Some(json!(0))), "/spec/inFlight/stopAt", Some(json!(5))), "conserveAt must be >= 1"),
-        ("stopAt 0", with(p(), "/spec/inFlight/stopAt", Some(json!(0))), "stopAt must be >= 1"),
-        ("resumeBelow negative", with(p(), "/spec/inFlight/resumeBelow", Some(json!(-1))), "resumeBelow must be >= 0"),
-        ("maxDrained 120%", with(p(), "/spec/drain/maxDrained", Some(json!("120%"))), "maxDrained must be a non-negative integer or a percent within 0%..100%"),
-        ("maxDrained garbage", with(p(), "/spec/drain/maxDrained", Some(json!("a quarter"))), "maxDrained must be a non-negative integer or a percent within 0%..100%"),
-        ("maxDrained negative", with(p(), "/spec/drain/maxDrained", Some(json!(-1))), "maxDrained must be a non-negative integer or a percent within 0%..100%"),
-        ("minServing negative", with(p(), "/spec/drain/minServing", Some(json!(-1))), "minServing must be >= 0"),
-        ("drain error ratio > 1", with(p(), "/spec/drain/errorRatioAbove", Some(json!("1.5"))), "errorRatioAbove must be within 0..1"),
-        ("healthyFor negative", with(p(), "/spec/drain/healthyForSeconds", Some(json!(-1))), "healthyForSeconds must be >= 0"),
+        (
+            "empty scale target apiVersion",
+            with(p(), "/spec/pool/scaleTargetRef/apiVersion", Some(json!(""))),
+            "apiVersion must not be empty",
+        ),
+        (
+            "empty scale target kind",
+            with(p(), "/spec/pool/scaleTargetRef/kind", Some(json!(""))),
+            "kind must not be empty",
+        ),
+        (
+            "empty scale target name",
+            with(p(), "/spec/pool/scaleTargetRef/name", Some(json!(""))),
+            "name must not be empty",
+        ),
+        (
+            "zero safe capacity",
+            with(p(), "/spec/capacity/safeUnitsPerSecond", Some(json!("0"))),
+            "safeUnitsPerSecond must be greater than 0",
+        ),
+        (
+            "zero units per replica",
+            with(p(), "/spec/capacity/unitsPerReplica", Some(json!("0.0"))),
+            "unitsPerReplica must be greater than 0",
+        ),
+        (
+            "warning utilization 0",
+            with(
+                p(),
+                "/spec/capacity/warningUtilizationPercent",
+                Some(json!(0)),
+            ),
+            "warningUtilizationPercent must be within 1..100",
+        ),
+        (
+            "warning utilization 101",
+            with(
+                p(),
+                "/spec/capacity/warningUtilizationPercent",
+                Some(json!(101)),
+            ),
+            "warningUtilizationPercent must be within 1..100",
+        ),
+        (
+            "calibration valid for 0",
+            with(
+                p(),
+                "/spec/capacity/calibration/validForSeconds",
+                Some(json!(0)),
+            ),
+            "validForSeconds must be at least 1",
+        ),
+        (
+            "replicas min > max",
+            with(
+                with(p(), "/spec/replicas/min", Some(json!(9))),
+                "/spec/replicas/max",
+                Some(json!(4)),
+            ),
+            "replicas.min must be <= replicas.max",
+        ),
+        (
+            "replicas min < 0",
+            with(p(), "/spec/replicas/min", Some(json!(-1))),
+            "min must be >= 0",
+        ),
+        (
+            "replicas max 0",
+            with(
+                with(p(), "/spec/replicas/max", Some(json!(0))),
+                "/spec/replicas/min",
+                Some(json!(0)),
+            ),
+            "max must be >= 1",
+        ),
+        (
+            "maxScaleUpStep 0",
+            with(p(), "/spec/replicas/maxScaleUpStep", Some(json!(0))),
+            "maxScaleUpStep must be >= 1",
+        ),
+        (
+            "negative stabilization",
+            with(
+                p(),
+                "/spec/replicas/scaleDownStabilizationSeconds",
+                Some(json!(-5)),
+            ),
+            "scaleDownStabilizationSeconds must be >= 0",
+        ),
+        (
+            "resumeBelow >= conserveAt",
+            with(p(), "/spec/inFlight/resumeBelow", Some(json!(1350))),
+            "inFlight watermarks must satisfy resumeBelow < conserveAt <= stopAt",
+        ),
+        (
+            "conserveAt > stopAt",
+            with(p(), "/spec/inFlight/conserveAt", Some(json!(1600))),
+            "inFlight watermarks must satisfy resumeBelow < conserveAt <= stopAt",
+        ),
+        (
+            "conserveAt 0",
+            with(
+                with(
+                    with(p(), "/spec/inFlight/conserveAt", Some(json!(0))),
+                    "/spec/inFlight/resumeBelow",
+                    Some(json!(0)),
+                ),
+                "/spec/inFlight/stopAt",
+                Some(json!(5)),
+            ),
+            "conserveAt must be >= 1",
+        ),
+        (
+            "stopAt 0",
+            with(p(), "/spec/inFlight/stopAt", Some(json!(0))),
+            "stopAt must be >= 1",
+        ),
+        (
+            "resumeBelow negative",
+            with(p(), "/spec/inFlight/resumeBelow", Some(json!(-1))),
+            "resumeBelow must be >= 0",
+        ),
+        (
+            "maxDrained 120%",
+            with(p(), "/spec/drain/maxDrained", Some(json!("120%"))),
+            "maxDrained must be a non-negative integer or a percent within 0%..100%",
+        ),
+        (
+            "maxDrained garbage",
+            with(p(), "/spec/drain/maxDrained", Some(json!("a quarter"))),
+            "maxDrained must be a non-negative integer or a percent within 0%..100%",
+        ),
+        (
+            "maxDrained negative",
+            with(p(), "/spec/drain/maxDrained", Some(json!(-1))),
+            "maxDrained must be a non-negative integer or a percent within 0%..100%",
+        ),
+        (
+            "minServing negative",
+            with(p(), "/spec/drain/minServing", Some(json!(-1))),
+            "minServing must be >= 0",
+        ),
+        (
+            "drain error ratio > 1",
+            with(p(), "/spec/drain/errorRatioAbove", Some(json!("1.5"))),
+            "errorRatioAbove must be within 0..1",
+        ),
+        (
+            "healthyFor negative",
+            with(p(), "/spec/drain/healthyForSeconds", Some(json!(-1))),
+            "healthyForSeconds must be >= 0",
+        ),
         // LaneContract
-        ("floor > ceiling", with(l(), "/spec/floorUnitsPerSecond", Some(json!("250"))), "floorUnitsPerSecond must be <= ceilingUnitsPerSecond"),
-        ("borrowing without checkpointable", with(l(), "/spec/checkpointable", Some(json!(false))), "borrowing requires checkpointable: true"),
-        ("empty profile", with(l(), "/spec/profile", Some(json!(""))), "profile must not be empty"),
-        ("negative priority", with(l(), "/spec/priority", Some(json!(-1))), "priority must be >= 0"),
-        ("weight 0", with(l(), "/spec/weight", Some(json!(0))), "weight must be >= 1"),
-        ("zero work units", with(l(), "/spec/workUnitsPerRequest", Some(json!("0"))), "workUnitsPerRequest must be greater than 0"),
-        ("Defer without min", with(l(), "/spec/shedding/minUnitsPerSecond", None), "shedding.mode Defer requires minUnitsPerSecond"),
-        ("borrowing from nobody", with(l(), "/spec/borrowing/from", Some(json!([]))), "borrowing.from must name at least one lane"),
-        ("lease 0", with(l(), "/spec/borrowing/leaseSeconds", Some(json!(0))), "leaseSeconds must be >= 1"),
-        ("release negative", with(l(), "/spec/borrowing/releaseWithinSeconds", Some(json!(-1))), "releaseWithinSeconds must be >= 0"),
-        ("deadline 0", with(l(), "/spec/deadlineSeconds", Some(json!(0))), "deadlineSeconds must be >= 1"),
-        ("queue depth negative", with(l(), "/spec/queue/maxDepth", Some(json!(-1))), "maxDepth must be >= 0"),
-        ("queue ttl negative", with(l(), "/spec/queue/ttlSeconds", Some(json!(-1))), "ttlSeconds must be >= 0"),
-        ("maxAttempts 0", with(l(), "/spec/retry/maxAttempts", Some(json!(0))), "maxAttempts must be >= 1"),
-        ("budget 101", with(l(), "/spec/retry/budgetPercent", Some(json!(101))), "budgetPercent must be within 0..100"),
-        ("budget -1", with(l(), "/spec/retry/budgetPercent", Some(json!(-1))), "budgetPercent must be within 0..100"),
-        ("no primary route", with(l(), "/spec/routes/primary", Some(json!([]))), "routes.primary must name at least one route"),
-        ("degraded history > history", with(l(), "/spec/optionalContext/degradedHistoryTurns", Some(json!(30))), "degradedHistoryTurns must be <= historyTurns"),
-        ("history negative", with(with(l(), "/spec/optionalContext/historyTurns", Some(json!(-1))), "/spec/optionalContext/degradedHistoryTurns", Some(json!(-2))), "historyTurns must be >= 0"),
-        ("degraded history negative", with(l(), "/spec/optionalContext/degradedHistoryTurns", Some(json!(-1))), "degradedHistoryTurns must be >= 0"),
+        (
+            "floor > ceiling",
+            with(l(), "/spec/floorUnitsPerSecond", Some(json!("250"))),
+            "floorUnitsPerSecond must be <= ceilingUnitsPerSecond",
+        ),
+        (
+            "borrowing without checkpointable",
+            with(l(), "/spec/checkpointable", Some(json!(false))),
+            "borrowing requires checkpointable: true",
+        ),
+        (
+            "empty profile",
+            with(l(), "/spec/profile", Some(json!(""))),
+            "profile must not be empty",
+        ),
+        (
+            "negative priority",
+            with(l(), "/spec/priority", Some(json!(-1))),
+            "priority must be >= 0",
+        ),
+        (
+            "weight 0",
+            with(l(), "/spec/weight", Some(json!(0))),
+            "weight must be >= 1",
+        ),
+        (
+            "zero work units",
+            with(l(), "/spec/workUnitsPerRequest", Some(json!("0"))),
+            "workUnitsPerRequest must be greater than 0",
+        ),
+        (
+            "Defer without min",
+            with(l(), "/spec/shedding/minUnitsPerSecond", None),
+            "shedding.mode Defer requires minUnitsPerSecond",
+        ),
+        (
+            "borrowing from nobody",
+            with(l(), "/spec/borrowing/from", Some(json!([]))),
+            "borrowing.from must name at least one lane",
+        ),
+        (
+            "lease 0",
+            with(l(), "/spec/borrowing/leaseSeconds", Some(json!(0))),
+            "leaseSeconds must be >= 1",
+        ),
+        (
+            "release negative",
+            with(l(), "/spec/borrowing/releaseWithinSeconds", Some(json!(-1))),
+            "releaseWithinSeconds must be >= 0",
+        ),
+        (
+            "deadline 0",
+            with(l(), "/spec/deadlineSeconds", Some(json!(0))),
+            "deadlineSeconds must be >= 1",
+        ),
+        (
+            "queue depth negative",
+            with(l(), "/spec/queue/maxDepth", Some(json!(-1))),
+            "maxDepth must be >= 0",
+        ),
+        (
+            "queue ttl negative",
+            with(l(), "/spec/queue/ttlSeconds", Some(json!(-1))),
+            "ttlSeconds must be >= 0",
+        ),
+        (
+            "maxAttempts 0",
+            with(l(), "/spec/retry/maxAttempts", Some(json!(0))),
+            "maxAttempts must be >= 1",
+        ),
+        (
+            "budget 101",
+            with(l(), "/spec/retry/budgetPercent", Some(json!(101))),
+            "budgetPercent must be within 0..100",
+        ),
+        (
+            "budget -1",
+            with(l(), "/spec/retry/budgetPercent", Some(json!(-1))),
+            "budgetPercent must be within 0..100",
+        ),
+        (
+            "no primary route",
+            with(l(), "/spec/routes/primary", Some(json!([]))),
+            "routes.primary must name at least one route",
+        ),
+        (
+            "degraded history > history",
+            with(
+                l(),
+                "/spec/optionalContext/degradedHistoryTurns",
+                Some(json!(30)),
+            ),
+            "degradedHistoryTurns must be <= historyTurns",
+        ),
+        (
+            "history negative",
+            with(
+                with(l(), "/spec/optionalContext/historyTurns", Some(json!(-1))),
+                "/spec/optionalContext/degradedHistoryTurns",
+                Some(json!(-2)),
+            ),
+            "historyTurns must be >= 0",
+        ),
+        (
+            "degraded history negative",
+            with(
+                l(),
+                "/spec/optionalContext/degradedHistoryTurns",
+                Some(json!(-1)),
+            ),
+            "degradedHistoryTurns must be >= 0",
+        ),
         // DegradationPolicy
-        ("duplicate level names", with(d(), "/spec/levels/1/name", Some(json!("conserve"))), "level names must be unique"),
-        ("EnterLevel without level", with(d(), "/spec/onMissingTelemetry", Some(json!("EnterLevel"))), "onMissingTelemetry EnterLevel requires missingTelemetryLevel within 1..number of levels"),
-        ("EnterLevel beyond ladder", with(with(d(), "/spec/onMissingTelemetry", Some(json!("EnterLevel"))), "/spec/missingTelemetryLevel", Some(json!(4))), "onMissingTelemetry EnterLevel requires missingTelemetryLevel within 1..number of levels"),
-        ("missingTelemetryLevel 0", with(d(), "/spec/missingTelemetryLevel", Some(json!(0))), "missingTelemetryLevel must be >= 1"),
-        ("empty policy profile", with(d(), "/spec/profile", Some(json!(""))), "profile must not be empty"),
-        ("negative stable window", with(d(), "/spec/hysteresis/stableForSeconds", Some(json!(-1))), "stableForSeconds must be >= 0"),
-        ("level without trigger", with(d(), "/spec/levels/1/enterWhen", Some(json!({}))), "enterWhen needs at least one trigger"),
-        ("overCapacity false is no trigger", with(d(), "/spec/levels/1/enterWhen", Some(json!({"overCapacity": false}))), "enterWhen needs at least one trigger"),
-        ("utilization above 101", with(d(), "/spec/levels/0/enterWhen/utilizationPercentAbove", Some(json!(101))), "utilizationPercentAbove must be within 0..100"),
-        ("inFlightAbove negative", with(d(), "/spec/levels/0/enterWhen/inFlightAbove", Some(json!(-1))), "inFlightAbove must be >= 0"),
-        ("queueDepthAbove negative", with(d(), "/spec/levels/0/enterWhen/queueDepthAbove", Some(json!(-1))), "queueDepthAbove must be >= 0"),
-        ("enter error ratio > 1", with(d(), "/spec/levels/0/enterWhen/errorRatioAbove", Some(json!("2"))), "errorRatioAbove must be within 0..1"),
-        ("utilization below -1", with(d(), "/spec/levels/0/exitWhen/utilizationPercentBelow", Some(json!(-1))), "utilizationPercentBelow must be within 0..100"),
-        ("inFlightBelow negative", with(d(), "/spec/levels/0/exitWhen/inFlightBelow", Some(json!(-1))), "inFlightBelow must be >= 0"),
-        ("queueDepthBelow negative", with(d(), "/spec/levels/0/exitWhen/queueDepthBelow", Some(json!(-1))), "queueDepthBelow must be >= 0"),
-        ("exit error ratio > 1", with(d(), "/spec/levels/0/exitWhen/errorRatioBelow", Some(json!("1.01"))), "errorRatioBelow must be within 0..1"),
-        ("empty pause selector", with(d(), "/spec/levels/1/actions/pause/0", Some(json!({}))), "a lane selector needs priorityAtLeast or lanes"),
-        ("negative pause priority", with(d(), "/spec/levels/1/actions/pause/0/priorityAtLeast", Some(json!(-1))), "priorityAtLeast must be >= 0"),
-        ("cap without selector", with(d(), "/spec/levels/1/actions/cap/0", Some(json!({"unitsPerSecond": "60"}))), "a cap needs priorityAtLeast or lanes"),
-        ("Confirm without timeout", with(d(), "/spec/levels/2/approval/timeoutSeconds", None), "approval mode Confirm needs timeoutSeconds > 0"),
-        ("Confirm with timeout 0", with(d(), "/spec/levels/2/approval/timeoutSeconds", Some(json!(0))), "approval mode Confirm needs timeoutSeconds > 0"),
+        (
+            "duplicate level names",
+            with(d(), "/spec/levels/1/name", Some(json!("conserve"))),
+            "level names must be unique",
+        ),
+        (
+            "EnterLevel without level",
+            with(d(), "/spec/onMissingTelemetry", Some(json!("EnterLevel"))),
+            "onMissingTelemetry EnterLevel requires missingTelemetryLevel within 1..number of levels",
+        ),
+        (
+            "EnterLevel beyond ladder",
+            with(
+                with(d(), "/spec/onMissingTelemetry", Some(json!("EnterLevel"))),
+                "/spec/missingTelemetryLevel",
+                Some(json!(4)),
+            ),
+            "onMissingTelemetry EnterLevel requires missingTelemetryLevel within 1..number of levels",
+        ),
+        (
+            "missingTelemetryLevel 0",
+            with(d(), "/spec/missingTelemetryLevel", Some(json!(0))),
+            "missingTelemetryLevel must be >= 1",
+        ),
+        (
+            "empty policy profile",
+            with(d(), "/spec/profile", Some(json!(""))),
+            "profile must not be empty",
+        ),
+        (
+            "negative stable window",
+            with(d(), "/spec/hysteresis/stableForSeconds", Some(json!(-1))),
+            "stableForSeconds must be >= 0",
+        ),
+        (
+            "level without trigger",
+            with(d(), "/spec/levels/1/enterWhen", Some(json!({}))),
+            "enterWhen needs at least one trigger",
+        ),
+        (
+            "overCapacity false is no trigger",
+            with(
+                d(),
+                "/spec/levels/1/enterWhen",
+                Some(json!({"overCapacity": false})),
+            ),
+            "enterWhen needs at least one trigger",
+        ),
+        (
+            "utilization above 101",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/utilizationPercentAbove",
+                Some(json!(101)),
+            ),
+            "utilizationPercentAbove must be within 0..100",
+        ),
+        (
+            "inFlightAbove negative",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/inFlightAbove",
+                Some(json!(-1)),
+            ),
+            "inFlightAbove must be >= 0",
+        ),
+        (
+            "queueDepthAbove negative",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/queueDepthAbove",
+                Some(json!(-1)),
+            ),
+            "queueDepthAbove must be >= 0",
+        ),
+        (
+            "enter error ratio > 1",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/errorRatioAbove",
+                Some(json!("2")),
+            ),
+            "errorRatioAbove must be within 0..1",
+        ),
+        (
+            "utilization below -1",
+            with(
+                d(),
+                "/spec/levels/0/exitWhen/utilizationPercentBelow",
+                Some(json!(-1)),
+            ),
+            "utilizationPercentBelow must be within 0..100",
+        ),
+        (
+            "inFlightBelow negative",
+            with(
+                d(),
+                "/spec/levels/0/exitWhen/inFlightBelow",
+                Some(json!(-1)),
+            ),
+            "inFlightBelow must be >= 0",
+        ),
+        (
+            "queueDepthBelow negative",
+            with(
+                d(),
+                "/spec/levels/0/exitWhen/queueDepthBelow",
+                Some(json!(-1)),
+            ),
+            "queueDepthBelow must be >= 0",
+        ),
+        (
+            "exit error ratio > 1",
+            with(
+                d(),
+                "/spec/levels/0/exitWhen/errorRatioBelow",
+                Some(json!("1.01")),
+            ),
+            "errorRatioBelow must be within 0..1",
+        ),
+        (
+            "empty pause selector",
+            with(d(), "/spec/levels/1/actions/pause/0", Some(json!({}))),
+            "a lane selector needs priorityAtLeast or lanes",
+        ),
+        (
+            "negative pause priority",
+            with(
+                d(),
+                "/spec/levels/1/actions/pause/0/priorityAtLeast",
+                Some(json!(-1)),
+            ),
+            "priorityAtLeast must be >= 0",
+        ),
+        (
+            "cap without selector",
+            with(
+                d(),
+                "/spec/levels/1/actions/cap/0",
+                Some(json!({"unitsPerSecond": "60"})),
+            ),
+            "a cap needs priorityAtLeast or lanes",
+        ),
+        (
+            "Confirm without timeout",
+            with(d(), "/spec/levels/2/approval/timeoutSeconds", None),
+            "approval mode Confirm needs timeoutSeconds > 0",
+        ),
+        (
+            "Confirm with timeout 0",
+            with(
+                d(),
+                "/spec/levels/2/approval/timeoutSeconds",
+                Some(json!(0)),
+            ),
+            "approval mode Confirm needs timeoutSeconds > 0",
+        ),
     ]
 }
 
@@ -179,7 +537,11 @@ fn good_objects_pass_every_rule() {
         assert!(errs.is_empty(), "{} rejected: {errs:?}", kind_of(&obj));
     }
     // The INC-47 example as shipped.
-    let loaded = lanekeeper::manifest::load(&[std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/inc-47"))]).unwrap();
+    let loaded = lanekeeper::manifest::load(&[std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/inc-47"
+    ))])
+    .unwrap();
     assert_eq!(loaded.world.profiles.len(), 1);
     assert_eq!(loaded.world.lanes.len(), 5);
     assert_eq!(loaded.world.policies.len(), 1);
@@ -204,7 +566,12 @@ fn every_rule_is_exercised_by_a_bad_case() {
             Value::Object(m) => {
                 if let Some(Value::Array(rules)) = m.get("x-kubernetes-validations") {
                     for r in rules {
-                        out.insert(r["message"].as_str().expect("every rule has a message").to_owned());
+                        out.insert(
+                            r["message"]
+                                .as_str()
+                                .expect("every rule has a message")
+                                .to_owned(),
+                        );
                     }
                 }
                 m.values().for_each(|c| collect(c, out));
@@ -217,21 +584,42 @@ fn every_rule_is_exercised_by_a_bad_case() {
     for crd in lanekeeper::api::crds() {
         collect(&serde_json::to_value(&crd).unwrap(), &mut messages);
     }
-    let covered: BTreeSet<String> = bad_cases().into_iter().map(|(_, _, m)| m.to_owned()).collect();
+    let covered: BTreeSet<String> = bad_cases()
+        .into_iter()
+        .map(|(_, _, m)| m.to_owned())
+        .collect();
     let untested: Vec<&String> = messages.difference(&covered).collect();
-    assert!(untested.is_empty(), "CEL rules without a bad case: {untested:#?}");
-    assert!(messages.len() >= 40, "expected the full rule set, found {}", messages.len());
+    assert!(
+        untested.is_empty(),
+        "CEL rules without a bad case: {untested:#?}"
+    );
+    assert!(
+        messages.len() >= 40,
+        "expected the full rule set, found {}",
+        messages.len()
+    );
 }
 
 #[test]
 fn the_issues_examples_are_rejected_offline_too() {
     // replicas.min 9 > max 4: a CEL rule.
-    let obj = with(with(profile(), "/spec/replicas/min", Some(json!(9))), "/spec/replicas/max", Some(json!(4)));
+    let obj = with(
+        with(profile(), "/spec/replicas/min", Some(json!(9))),
+        "/spec/replicas/max",
+        Some(json!(4)),
+    );
     let errs = cel_errors("CapacityProfile", &obj);
-    assert!(errs.iter().any(|(f, m)| f == "spec.replicas" && m.contains("replicas.min must be <= replicas.max")), "{errs:?}");
+    assert!(
+        errs.iter().any(
+            |(f, m)| f == "spec.replicas" && m.contains("replicas.min must be <= replicas.max")
+        ),
+        "{errs:?}"
+    );
     // priority "high": the schema types priority as an integer, which the API
     // server's structural validation enforces before CEL runs.
     let crd = serde_json::to_value(lanekeeper::api::crds()[1].clone()).unwrap();
-    let ty = crd.pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/priority/type");
+    let ty = crd.pointer(
+        "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/priority/type",
+    );
     assert_eq!(ty, Some(&json!("integer")));
 }

@@ -9,8 +9,12 @@ fn committed_crds_match_generated() {
     let mut expected: Vec<String> = Vec::new();
     for (name, yaml) in lanekeeper::api::crd_files() {
         let path = dir.join(&name);
-        let committed = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}; regenerate with `cargo run -q -- crdgen --out-dir crds`", path.display()));
+        let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; regenerate with `cargo run -q -- crdgen --out-dir crds`",
+                path.display()
+            )
+        });
         assert!(
             committed == yaml,
             "crds/{name} is out of date; regenerate with `cargo run -q -- crdgen --out-dir crds`"
@@ -23,7 +27,10 @@ fn committed_crds_match_generated() {
         .collect();
     present.sort();
     expected.sort();
-    assert_eq!(present, expected, "crds/ holds files the code does not generate");
+    assert_eq!(
+        present, expected,
+        "crds/ holds files the code does not generate"
+    );
 }
 
 #[test]
@@ -32,7 +39,10 @@ fn crds_have_the_promised_shape() {
         let spec = &crd.spec;
         assert_eq!(spec.group, "lanekeeper.dev");
         assert_eq!(spec.scope, "Namespaced");
-        assert_eq!(spec.names.categories.as_deref(), Some(&["lanekeeper".to_owned()][..]));
+        assert_eq!(
+            spec.names.categories.as_deref(),
+            Some(&["lanekeeper".to_owned()][..])
+        );
         let short = spec.names.short_names.clone().unwrap_or_default();
         let want = match spec.names.kind.as_str() {
             "CapacityProfile" => "capprof",
@@ -43,8 +53,19 @@ fn crds_have_the_promised_shape() {
         assert_eq!(short, vec![want.to_owned()]);
         let v = &spec.versions[0];
         assert_eq!(v.name, "v1alpha1");
-        assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "status subresource");
-        assert!(v.additional_printer_columns.as_ref().is_some_and(|c| c.len() >= 4), "printer columns");
+        assert!(
+            v.subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some(),
+            "status subresource"
+        );
+        assert!(
+            v.additional_printer_columns
+                .as_ref()
+                .is_some_and(|c| c.len() >= 4),
+            "printer columns"
+        );
     }
 }
 
@@ -57,7 +78,12 @@ fn every_schema_field_has_a_description() {
             for (k, child) in props {
                 let p = format!("{path}.{k}");
                 let skip = p == ".apiVersion" || p == ".kind" || p == ".metadata";
-                if !skip && child.get("description").and_then(|d| d.as_str()).is_none_or(str::is_empty) {
+                if !skip
+                    && child
+                        .get("description")
+                        .and_then(|d| d.as_str())
+                        .is_none_or(str::is_empty)
+                {
                     missing.push(p.clone());
                 }
                 walk(&p, child, missing);
@@ -69,8 +95,20 @@ fn every_schema_field_has_a_description() {
     }
     let mut missing = Vec::new();
     for crd in lanekeeper::api::crds() {
-        let schema = serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap();
+        let schema = serde_json::to_value(
+            crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .unwrap()
+                .open_api_v3_schema
+                .as_ref()
+                .unwrap(),
+        )
+        .unwrap();
         walk(&crd.spec.names.kind, &schema, &mut missing);
     }
-    assert!(missing.is_empty(), "fields without a description: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "fields without a description: {missing:#?}"
+    );
 }

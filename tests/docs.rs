@@ -11,7 +11,11 @@ fn read(rel: &str) -> String {
 fn field_paths(prefix: &str, v: &serde_json::Value, out: &mut Vec<String>) {
     if let Some(props) = v.get("properties").and_then(|p| p.as_object()) {
         for (k, child) in props {
-            let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+            let p = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
             if matches!(p.as_str(), "apiVersion" | "kind" | "metadata") {
                 continue;
             }
@@ -29,7 +33,16 @@ fn reference_documents_every_schema_field() {
     let reference = read("docs/reference.md");
     let mut missing = Vec::new();
     for crd in lanekeeper::api::crds() {
-        let schema = serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap();
+        let schema = serde_json::to_value(
+            crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .unwrap()
+                .open_api_v3_schema
+                .as_ref()
+                .unwrap(),
+        )
+        .unwrap();
         let mut paths = Vec::new();
         field_paths("", &schema, &mut paths);
         assert!(paths.len() > 10);
@@ -39,5 +52,8 @@ fn reference_documents_every_schema_field() {
             }
         }
     }
-    assert!(missing.is_empty(), "fields missing from docs/reference.md (write them as `path`): {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "fields missing from docs/reference.md (write them as `path`): {missing:#?}"
+    );
 }

@@ -22,7 +22,11 @@ fn lanekeeper(args: &[&str]) -> Output {
 }
 
 fn json_of(out: &Output) -> Value {
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("plan -o json prints JSON")
 }
 
@@ -32,8 +36,12 @@ fn golden(name: &str, actual: &str) {
         std::fs::write(&path, actual).unwrap();
         return;
     }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create)", path.display()));
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create)",
+            path.display()
+        )
+    });
     assert!(
         expected == actual,
         "{} differs from the output; if the change is intended, regenerate with UPDATE_GOLDEN=1 and review the diff",
@@ -42,7 +50,12 @@ fn golden(name: &str, actual: &str) {
 }
 
 fn lane<'a>(profile: &'a Value, name: &str) -> &'a Value {
-    profile["lanes"].as_array().unwrap().iter().find(|l| l["name"] == name).unwrap()
+    profile["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == name)
+        .unwrap()
 }
 
 fn close(v: &Value, want: f64) -> bool {
@@ -78,16 +91,30 @@ fn inc47_without_signals() {
         assert!(close(&l["borrowedUnitsPerSecond"], 0.0));
     }
     assert_eq!(lane(p, "p0-disruption-assist")["priority"], 0);
-    assert!(close(&lane(p, "p0-disruption-assist")["demandUnitsPerSecond"], 93.6));
+    assert!(close(
+        &lane(p, "p0-disruption-assist")["demandUnitsPerSecond"],
+        93.6
+    ));
     // The signals file beside the manifests is skipped with a note.
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("signals.yaml") && stderr.contains("skipped"), "{stderr}");
+    assert!(
+        stderr.contains("signals.yaml") && stderr.contains("skipped"),
+        "{stderr}"
+    );
     golden("inc-47-plan.json", &String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]
 fn inc47_with_signals() {
-    let out = lanekeeper(&["plan", "-f", "examples/inc-47", "--signals", "examples/inc-47/signals.yaml", "-o", "json"]);
+    let out = lanekeeper(&[
+        "plan",
+        "-f",
+        "examples/inc-47",
+        "--signals",
+        "examples/inc-47/signals.yaml",
+        "-o",
+        "json",
+    ]);
     let plan = json_of(&out);
     let steps = plan["steps"].as_array().unwrap();
     let mut saw_incident = false;
@@ -133,11 +160,23 @@ fn inc47_with_signals() {
     // Capacity came back at 1500 (overCapacity stopped holding then).
     assert!(downs[0].0 >= 1500 + 300, "{downs:?}");
     assert!(downs[1].0 >= downs[0].0 + 300, "{downs:?}");
-    golden("inc-47-plan-signals.json", &String::from_utf8_lossy(&out.stdout));
+    golden(
+        "inc-47-plan-signals.json",
+        &String::from_utf8_lossy(&out.stdout),
+    );
 
-    let table = lanekeeper(&["plan", "-f", "examples/inc-47", "--signals", "examples/inc-47/signals.yaml"]);
+    let table = lanekeeper(&[
+        "plan",
+        "-f",
+        "examples/inc-47",
+        "--signals",
+        "examples/inc-47/signals.yaml",
+    ]);
     assert!(table.status.success());
-    golden("inc-47-plan-signals.txt", &String::from_utf8_lossy(&table.stdout));
+    golden(
+        "inc-47-plan-signals.txt",
+        &String::from_utf8_lossy(&table.stdout),
+    );
 }
 
 fn write_temp(name: &str, text: &str) -> PathBuf {
@@ -150,14 +189,25 @@ fn write_temp(name: &str, text: &str) -> PathBuf {
 
 fn profile_with(replicas: &str) -> String {
     let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
-    base.replace("replicas: {min: 4, max: 16, maxScaleUpStep: 4, scaleDownStabilizationSeconds: 300}", replicas)
+    base.replace(
+        "replicas: {min: 4, max: 16, maxScaleUpStep: 4, scaleDownStabilizationSeconds: 300}",
+        replicas,
+    )
 }
 
 fn assert_invalid(path: &Path, field: &str, message: &str) {
     let out = lanekeeper(&["plan", "-f", path.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "stdout: {}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&path.display().to_string()), "names the file: {stderr}");
+    assert!(
+        stderr.contains(&path.display().to_string()),
+        "names the file: {stderr}"
+    );
     assert!(stderr.contains(field), "names the field {field}: {stderr}");
     assert!(stderr.contains(message), "says why ({message}): {stderr}");
 }
@@ -165,21 +215,43 @@ fn assert_invalid(path: &Path, field: &str, message: &str) {
 #[test]
 fn invalid_replicas_exit_2_naming_file_object_field() {
     let path = write_temp("replicas", &profile_with("replicas: {min: 9, max: 4}"));
-    assert_invalid(&path, "CapacityProfile ai-platform/agent-assist: spec.replicas", "replicas.min must be <= replicas.max");
+    assert_invalid(
+        &path,
+        "CapacityProfile ai-platform/agent-assist: spec.replicas",
+        "replicas.min must be <= replicas.max",
+    );
 }
 
 #[test]
 fn invalid_priority_type_exit_2() {
     let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
-    let path = write_temp("priority", &base.replacen("priority: 1\n", "priority: \"high\"\n", 1));
-    assert_invalid(&path, "LaneContract ai-platform/p1-agent-assist: spec.priority", "invalid type");
+    let path = write_temp(
+        "priority",
+        &base.replacen("priority: 1\n", "priority: \"high\"\n", 1),
+    );
+    assert_invalid(
+        &path,
+        "LaneContract ai-platform/p1-agent-assist: spec.priority",
+        "invalid type",
+    );
 }
 
 #[test]
 fn invalid_quantity_exit_2() {
     let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
-    let path = write_temp("quantity", &base.replacen("workUnitsPerRequest: \"1.80\"", "workUnitsPerRequest: \"lots\"", 1));
-    assert_invalid(&path, "LaneContract ai-platform/p0-disruption-assist: spec.workUnitsPerRequest", "not a decimal quantity");
+    let path = write_temp(
+        "quantity",
+        &base.replacen(
+            "workUnitsPerRequest: \"1.80\"",
+            "workUnitsPerRequest: \"lots\"",
+            1,
+        ),
+    );
+    assert_invalid(
+        &path,
+        "LaneContract ai-platform/p0-disruption-assist: spec.workUnitsPerRequest",
+        "not a decimal quantity",
+    );
 }
 
 #[test]
@@ -189,14 +261,26 @@ fn other_kinds_are_skipped_with_a_note() {
     let out = lanekeeper(&["plan", "-f", path.to_str().unwrap(), "-o", "json"]);
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("Deployment") && stderr.contains("not a lanekeeper kind"), "{stderr}");
+    assert!(
+        stderr.contains("Deployment") && stderr.contains("not a lanekeeper kind"),
+        "{stderr}"
+    );
     assert!(stderr.contains("not a Kubernetes object"), "{stderr}");
 }
 
 #[test]
 fn bad_signals_file_exit_2() {
-    let path = write_temp("signals", "steps:\n- at: 0\n  profiles:\n    ai-platform/agent-assist: {availableUnitsPerSecnd: 420}\n");
-    let out = lanekeeper(&["plan", "-f", "examples/inc-47/inc-47.yaml", "--signals", path.to_str().unwrap()]);
+    let path = write_temp(
+        "signals",
+        "steps:\n- at: 0\n  profiles:\n    ai-platform/agent-assist: {availableUnitsPerSecnd: 420}\n",
+    );
+    let out = lanekeeper(&[
+        "plan",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--signals",
+        path.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("availableUnitsPerSecnd"), "{stderr}");
@@ -206,14 +290,33 @@ fn bad_signals_file_exit_2() {
 fn approve_flag_grants_a_confirm_level() {
     // Capacity far below demand even after levels 1..3 → level 4 (Confirm)
     // holds; without approval it is pending, with --approve it is entered.
-    let path = write_temp("approve", "steps:\n- at: 0\n  profiles:\n    ai-platform/agent-assist: {availableUnitsPerSecond: 200, inFlight: 1000}\n");
+    let path = write_temp(
+        "approve",
+        "steps:\n- at: 0\n  profiles:\n    ai-platform/agent-assist: {availableUnitsPerSecond: 200, inFlight: 1000}\n",
+    );
     let s = path.to_str().unwrap();
-    let pending = json_of(&lanekeeper(&["plan", "-f", "examples/inc-47/inc-47.yaml", "--signals", s, "-o", "json"]));
+    let pending = json_of(&lanekeeper(&[
+        "plan",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--signals",
+        s,
+        "-o",
+        "json",
+    ]));
     let p = &pending["steps"][0]["profiles"][0];
     assert_eq!(p["level"], 3);
     assert_eq!(p["pendingApprovalLevel"], 4);
     let approved = json_of(&lanekeeper(&[
-        "plan", "-f", "examples/inc-47/inc-47.yaml", "--signals", s, "--approve", "ai-platform/agent-assist=4", "-o", "json",
+        "plan",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--signals",
+        s,
+        "--approve",
+        "ai-platform/agent-assist=4",
+        "-o",
+        "json",
     ]));
     let p = &approved["steps"][0]["profiles"][0];
     assert_eq!(p["level"], 4);

@@ -47,7 +47,10 @@ impl Decimal {
 
     /// Builds a decimal from a number (used by tests and defaults).
     pub fn from_f64(value: f64) -> Self {
-        assert!(value.is_finite() && value >= 0.0, "decimal must be finite and >= 0");
+        assert!(
+            value.is_finite() && value >= 0.0,
+            "decimal must be finite and >= 0"
+        );
         Self {
             raw: format_number(value),
             value,
@@ -69,7 +72,11 @@ impl Decimal {
 pub fn format_number(value: f64) -> String {
     let s = format!("{value:.6}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s == "-0" { "0".to_owned() } else { s.to_owned() }
+    if s == "-0" {
+        "0".to_owned()
+    } else {
+        s.to_owned()
+    }
 }
 
 impl fmt::Debug for Decimal {

@@ -97,7 +97,9 @@ pub struct SheddingSpec {
 }
 
 /// What may be done to a lane under pressure.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum SheddingMode {
     /// Never paused or capped.
     Never,

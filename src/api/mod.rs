@@ -10,15 +10,19 @@ pub use lane::*;
 pub use policy::*;
 pub use profile::*;
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 
 /// The API group of every lanekeeper resource.
 pub const GROUP: &str = "lanekeeper.dev";
 
 /// The three CRDs, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![CapacityProfile::crd(), LaneContract::crd(), DegradationPolicy::crd()]
+    vec![
+        CapacityProfile::crd(),
+        LaneContract::crd(),
+        DegradationPolicy::crd(),
+    ]
 }
 
 /// Each CRD as `(file name, YAML)`, the way `crds/` holds them.
@@ -27,7 +31,10 @@ pub fn crd_files() -> Vec<(String, String)> {
         .into_iter()
         .map(|crd| {
             let name = format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("crd"));
-            let yaml = format!("---\n{}", serde_yaml::to_string(&crd).expect("CRD serializes"));
+            let yaml = format!(
+                "---\n{}",
+                serde_yaml::to_string(&crd).expect("CRD serializes")
+            );
             (name, yaml)
         })
         .collect()

@@ -58,7 +58,9 @@ pub struct DegradationPolicySpec {
 }
 
 /// Enforce or observe.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum PolicyMode {
     /// Act on decisions.
     #[default]
@@ -68,7 +70,9 @@ pub enum PolicyMode {
 }
 
 /// Unknown-telemetry behaviour.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum MissingTelemetry {
     /// Keep the current level; no step up, no step down.
     #[default]
@@ -255,7 +259,9 @@ pub struct ApprovalSpec {
 }
 
 /// Approval mode.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum ApprovalMode {
     /// Enter at once.
     #[default]
@@ -292,6 +298,10 @@ pub struct DegradationPolicyStatus {
     /// The highest level approved by annotation, until consumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_level: Option<u32>,
+    /// Whether the ladder has reached the approved level; the approval is
+    /// consumed (the annotation removed) once the level falls below it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub approved_level_reached: bool,
     /// The last transitions, newest last (at most 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub transitions: Vec<Transition>,

@@ -296,8 +296,17 @@ pub struct CapacityProfileStatus {
     /// Most pods that may be drained at once right now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_budget: Option<i32>,
+    /// Signals that are unknown now, with the reason (signal → reason).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub unknown_signals: std::collections::BTreeMap<String, String>,
     /// Standard conditions: `Ready`, `Degraded`, `TelemetryKnown`,
     /// `Overcommitted`, `CalibrationExpired`, `ScalingConflict`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The decision engine's state (hysteresis windows, approval gates,
+    /// scale-down window, drained pods), so that a restarted or newly elected
+    /// controller continues exactly where the last one stopped. Written by the
+    /// controller; not meant to be edited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<crate::policy::ProfileState>,
 }

@@ -90,7 +90,12 @@ fn priority_groups(lanes: &[AdmissionLane]) -> Vec<Vec<usize>> {
 }
 
 /// Fills `avail` into the groups in order, each group sharing by weight.
-fn fill(lanes: &[AdmissionLane], groups: &[Vec<usize>], wants: &[f64], avail: &mut f64) -> Vec<f64> {
+fn fill(
+    lanes: &[AdmissionLane],
+    groups: &[Vec<usize>],
+    wants: &[f64],
+    avail: &mut f64,
+) -> Vec<f64> {
     let mut got = vec![0.0; lanes.len()];
     for group in groups {
         let w: Vec<f64> = group.iter().map(|&i| wants[i]).collect();
@@ -121,7 +126,10 @@ pub fn admit(lanes: &[AdmissionLane], capacity: f64) -> Vec<Admission> {
             borrowed: Vec::new(),
         })
         .collect();
-    let mut idle: Vec<f64> = out.iter().map(|a| (a.reserved - a.admitted).max(0.0)).collect();
+    let mut idle: Vec<f64> = out
+        .iter()
+        .map(|a| (a.reserved - a.admitted).max(0.0))
+        .collect();
 
     // 2. Fill the rest in strict priority order up to each cap.
     let wants: Vec<f64> = lanes
@@ -207,7 +215,11 @@ mod tests {
 
     #[test]
     fn strict_priority_when_short() {
-        let lanes = vec![lane(0, 100.0, 0.0), lane(1, 100.0, 0.0), lane(2, 100.0, 0.0)];
+        let lanes = vec![
+            lane(0, 100.0, 0.0),
+            lane(1, 100.0, 0.0),
+            lane(2, 100.0, 0.0),
+        ];
         let got: Vec<f64> = admit(&lanes, 150.0).iter().map(|x| x.admitted).collect();
         assert_eq!(got, vec![100.0, 50.0, 0.0]);
     }

@@ -46,10 +46,16 @@ fn ns(o: &impl ResourceExt) -> String {
 
 /// Policies that lose to an older one naming the same profile, with the
 /// winner's name: `(loser, winner)`.
-pub fn losing_policies(policies: &[DegradationPolicy]) -> Vec<(&DegradationPolicy, &DegradationPolicy)> {
-    let mut by_profile: BTreeMap<(String, &str), Vec<(usize, &DegradationPolicy)>> = BTreeMap::new();
+pub fn losing_policies(
+    policies: &[DegradationPolicy],
+) -> Vec<(&DegradationPolicy, &DegradationPolicy)> {
+    let mut by_profile: BTreeMap<(String, &str), Vec<(usize, &DegradationPolicy)>> =
+        BTreeMap::new();
     for (i, p) in policies.iter().enumerate() {
-        by_profile.entry((ns(p), p.spec.profile.as_str())).or_default().push((i, p));
+        by_profile
+            .entry((ns(p), p.spec.profile.as_str()))
+            .or_default()
+            .push((i, p));
     }
     let mut out = Vec::new();
     for (_, mut ps) in by_profile {

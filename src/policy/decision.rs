@@ -213,7 +213,7 @@ pub enum DrainAction {
 /// State the engine carries between evaluations of one profile. Everything
 /// the hysteresis needs is here, so it can be stored in status and read back
 /// after a restart.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProfileState {
     /// Current level.
@@ -246,7 +246,7 @@ pub struct ProfileState {
 }
 
 /// A drained pod as the engine remembers it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DrainedPod {
     /// When it was drained.

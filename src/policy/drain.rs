@@ -59,7 +59,11 @@ pub fn decide(
     let (Some(spec), Some(sig)) = (spec, signals) else {
         // No drain spec: nothing is drained (previous drains are released).
         // No signals: nothing known about any pod; keep what is drained.
-        let drained = if spec.is_some() { prev.clone() } else { BTreeMap::new() };
+        let drained = if spec.is_some() {
+            prev.clone()
+        } else {
+            BTreeMap::new()
+        };
         return DrainOutcome {
             drained_count: drained.len() as u32,
             actions: if spec.is_some() {
@@ -88,7 +92,9 @@ pub fn decide(
     // 1. Previously drained pods: gone pods leave; healthy ones are undrained
     //    after the window.
     for (name, d) in prev {
-        let Some(pod) = sig.pods.get(name) else { continue };
+        let Some(pod) = sig.pods.get(name) else {
+            continue;
+        };
         let err = pod.error_ratio;
         let mut d = d.clone();
         match err {
@@ -99,7 +105,10 @@ pub fn decide(
                         pod: name.clone(),
                         action: DrainAction::Undrain,
                         error_ratio: err,
-                        reason: format!("Healthy: error ratio at or below {threshold} for {}s", at - since),
+                        reason: format!(
+                            "Healthy: error ratio at or below {threshold} for {}s",
+                            at - since
+                        ),
                     });
                     continue;
                 }
@@ -115,7 +124,15 @@ pub fn decide(
     if drained.len() as u32 > budget {
         let mut order: Vec<(String, f64)> = drained
             .keys()
-            .map(|n| (n.clone(), sig.pods.get(n).and_then(|p| p.error_ratio).unwrap_or(f64::INFINITY)))
+            .map(|n| {
+                (
+                    n.clone(),
+                    sig.pods
+                        .get(n)
+                        .and_then(|p| p.error_ratio)
+                        .unwrap_or(f64::INFINITY),
+                )
+            })
             .collect();
         order.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
         let excess = drained.len() - budget as usize;
@@ -141,7 +158,9 @@ pub fn decide(
     let mut candidates: Vec<(&String, f64)> = sig
         .pods
         .iter()
-        .filter(|(n, p)| p.ready != Some(false) && !drained.contains_key(*n) && !prev.contains_key(*n))
+        .filter(|(n, p)| {
+            p.ready != Some(false) && !drained.contains_key(*n) && !prev.contains_key(*n)
+        })
         .filter_map(|(n, p)| p.error_ratio.filter(|e| *e > threshold).map(|e| (n, e)))
         .collect();
     candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
@@ -168,7 +187,10 @@ pub fn decide(
                 action: DrainAction::Refused,
                 error_ratio: Some(err),
                 reason: if may_drain {
-                    format!("DrainBudgetExhausted: {} of {budget} drained", drained.len())
+                    format!(
+                        "DrainBudgetExhausted: {} of {budget} drained",
+                        drained.len()
+                    )
                 } else {
                     "DrainHeld: telemetry unknown or pool scaling down".to_owned()
                 },

@@ -13,9 +13,7 @@ pub mod sizing;
 
 use std::collections::BTreeMap;
 
-use crate::api::{
-    CapacityProfile, DegradationPolicy, LaneContract, SheddingMode,
-};
+use crate::api::{CapacityProfile, DegradationPolicy, LaneContract, SheddingMode};
 use crate::snapshot::{ProfileSignals, Snapshot};
 
 pub use bind::{Binding, World, bind};
@@ -93,15 +91,20 @@ fn lane_demand(lane: &LaneContract, snapshot: &Snapshot) -> LaneDemand {
 
 /// Capacity from the signals: available capacity, else ready replicas ×
 /// units per replica, else ready pods × units per replica.
-fn capacity_of(profile: &CapacityProfile, sig: Option<&ProfileSignals>) -> (Option<f64>, Option<String>, Option<u32>) {
+fn capacity_of(
+    profile: &CapacityProfile,
+    sig: Option<&ProfileSignals>,
+) -> (Option<f64>, Option<String>, Option<u32>) {
     let Some(sig) = sig else {
         return (None, None, None);
     };
     let upr = profile.spec.capacity.units_per_replica.value();
     let ready_pods = sig.pods.values().filter(|p| p.ready != Some(false)).count() as u32;
-    let ready = sig
-        .ready_replicas
-        .or(if sig.pods.is_empty() { None } else { Some(ready_pods) });
+    let ready = sig.ready_replicas.or(if sig.pods.is_empty() {
+        None
+    } else {
+        Some(ready_pods)
+    });
     if let Some(a) = sig.available_units_per_second {
         return (Some(a), Some("availableUnitsPerSecond".into()), ready);
     }
@@ -109,7 +112,11 @@ fn capacity_of(profile: &CapacityProfile, sig: Option<&ProfileSignals>) -> (Opti
         return (Some(r as f64 * upr), Some("readyReplicas".into()), ready);
     }
     if ready_pods > 0 {
-        return (Some(ready_pods as f64 * upr), Some("readyPods".into()), ready);
+        return (
+            Some(ready_pods as f64 * upr),
+            Some("readyPods".into()),
+            ready,
+        );
     }
     (None, None, ready)
 }
@@ -225,7 +232,11 @@ pub fn evaluate_profile(
     let pkey = object_key(profile);
     let sig = snapshot.profiles.get(&pkey).map(ProfileSignals::sanitized);
     let (capacity, capacity_source, ready) = capacity_of(profile, sig.as_ref());
-    let telemetry = if capacity.is_some() { Telemetry::Known } else { Telemetry::Unknown };
+    let telemetry = if capacity.is_some() {
+        Telemetry::Known
+    } else {
+        Telemetry::Unknown
+    };
 
     let mut lanes: Vec<&LaneContract> = b.lanes.clone();
     lanes.sort_by(|a, c| {
@@ -278,15 +289,22 @@ pub fn evaluate_profile(
     });
 
     // Admission.
-    let index: BTreeMap<&str, usize> =
-        lanes.iter().enumerate().map(|(i, l)| (l.name_any_ref(), i)).collect();
+    let index: BTreeMap<&str, usize> = lanes
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.name_any_ref(), i))
+        .collect();
     let adm_lanes: Vec<AdmissionLane> = lanes
         .iter()
         .zip(&demands)
         .zip(&limits)
         .map(|((l, d), lim)| {
             let cap = lane_cap(l, d.units, lim);
-            let floor = l.spec.floor_units_per_second.as_ref().map_or(0.0, |f| f.value());
+            let floor = l
+                .spec
+                .floor_units_per_second
+                .as_ref()
+                .map_or(0.0, |f| f.value());
             let reserve = lane_cap(l, floor, lim);
             let borrowing = l
                 .spec
@@ -294,7 +312,11 @@ pub fn evaluate_profile(
                 .as_ref()
                 .filter(|_| l.spec.checkpointable)
                 .map(|bs| {
-                    let lenders = bs.from.iter().filter_map(|n| index.get(n.as_str()).copied()).collect();
+                    let lenders = bs
+                        .from
+                        .iter()
+                        .filter_map(|n| index.get(n.as_str()).copied())
+                        .collect();
                     (lenders, bs.max_units_per_second.value())
                 });
             AdmissionLane {
@@ -336,8 +358,13 @@ pub fn evaluate_profile(
         } else if a.admitted + 1e-6 >= d.units {
             (LaneState::Admitted, None)
         } else if a.admitted + 1e-6 >= cap {
-            let by_level = lim.level_cap.is_some_and(|c| c + EPS < d.units && ceiling.is_none_or(|ce| c <= ce));
-            (LaneState::Capped, Some(if by_level { "level" } else { "ceiling" }))
+            let by_level = lim
+                .level_cap
+                .is_some_and(|c| c + EPS < d.units && ceiling.is_none_or(|ce| c <= ce));
+            (
+                LaneState::Capped,
+                Some(if by_level { "level" } else { "ceiling" }),
+            )
         } else {
             (LaneState::Throttled, Some("capacity"))
         };

@@ -101,6 +101,10 @@ pub struct LaneReport {
     pub retries: u64,
     /// Attempts ÷ original requests.
     pub retry_amplification: Option<f64>,
+    /// Attempts dispatched to the pool ÷ original requests: the load
+    /// amplification the pool sees (retries rejected at the gateway by a
+    /// retry budget don't count here).
+    pub pool_amplification: Option<f64>,
     /// End-to-end latency percentiles of completed requests (seconds).
     pub latency_p50_seconds: Option<f64>,
     /// 95th percentile.
@@ -221,6 +225,8 @@ fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
         retries: l.attempts.saturating_sub(l.offered),
         retry_amplification: (l.offered > 0)
             .then(|| (l.attempts as f64 / l.offered as f64 * 10_000.0).round() / 10_000.0),
+        pool_amplification: (l.offered > 0)
+            .then(|| (l.admitted as f64 / l.offered as f64 * 10_000.0).round() / 10_000.0),
         latency_p50_seconds: percentile(&lat, 0.50),
         latency_p95_seconds: percentile(&lat, 0.95),
         latency_p99_seconds: percentile(&lat, 0.99),

@@ -1,0 +1,210 @@
+//! Prometheus metrics of the controller.
+
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// Every metric the controller exports.
+#[derive(Clone)]
+pub struct Metrics {
+    /// The registry (served on /metrics).
+    pub registry: Registry,
+    /// Degradation level per profile.
+    pub level: GaugeVec,
+    /// Capacity per profile.
+    pub capacity: GaugeVec,
+    /// Demand per profile.
+    pub demand: GaugeVec,
+    /// Admitted per profile.
+    pub admitted: GaugeVec,
+    /// Utilization percent per profile.
+    pub utilization: GaugeVec,
+    /// Demand per lane.
+    pub lane_demand: GaugeVec,
+    /// Admitted per lane.
+    pub lane_admitted: GaugeVec,
+    /// Desired replicas per profile.
+    pub desired_replicas: GaugeVec,
+    /// Ready replicas per profile.
+    pub ready_replicas: GaugeVec,
+    /// 1 when telemetry is known.
+    pub telemetry_known: GaugeVec,
+    /// Reconcile duration.
+    pub reconcile_duration: HistogramVec,
+    /// Reconcile errors by reason.
+    pub reconcile_errors: IntCounterVec,
+    /// API writes by kind of object and verb.
+    pub api_writes: IntCounterVec,
+    /// 1 while this instance leads.
+    pub leader: IntGauge,
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("registers once");
+    g
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let p = &["namespace", "profile"];
+        let l = &["namespace", "profile", "lane"];
+        let reconcile_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "lanekeeper_reconcile_duration_seconds",
+                "Duration of one reconcile of a profile.",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            &["namespace", "profile"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(reconcile_duration.clone()))
+            .expect("registers once");
+        let reconcile_errors = IntCounterVec::new(
+            Opts::new(
+                "lanekeeper_reconcile_errors_total",
+                "Failed reconciles by reason.",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(reconcile_errors.clone()))
+            .expect("registers once");
+        let api_writes = IntCounterVec::new(
+            Opts::new(
+                "lanekeeper_api_writes_total",
+                "Writes to the Kubernetes API by object kind and verb.",
+            ),
+            &["kind", "verb"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(api_writes.clone()))
+            .expect("registers once");
+        let leader = IntGauge::new(
+            "lanekeeper_leader",
+            "1 while this instance holds the leader lease.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(leader.clone()))
+            .expect("registers once");
+        Self {
+            level: gauge(
+                &registry,
+                "lanekeeper_level",
+                "Current degradation level (0 = normal).",
+                p,
+            ),
+            capacity: gauge(
+                &registry,
+                "lanekeeper_capacity_units_per_second",
+                "Pool capacity in work units/s (absent while unknown).",
+                p,
+            ),
+            demand: gauge(
+                &registry,
+                "lanekeeper_demand_units_per_second",
+                "Total demand of the bound lanes before shedding.",
+                p,
+            ),
+            admitted: gauge(
+                &registry,
+                "lanekeeper_admitted_units_per_second",
+                "Total admitted work units/s.",
+                p,
+            ),
+            utilization: gauge(
+                &registry,
+                "lanekeeper_utilization_percent",
+                "Demand divided by capacity, in percent.",
+                p,
+            ),
+            lane_demand: gauge(
+                &registry,
+                "lanekeeper_lane_demand_units_per_second",
+                "Demand per lane.",
+                l,
+            ),
+            lane_admitted: gauge(
+                &registry,
+                "lanekeeper_lane_admitted_units_per_second",
+                "Admitted work units/s per lane.",
+                l,
+            ),
+            desired_replicas: gauge(
+                &registry,
+                "lanekeeper_desired_replicas",
+                "Pool size lanekeeper wants.",
+                p,
+            ),
+            ready_replicas: gauge(
+                &registry,
+                "lanekeeper_ready_replicas",
+                "Ready replicas of the pool.",
+                p,
+            ),
+            telemetry_known: gauge(
+                &registry,
+                "lanekeeper_telemetry_known",
+                "1 when the pool's capacity is known, 0 when unknown.",
+                p,
+            ),
+            reconcile_duration,
+            reconcile_errors,
+            api_writes,
+            leader,
+            registry,
+        }
+    }
+
+    /// Counts one API write.
+    pub fn write(&self, kind: &str, verb: &str) {
+        self.api_writes.with_label_values(&[kind, verb]).inc();
+    }
+
+    /// Removes every series of a profile (it was deleted).
+    pub fn forget_profile(&self, namespace: &str, profile: &str, lanes: &[String]) {
+        for g in [
+            &self.level,
+            &self.capacity,
+            &self.demand,
+            &self.admitted,
+            &self.utilization,
+            &self.desired_replicas,
+            &self.ready_replicas,
+            &self.telemetry_known,
+        ] {
+            let _ = g.remove_label_values(&[namespace, profile]);
+        }
+        for lane in lanes {
+            let _ = self
+                .lane_demand
+                .remove_label_values(&[namespace, profile, lane]);
+            let _ = self
+                .lane_admitted
+                .remove_label_values(&[namespace, profile, lane]);
+        }
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|e| format!("# encoding failed: {e}\n"))
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

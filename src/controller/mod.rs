@@ -1,0 +1,460 @@
+//! The operator: `lanekeeper run`.
+//!
+//! Data flows one way: watch → index → signals → decide → actuate → report.
+//! Reflector stores are the index; the unit of reconciliation is a
+//! CapacityProfile (lanes and policies that name it map to it); the pure
+//! engine decides; server-side apply with field manager `lanekeeper` writes,
+//! each write skipped when nothing changed. Everything the hysteresis needs is
+//! kept in status, so a restarted or newly elected controller continues where
+//! the last one stopped.
+
+pub mod http;
+pub mod metrics;
+pub mod pods;
+mod reconcile;
+pub mod scale;
+pub mod status;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
+use kube::core::DeserializeGuard;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+use crate::api::{CapacityProfile, DegradationPolicy, LaneContract};
+use crate::signals::{ClusterSource, SignalSource};
+
+pub use metrics::Metrics;
+
+/// The field manager of every write.
+pub const FIELD_MANAGER: &str = "lanekeeper";
+/// Annotation that approves entering levels up to its value.
+pub const APPROVE_ANNOTATION: &str = "lanekeeper.dev/approve-level";
+
+/// Errors of the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("{context}: {source}")]
+    Kube {
+        /// What was being done.
+        context: &'static str,
+        /// The error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The scale target can't be read or written.
+    #[error("scale target: {0}")]
+    ScaleTarget(String),
+    /// The lanekeeper CRDs are not installed.
+    #[error("{0}")]
+    CrdsMissing(String),
+    /// Leader election failed.
+    #[error("leader election: {0}")]
+    Lease(String),
+    /// An invalid object (reported in its status and events).
+    #[error("invalid object: {0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// Wraps a kube error with context.
+    pub fn kube(context: &'static str, source: kube::Error) -> Self {
+        Error::Kube { context, source }
+    }
+
+    /// A short label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 409 => "conflict",
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 404 => "not_found",
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code >= 500 => "server_error",
+            Error::Kube {
+                source: kube::Error::Api(_),
+                ..
+            } => "api_error",
+            Error::Kube { .. } => "transport",
+            Error::ScaleTarget(_) => "scale_target",
+            Error::CrdsMissing(_) => "crds_missing",
+            Error::Lease(_) => "lease",
+            Error::Invalid(_) => "invalid_object",
+        }
+    }
+}
+
+/// How the controller runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Namespaces to watch (empty: all).
+    pub namespaces: Vec<String>,
+    /// Periodic evaluation interval (lets time-based hysteresis advance).
+    pub resync: Duration,
+    /// Whether to take a leader lease before acting.
+    pub leader_election: bool,
+    /// Lease name.
+    pub lease_name: String,
+    /// Namespace of the lease (the controller's own).
+    pub lease_namespace: String,
+    /// Lease duration in seconds (a standby takes over within it).
+    pub lease_duration_seconds: u64,
+    /// This instance's identity in the lease.
+    pub identity: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            namespaces: Vec::new(),
+            resync: Duration::from_secs(15),
+            leader_election: true,
+            lease_name: "lanekeeper".into(),
+            lease_namespace: "lanekeeper-system".into(),
+            lease_duration_seconds: 15,
+            identity: "lanekeeper".into(),
+        }
+    }
+}
+
+/// Shared state of the running controller.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Settings.
+    pub settings: Settings,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Signal sources, applied in order.
+    pub sources: Vec<Arc<dyn SignalSource>>,
+    /// Lane index.
+    pub lanes: Store<DeserializeGuard<LaneContract>>,
+    /// Policy index.
+    pub policies: Store<DeserializeGuard<DegradationPolicy>>,
+    /// Pod index.
+    pub pods: pods::PodIndex,
+    /// Scale target resolution cache.
+    pub resolver: scale::Resolver,
+    /// The engine state this leader last wrote, per profile uid (status is
+    /// the source of truth at start; this only bridges the watch lag after
+    /// our own writes).
+    pub written: Mutex<HashMap<String, reconcile::Written>>,
+    /// Failures in a row per object, for backoff.
+    pub failures: Mutex<HashMap<String, u32>>,
+    /// Invalid objects already reported (uid → resourceVersion).
+    pub reported_invalid: Mutex<HashMap<String, String>>,
+}
+
+/// Readiness flags served on /readyz.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    ready: Arc<AtomicBool>,
+}
+
+impl Readiness {
+    /// Marks ready or not.
+    pub fn set(&self, v: bool) {
+        self.ready.store(v, Ordering::Release);
+    }
+    /// Whether ready.
+    pub fn get(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// Checks that the three CRDs are installed; the error says how to install
+/// them.
+pub async fn check_crds(client: &Client) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut missing = Vec::new();
+    for crd in crate::api::crds() {
+        let name = crd.metadata.name.unwrap_or_default();
+        match api.get_opt(&name).await {
+            Ok(Some(_)) => {}
+            Ok(None) => missing.push(name),
+            Err(e) => return Err(Error::kube("check CRDs", e)),
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::CrdsMissing(format!(
+            "the lanekeeper CRDs are not installed ({}): install them first with `kubectl apply -f crds/` (or `lanekeeper crdgen | kubectl apply -f -`, or the Helm chart)",
+            missing.join(", ")
+        )))
+    }
+}
+
+fn watch_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
+}
+
+/// Runs the controllers for every watched namespace until `shutdown`
+/// resolves; in-flight reconciles finish first.
+pub async fn run_controllers(
+    client: Client,
+    settings: Settings,
+    metrics: Metrics,
+    readiness: Readiness,
+    extra_sources: Vec<Arc<dyn SignalSource>>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), Error> {
+    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+    let namespaces: Vec<Option<String>> = if settings.namespaces.is_empty() {
+        vec![None]
+    } else {
+        settings.namespaces.iter().cloned().map(Some).collect()
+    };
+    let mut runs = Vec::new();
+    for ns in namespaces {
+        let api = |c: &Client| -> (
+            Api<DeserializeGuard<CapacityProfile>>,
+            Api<DeserializeGuard<LaneContract>>,
+            Api<DeserializeGuard<DegradationPolicy>>,
+        ) {
+            match &ns {
+                Some(n) => (
+                    Api::namespaced(c.clone(), n),
+                    Api::namespaced(c.clone(), n),
+                    Api::namespaced(c.clone(), n),
+                ),
+                None => (
+                    Api::all(c.clone()),
+                    Api::all(c.clone()),
+                    Api::all(c.clone()),
+                ),
+            }
+        };
+        let (profiles, lanes, policies) = api(&client);
+        let (trigger_tx, trigger_rx) = futures::channel::mpsc::unbounded();
+        let controller = Controller::new(profiles, watch_config());
+        let lane_map = |lane: DeserializeGuard<LaneContract>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
+            let l = lane.0.ok()?;
+            Some(ObjectRef::new(&l.spec.profile).within(&l.namespace()?))
+        };
+        let policy_map = |p: DeserializeGuard<DegradationPolicy>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
+            let p = p.0.ok()?;
+            Some(ObjectRef::new(&p.spec.profile).within(&p.namespace()?))
+        };
+        let (lane_store, lane_writer) = kube::runtime::reflector::store();
+        let lane_stream = kube::runtime::reflector(
+            lane_writer,
+            watcher(lanes, watch_config()).default_backoff(),
+        )
+        .touched_objects();
+        let (policy_store, policy_writer) = kube::runtime::reflector::store();
+        let policy_stream = kube::runtime::reflector(
+            policy_writer,
+            watcher(policies, watch_config()).default_backoff(),
+        )
+        .touched_objects();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(settings.identity.clone()),
+            },
+        );
+        let mut sources: Vec<Arc<dyn SignalSource>> = vec![Arc::new(ClusterSource)];
+        sources.extend(extra_sources.iter().cloned());
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            settings: settings.clone(),
+            metrics: metrics.clone(),
+            recorder,
+            sources,
+            lanes: lane_store.clone(),
+            policies: policy_store.clone(),
+            pods: pods::PodIndex::new(client.clone(), trigger_tx),
+            resolver: scale::Resolver::default(),
+            written: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+            reported_invalid: Mutex::new(HashMap::new()),
+        });
+        let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> = match &ns {
+            Some(n) => Api::namespaced(client.clone(), n),
+            None => Api::all(client.clone()),
+        };
+        let profile_store = controller.store();
+        let resync = settings.resync;
+        let ticker = futures::stream::unfold((), move |()| async move {
+            tokio::time::sleep(resync).await;
+            Some(((), ()))
+        });
+        let ready_flag = readiness.clone();
+        let stores = (
+            profile_store.clone(),
+            lane_store.clone(),
+            policy_store.clone(),
+        );
+        let ready_task = tokio::spawn(async move {
+            let _ = stores.0.wait_until_ready().await;
+            let _ = stores.1.wait_until_ready().await;
+            let _ = stores.2.wait_until_ready().await;
+            ready_flag.set(true);
+        });
+        let pod_trigger = trigger_rx.map(|r: ObjectRef<CapacityProfile>| {
+            let mut o = ObjectRef::<DeserializeGuard<CapacityProfile>>::new(&r.name);
+            o.namespace = r.namespace;
+            o
+        });
+        let report_ctx = ctx.clone();
+        let report_stores = (
+            profile_store.clone(),
+            lane_store.clone(),
+            policy_store.clone(),
+        );
+        let reporter_shutdown = shutdown.clone();
+        let reporter = tokio::spawn(async move {
+            let tick = async {
+                loop {
+                    reconcile::report_orphans(
+                        &report_ctx,
+                        &report_stores.0,
+                        &report_stores.1,
+                        &report_stores.2,
+                    )
+                    .await;
+                    tokio::time::sleep(resync).await;
+                }
+            };
+            tokio::select! {
+                _ = tick => {},
+                _ = reporter_shutdown => {},
+            }
+        });
+        let ctx_for_stop = ctx.clone();
+        let run = controller
+            .owns(
+                cm_api,
+                watcher::Config::default()
+                    .labels("app.kubernetes.io/managed-by=lanekeeper")
+                    .any_semantic(),
+            )
+            .watches_stream(lane_stream, lane_map)
+            .watches_stream(policy_stream, policy_map)
+            .reconcile_on(pod_trigger)
+            .reconcile_all_on(ticker)
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .for_each(|res| async move {
+                if let Err(e) = res {
+                    tracing::debug!(error = %e, "reconcile stream");
+                }
+            });
+        runs.push(async move {
+            run.await;
+            reporter.abort();
+            ready_task.abort();
+            ctx_for_stop.pods.shutdown();
+        });
+    }
+    futures::future::join_all(runs).await;
+    Ok(())
+}
+
+/// Runs with leader election (when enabled) until `shutdown` resolves: waits
+/// for the lease, runs the controllers while leading, stops them if the lease
+/// is lost, and releases the lease on shutdown.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Metrics,
+    readiness: Readiness,
+    extra_sources: Vec<Arc<dyn SignalSource>>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), Error> {
+    check_crds(&client).await?;
+    if !settings.leader_election {
+        metrics.leader.set(1);
+        return run_controllers(
+            client,
+            settings,
+            metrics,
+            readiness,
+            extra_sources,
+            shutdown,
+        )
+        .await;
+    }
+    let manager =
+        kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
+            .with_namespace(&settings.lease_namespace)
+            .with_identity(&settings.identity)
+            .with_field_manager(format!("{FIELD_MANAGER}-lease"))
+            .with_duration(settings.lease_duration_seconds)
+            .with_grace((settings.lease_duration_seconds / 3).max(1))
+            .build()
+            .await
+            .map_err(|e| Error::Lease(e.to_string()))?;
+    let (mut leader, task) = manager.watch().await;
+    // A standby is ready (it serves metrics and waits for the lease).
+    readiness.set(true);
+    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+    loop {
+        tracing::info!(identity = %settings.identity, "waiting for the leader lease");
+        // Wait until we lead, or shut down.
+        loop {
+            if *leader.borrow_and_update() {
+                break;
+            }
+            tokio::select! {
+                changed = leader.changed() => if changed.is_err() {
+                    return Err(Error::Lease("the lease manager stopped".into()));
+                },
+                _ = shutdown.clone() => {
+                    drop(leader);
+                    let _ = task.await;
+                    return Ok(());
+                }
+            }
+        }
+        tracing::info!(identity = %settings.identity, "acquired the leader lease");
+        metrics.leader.set(1);
+        let mut lost = leader.clone();
+        let stop = {
+            let shutdown = shutdown.clone();
+            async move {
+                tokio::select! {
+                    _ = shutdown => {},
+                    _ = async { while lost.changed().await.is_ok() { if !*lost.borrow() { break; } } } => {},
+                }
+            }
+        };
+        run_controllers(
+            client.clone(),
+            settings.clone(),
+            metrics.clone(),
+            readiness.clone(),
+            extra_sources.clone(),
+            stop,
+        )
+        .await?;
+        metrics.leader.set(0);
+        if futures::FutureExt::now_or_never(shutdown.clone()).is_some() {
+            tracing::info!("shutting down: releasing the leader lease");
+            drop(leader);
+            let _ = task.await;
+            return Ok(());
+        }
+        tracing::warn!("lost the leader lease: stopped acting");
+    }
+}

@@ -1,0 +1,212 @@
+//! The pod index: one label-selected watch per pool, stripped before it is
+//! stored, so the controller never watches the whole cluster's pods and
+//! keeps only what it needs of each pod.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::core::{ObjectMeta, Selector};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::task::JoinHandle;
+
+use crate::api::CapacityProfile;
+use crate::signals::PoolPod;
+
+/// Label lanekeeper puts on drained pods.
+pub const DRAIN_LABEL: &str = "lanekeeper.dev/drain";
+/// Annotation with which a person or tool asks for a drain.
+pub const DRAIN_REQUEST_ANNOTATION: &str = "lanekeeper.dev/drain-request";
+
+struct Entry {
+    selector: String,
+    store: Store<Pod>,
+    synced: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+/// Per-profile pod watches.
+pub struct PodIndex {
+    client: Client,
+    trigger: UnboundedSender<ObjectRef<CapacityProfile>>,
+    entries: Mutex<HashMap<ObjectRef<CapacityProfile>, Entry>>,
+}
+
+/// Keeps only what the controller reads: name, namespace, uid, labels,
+/// lanekeeper's annotations, deletion mark, readiness gates, conditions and
+/// pod IP.
+pub fn strip(pod: &mut Pod) {
+    let m = &mut pod.metadata;
+    let keep = ObjectMeta {
+        name: m.name.take(),
+        namespace: m.namespace.take(),
+        uid: m.uid.take(),
+        resource_version: m.resource_version.take(),
+        labels: m.labels.take(),
+        annotations: m.annotations.take().map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| k.starts_with("lanekeeper.dev/"))
+                .collect()
+        }),
+        deletion_timestamp: m.deletion_timestamp.take(),
+        ..Default::default()
+    };
+    pod.metadata = keep;
+    if let Some(spec) = pod.spec.take() {
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            readiness_gates: spec.readiness_gates,
+            containers: Vec::new(),
+            ..Default::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            conditions: status.conditions,
+            pod_ip: status.pod_ip,
+            phase: status.phase,
+            ..Default::default()
+        });
+    }
+    pod.metadata.managed_fields = None;
+}
+
+/// The pool's view of a pod.
+pub fn pool_pod(p: &Pod) -> PoolPod {
+    let cond = |t: &str| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == t))
+            .is_some_and(|c| c.status == "True")
+    };
+    PoolPod {
+        name: p.name_any(),
+        containers_ready: cond("ContainersReady"),
+        ip: p.status.as_ref().and_then(|s| s.pod_ip.clone()),
+        drained: p.labels().get(DRAIN_LABEL).is_some_and(|v| v == "true"),
+        drain_requested: p
+            .annotations()
+            .get(DRAIN_REQUEST_ANNOTATION)
+            .is_some_and(|v| v == "true"),
+        terminating: p.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+impl PodIndex {
+    /// A new, empty index; pod changes are sent to `trigger` as the profile
+    /// to reconcile.
+    pub fn new(client: Client, trigger: UnboundedSender<ObjectRef<CapacityProfile>>) -> Self {
+        Self {
+            client,
+            trigger,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The pool's pods, once its watch has synced (None before). Starts or
+    /// restarts the watch when the profile's selector is new or changed.
+    pub fn pods(&self, profile: &CapacityProfile) -> Result<Option<Vec<PoolPod>>, String> {
+        let selector: Selector = profile
+            .spec
+            .pool
+            .pod_selector
+            .clone()
+            .try_into()
+            .map_err(|e| format!("spec.pool.podSelector: {e}"))?;
+        let sel = selector.to_string();
+        if sel.is_empty() {
+            return Err(
+                "spec.pool.podSelector selects every pod of the namespace: give it labels".into(),
+            );
+        }
+        let key = ObjectRef::from_obj(profile);
+        let mut entries = self.entries.lock().expect("not poisoned");
+        let stale = entries.get(&key).is_some_and(|e| e.selector != sel);
+        if stale && let Some(e) = entries.remove(&key) {
+            e.task.abort();
+        }
+        let entry = entries
+            .entry(key.clone())
+            .or_insert_with(|| self.start(profile, &sel, selector, key.clone()));
+        if !entry.synced.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        Ok(Some(
+            entry.store.state().iter().map(|p| pool_pod(p)).collect(),
+        ))
+    }
+
+    fn start(
+        &self,
+        profile: &CapacityProfile,
+        sel: &str,
+        selector: Selector,
+        key: ObjectRef<CapacityProfile>,
+    ) -> Entry {
+        let ns = profile.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let (store, writer) = reflector::store();
+        let synced = Arc::new(AtomicBool::new(false));
+        let flag = synced.clone();
+        let trigger = self.trigger.clone();
+        let config = watcher::Config::default().labels_from(&selector);
+        let task = tokio::spawn(async move {
+            let stream = watcher(api, config)
+                .default_backoff()
+                .modify(strip)
+                .reflect(writer);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::InitDone) => {
+                        flag.store(true, Ordering::Release);
+                        let _ = trigger.unbounded_send(key.clone());
+                    }
+                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                        if flag.load(Ordering::Acquire) {
+                            let _ = trigger.unbounded_send(key.clone());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "pod watch error (retrying with backoff)"),
+                }
+            }
+        });
+        Entry {
+            selector: sel.to_owned(),
+            store,
+            synced,
+            task,
+        }
+    }
+
+    /// Stops the watch of a deleted profile.
+    pub fn forget(&self, key: &ObjectRef<CapacityProfile>) {
+        if let Some(e) = self.entries.lock().expect("not poisoned").remove(key) {
+            e.task.abort();
+        }
+    }
+
+    /// Stops every watch.
+    pub fn shutdown(&self) {
+        for (_, e) in self.entries.lock().expect("not poisoned").drain() {
+            e.task.abort();
+        }
+    }
+
+    /// Number of pods stored across all pools (for tests and metrics).
+    pub fn stored(&self) -> usize {
+        self.entries
+            .lock()
+            .expect("not poisoned")
+            .values()
+            .map(|e| e.store.state().len())
+            .sum()
+    }
+}

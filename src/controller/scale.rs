@@ -1,0 +1,211 @@
+//! The pool's scale target: any kind with a scale subresource.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::autoscaling::v1::Scale;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::discovery::{ApiCapabilities, pinned_kind};
+use serde_json::json;
+
+use super::Error;
+use crate::api::ScaleTargetRef;
+
+/// Resolves kinds to API resources through discovery, once per kind.
+#[derive(Default)]
+pub struct Resolver {
+    cache: Mutex<HashMap<(String, String), (ApiResource, ApiCapabilities)>>,
+}
+
+impl Resolver {
+    /// The API resource of `apiVersion`/`kind`, with its capabilities.
+    pub async fn resolve(
+        &self,
+        client: &Client,
+        r: &ScaleTargetRef,
+    ) -> Result<(ApiResource, ApiCapabilities), Error> {
+        let key = (r.api_version.clone(), r.kind.clone());
+        if let Some(hit) = self.cache.lock().expect("not poisoned").get(&key) {
+            return Ok(hit.clone());
+        }
+        let (group, version) = match r.api_version.split_once('/') {
+            Some((g, v)) => (g.to_owned(), v.to_owned()),
+            None => (String::new(), r.api_version.clone()),
+        };
+        let gvk = GroupVersionKind::gvk(&group, &version, &r.kind);
+        let found = pinned_kind(client, &gvk).await.map_err(|e| {
+            Error::ScaleTarget(format!(
+                "cannot resolve {}/{} through discovery: {e}",
+                r.api_version, r.kind
+            ))
+        })?;
+        if !found
+            .1
+            .subresources
+            .iter()
+            .any(|(s, _)| s.plural == "scale" || s.plural.ends_with("/scale"))
+        {
+            return Err(Error::ScaleTarget(format!(
+                "{} {} has no scale subresource",
+                r.api_version, r.kind
+            )));
+        }
+        self.cache
+            .lock()
+            .expect("not poisoned")
+            .insert(key, found.clone());
+        Ok(found)
+    }
+}
+
+/// What the controller reads of the scale target.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TargetState {
+    /// `spec.replicas` through the scale subresource.
+    pub replicas: Option<i32>,
+    /// `status.readyReplicas` of the workload, where the kind has one.
+    pub ready_replicas: Option<u32>,
+}
+
+/// Reads the scale target.
+pub async fn read(
+    client: &Client,
+    resolver: &Resolver,
+    ns: &str,
+    r: &ScaleTargetRef,
+) -> Result<TargetState, Error> {
+    let (ar, _) = resolver.resolve(client, r).await?;
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let obj = api
+        .get_opt(&r.name)
+        .await
+        .map_err(|e| Error::kube("get scale target", e))?;
+    let Some(obj) = obj else {
+        return Err(Error::ScaleTarget(format!(
+            "{} {}/{ns}/{} not found",
+            r.api_version, r.kind, r.name
+        )));
+    };
+    let ready_replicas = obj
+        .data
+        .pointer("/status/readyReplicas")
+        .and_then(|v| v.as_u64())
+        .map(|v| v.min(u64::from(u32::MAX)) as u32)
+        .or_else(|| {
+            // The status exists but omits readyReplicas when it is 0.
+            obj.data.pointer("/status/replicas").map(|_| 0)
+        });
+    let raw = api
+        .get_subresource("scale", &r.name)
+        .await
+        .map_err(|e| Error::kube("get scale", e))?;
+    let scale: Scale = serde_json::to_value(&raw)
+        .and_then(serde_json::from_value)
+        .map_err(|e| {
+            Error::ScaleTarget(format!(
+                "the scale subresource of {} {} is not a Scale: {e}",
+                r.kind, r.name
+            ))
+        })?;
+    Ok(TargetState {
+        replicas: scale.spec.and_then(|s| s.replicas),
+        ready_replicas,
+    })
+}
+
+/// Sets the replicas through the scale subresource (server-side apply).
+pub async fn write(
+    client: &Client,
+    resolver: &Resolver,
+    ns: &str,
+    r: &ScaleTargetRef,
+    replicas: i32,
+    manager: &str,
+) -> Result<(), Error> {
+    let (ar, _) = resolver.resolve(client, r).await?;
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let patch = json!({
+        "apiVersion": "autoscaling/v1",
+        "kind": "Scale",
+        "metadata": {"name": r.name, "namespace": ns},
+        "spec": {"replicas": replicas},
+    });
+    api.patch_subresource(
+        "scale",
+        &r.name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|e| Error::kube("patch scale", e))?;
+    Ok(())
+}
+
+/// The HorizontalPodAutoscaler that targets the workload, if any.
+pub async fn find_hpa(
+    client: &Client,
+    ns: &str,
+    r: &ScaleTargetRef,
+) -> Result<Option<HorizontalPodAutoscaler>, Error> {
+    let api: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::kube("list horizontalpodautoscalers", e))?;
+    let group = |v: &str| v.split_once('/').map_or("", |(g, _)| g).to_owned();
+    Ok(list.items.into_iter().find(|h| {
+        let t = &h
+            .spec
+            .as_ref()
+            .map(|s| s.scale_target_ref.clone())
+            .unwrap_or_default();
+        t.kind == r.kind
+            && t.name == r.name
+            && t.api_version.as_deref().map(group) == Some(group(&r.api_version))
+    }))
+}
+
+/// Raises (or lowers) the HPA's `minReplicas` to `replicas`, within its
+/// `maxReplicas` (server-side apply: lanekeeper owns only that field).
+pub async fn write_hpa_min(
+    client: &Client,
+    ns: &str,
+    hpa: &HorizontalPodAutoscaler,
+    replicas: i32,
+    manager: &str,
+) -> Result<bool, Error> {
+    let name = hpa.metadata.name.clone().unwrap_or_default();
+    let max = hpa.spec.as_ref().map_or(replicas, |s| s.max_replicas);
+    let want = replicas.clamp(1, max.max(1));
+    if hpa.spec.as_ref().and_then(|s| s.min_replicas) == Some(want) {
+        return Ok(false);
+    }
+    let api: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
+    let patch = json!({
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"minReplicas": want},
+    });
+    api.patch(
+        &name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|e| Error::kube("patch horizontalpodautoscaler", e))?;
+    Ok(true)
+}
+
+/// The number of replicas to patch, if a write is due: only when the
+/// decision has an opinion and it differs from the current value.
+pub fn scale_write_due(desired: Option<i32>, current: Option<i32>) -> Option<i32> {
+    match (desired, current) {
+        (Some(d), Some(c)) if d == c => None,
+        (Some(d), _) => Some(d),
+        (None, _) => None,
+    }
+}

@@ -1,0 +1,362 @@
+//! Building the status of each resource from a decision (pure).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{
+    CapacityProfile, CapacityProfileStatus, DegradationPolicy, DegradationPolicyStatus,
+    LaneContract, LaneContractStatus, Transition,
+};
+use crate::policy::{LaneDecision, ProfileDecision, ProfileState, Telemetry};
+
+/// Most transitions kept in a policy's status.
+pub const MAX_TRANSITIONS: usize = 10;
+
+/// Unix seconds as an RFC 3339 string.
+pub fn rfc3339(secs: i64) -> String {
+    Timestamp::from_second(secs).map_or_else(|_| secs.to_string(), |t| t.to_string())
+}
+
+fn time(secs: i64) -> Time {
+    Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// A condition to set.
+pub struct Cond<'a> {
+    /// Type.
+    pub type_: &'a str,
+    /// `True`, `False` or `Unknown`.
+    pub status: &'a str,
+    /// CamelCase reason.
+    pub reason: &'a str,
+    /// Human message.
+    pub message: String,
+}
+
+/// Sets conditions, keeping `lastTransitionTime` of those whose status did
+/// not change (so an unchanged status compares equal and is not rewritten).
+pub fn conditions(
+    existing: &[Condition],
+    wanted: Vec<Cond<'_>>,
+    generation: Option<i64>,
+    now: i64,
+) -> Vec<Condition> {
+    wanted
+        .into_iter()
+        .map(|c| {
+            let old = existing.iter().find(|e| e.type_ == c.type_);
+            let last = match old {
+                Some(o) if o.status == c.status => o.last_transition_time.clone(),
+                _ => time(now),
+            };
+            Condition {
+                type_: c.type_.to_owned(),
+                status: c.status.to_owned(),
+                reason: c.reason.to_owned(),
+                message: c.message,
+                observed_generation: generation,
+                last_transition_time: last,
+            }
+        })
+        .collect()
+}
+
+fn tf(b: bool) -> &'static str {
+    if b { "True" } else { "False" }
+}
+
+/// What the controller learned besides the decision.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// Ready replicas of the pool.
+    pub ready_replicas: Option<u32>,
+    /// A problem reaching the scale target.
+    pub scale_problem: Option<String>,
+    /// An HPA targets the same workload and the scaling mode is `Direct`.
+    pub scaling_conflict: Option<String>,
+    /// Unknown signals with reasons.
+    pub unknown: std::collections::BTreeMap<String, String>,
+    /// Whether the calibration has expired (None without calibration).
+    pub calibration_expired: Option<bool>,
+}
+
+/// Whether the calibration of a profile has expired at `now`.
+pub fn calibration_expired(profile: &CapacityProfile, now: i64) -> Option<bool> {
+    let cal = profile.spec.capacity.calibration.as_ref()?;
+    let measured = cal
+        .measured_at
+        .as_deref()?
+        .parse::<Timestamp>()
+        .ok()?
+        .as_second();
+    let valid = cal.valid_for_seconds?;
+    Some(now > measured.saturating_add(valid))
+}
+
+/// The CapacityProfile status for a decision.
+pub fn profile_status(
+    profile: &CapacityProfile,
+    d: &ProfileDecision,
+    state: &ProfileState,
+    observed: &Observed,
+    now: i64,
+) -> CapacityProfileStatus {
+    let generation = profile.metadata.generation;
+    let existing = profile
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let known = d.telemetry == Telemetry::Known;
+    let overcommitted = d.warnings.iter().find(|w| w.starts_with("Overcommitted"));
+    let unknown_msg = if observed.unknown.is_empty() {
+        "capacity could not be had".to_owned()
+    } else {
+        observed
+            .unknown
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let mut wanted = vec![
+        match &observed.scale_problem {
+            Some(p) => Cond {
+                type_: "Ready",
+                status: "False",
+                reason: "ScaleTargetUnavailable",
+                message: p.clone(),
+            },
+            None => Cond {
+                type_: "Ready",
+                status: "True",
+                reason: "Reconciled",
+                message: "decision computed and applied".into(),
+            },
+        },
+        Cond {
+            type_: "Degraded",
+            status: tf(d.level > 0),
+            reason: if d.level > 0 { "LevelRaised" } else { "Normal" },
+            message: format!("level {} ({})", d.level, d.level_name),
+        },
+        if known {
+            Cond {
+                type_: "TelemetryKnown",
+                status: "True",
+                reason: "CapacityKnown",
+                message: format!(
+                    "capacity from {}",
+                    d.capacity_source.as_deref().unwrap_or("signals")
+                ),
+            }
+        } else {
+            Cond {
+                type_: "TelemetryKnown",
+                status: "False",
+                reason: "CapacityUnknown",
+                message: unknown_msg,
+            }
+        },
+        Cond {
+            type_: "Overcommitted",
+            status: tf(overcommitted.is_some()),
+            reason: if overcommitted.is_some() {
+                "FloorsExceedCapacity"
+            } else {
+                "FloorsFit"
+            },
+            message: overcommitted
+                .cloned()
+                .unwrap_or_else(|| "lane floors fit within capacity".into()),
+        },
+    ];
+    wanted.push(match observed.calibration_expired {
+        Some(true) => Cond {
+            type_: "CalibrationExpired",
+            status: "True",
+            reason: "Expired",
+            message: "the capacity measurement is past measuredAt + validForSeconds: measure again"
+                .into(),
+        },
+        Some(false) => Cond {
+            type_: "CalibrationExpired",
+            status: "False",
+            reason: "Valid",
+            message: "the capacity measurement is valid".into(),
+        },
+        None => Cond {
+            type_: "CalibrationExpired",
+            status: "Unknown",
+            reason: "NoCalibration",
+            message: "no calibration measuredAt/validForSeconds given".into(),
+        },
+    });
+    wanted.push(match &observed.scaling_conflict {
+        Some(m) => Cond {
+            type_: "ScalingConflict",
+            status: "True",
+            reason: "HPATargetsWorkload",
+            message: m.clone(),
+        },
+        None => Cond {
+            type_: "ScalingConflict",
+            status: "False",
+            reason: "NoConflict",
+            message: "no HorizontalPodAutoscaler competes for the replicas".into(),
+        },
+    });
+    CapacityProfileStatus {
+        observed_generation: generation,
+        level: d.level,
+        level_name: Some(d.level_name.clone()),
+        telemetry: Some(if known { "Known" } else { "Unknown" }.into()),
+        capacity_units_per_second: d.capacity_units_per_second,
+        demand_units_per_second: Some(d.demand_units_per_second),
+        admitted_units_per_second: Some(d.admitted_units_per_second),
+        utilization_percent: d.utilization_percent.map(|u| (u * 10.0).round() / 10.0),
+        desired_replicas: d.desired_replicas,
+        ready_replicas: observed.ready_replicas.map(|r| r as i32),
+        drained_pods: profile.spec.drain.as_ref().map(|_| d.drained_pods as i32),
+        drain_budget: profile.spec.drain.as_ref().map(|_| d.drain_budget as i32),
+        unknown_signals: observed.unknown.clone(),
+        conditions: conditions(existing, wanted, generation, now),
+        engine: Some(state.clone()),
+    }
+}
+
+/// The LaneContract status for a lane's decision (or for an unbound lane).
+pub fn lane_status(
+    lane: &LaneContract,
+    d: Option<&LaneDecision>,
+    bound_problem: Option<String>,
+    floor_units: f64,
+    now: i64,
+) -> LaneContractStatus {
+    let generation = lane.metadata.generation;
+    let existing = lane
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let mut wanted = vec![match &bound_problem {
+        Some(m) => Cond {
+            type_: "Bound",
+            status: "False",
+            reason: "ProfileNotFound",
+            message: m.clone(),
+        },
+        None => Cond {
+            type_: "Bound",
+            status: "True",
+            reason: "ProfileFound",
+            message: format!("runs on profile {}", lane.spec.profile),
+        },
+    }];
+    if let Some(d) = d {
+        let owed = floor_units.min(d.demand_units_per_second);
+        let respected = d.admitted_units_per_second + 1e-6 >= owed;
+        wanted.push(Cond {
+            type_: "ContractRespected",
+            status: tf(respected),
+            reason: if respected {
+                "FloorHonoured"
+            } else {
+                "FloorNotMet"
+            },
+            message: if respected {
+                format!(
+                    "admitted {} of {} units/s demand",
+                    d.admitted_units_per_second, d.demand_units_per_second
+                )
+            } else {
+                format!(
+                    "admitted {} units/s, below min(floor, demand) = {owed}: capacity is short",
+                    d.admitted_units_per_second
+                )
+            },
+        });
+    }
+    LaneContractStatus {
+        observed_generation: generation,
+        state: d.map(|d| d.state.as_str().to_owned()),
+        demand_units_per_second: d.map(|d| d.demand_units_per_second),
+        admitted_units_per_second: d.map(|d| d.admitted_units_per_second),
+        borrowed_units_per_second: d.map(|d| d.borrowed_units_per_second),
+        conditions: conditions(existing, wanted, generation, now),
+    }
+}
+
+/// Warnings of a decision that concern a policy's actions being overridden
+/// by lane contracts.
+pub fn override_warnings(d: &ProfileDecision) -> Vec<String> {
+    d.warnings
+        .iter()
+        .filter(|w| w.starts_with("policy ") && w.ends_with("not applied"))
+        .cloned()
+        .collect()
+}
+
+/// The DegradationPolicy status for a decision. `approved` is the level the
+/// annotation approves.
+pub fn policy_status(
+    policy: &DegradationPolicy,
+    d: Option<&ProfileDecision>,
+    invalid: Option<String>,
+    approved: Option<u32>,
+    static_overrides: &[String],
+    now: i64,
+) -> DegradationPolicyStatus {
+    let generation = policy.metadata.generation;
+    let old = policy.status.clone().unwrap_or_default();
+    let mut transitions = old.transitions.clone();
+    if let Some(t) = d.and_then(|d| d.transition.as_ref()) {
+        transitions.push(Transition {
+            at: rfc3339(now),
+            from: t.from,
+            to: t.to,
+            reason: t.reason.clone(),
+        });
+        let excess = transitions.len().saturating_sub(MAX_TRANSITIONS);
+        transitions.drain(..excess);
+    }
+    let valid = match (&invalid, static_overrides.is_empty()) {
+        (Some(m), _) => Cond {
+            type_: "Valid",
+            status: "False",
+            reason: "Ignored",
+            message: m.clone(),
+        },
+        (None, false) => Cond {
+            type_: "Valid",
+            status: "False",
+            reason: "ContractOverrides",
+            message: format!(
+                "actions that lane contracts override: {}",
+                static_overrides.join("; ")
+            ),
+        },
+        (None, true) => Cond {
+            type_: "Valid",
+            status: "True",
+            reason: "Valid",
+            message: "every action can be applied".into(),
+        },
+    };
+    let level = d.map_or(0, |d| d.level);
+    let approved_level_reached = approved.is_some_and(|a| {
+        level >= a || (old.approved_level == Some(a) && old.approved_level_reached)
+    });
+    DegradationPolicyStatus {
+        observed_generation: generation,
+        level,
+        level_name: d.map(|d| d.level_name.clone()),
+        since: d.and_then(|d| d.level_since).map(rfc3339),
+        exit_holding_since: d.and_then(|d| d.exit_holding_since).map(rfc3339),
+        pending_approval_level: d.and_then(|d| d.pending_approval_level),
+        approved_level: approved,
+        approved_level_reached,
+        transitions,
+        conditions: conditions(&old.conditions, vec![valid], generation, now),
+    }
+}

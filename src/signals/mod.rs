@@ -1,0 +1,146 @@
+//! Signal sources: where the live snapshot comes from.
+//!
+//! Every source fills part of the same [`Snapshot`](crate::snapshot::Snapshot)
+//! type that `plan --signals` reads, so the live path and the offline path
+//! feed the engine identically. Sources are behind the [`SignalSource`] trait;
+//! the controller composes them (later sources override what earlier ones
+//! left unknown or measured less directly).
+
+use std::collections::BTreeMap;
+
+use futures::future::BoxFuture;
+
+use crate::api::{CapacityProfile, LaneContract};
+use crate::snapshot::{LaneSignals, PodSignals, ProfileSignals};
+
+/// A pool pod as the controller keeps it (stripped of everything else).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolPod {
+    /// Pod name.
+    pub name: String,
+    /// The pod's own readiness: its `ContainersReady` condition (lanekeeper's
+    /// readiness gate is deliberately ignored).
+    pub containers_ready: bool,
+    /// Pod IP, when assigned.
+    pub ip: Option<String>,
+    /// Whether the pod carries lanekeeper's drain label.
+    pub drained: bool,
+    /// Whether someone asked for a drain (`lanekeeper.dev/drain-request`).
+    pub drain_requested: bool,
+    /// Whether the pod is being deleted.
+    pub terminating: bool,
+}
+
+/// What a source gets to look at.
+pub struct SourceInput<'a> {
+    /// The profile.
+    pub profile: &'a CapacityProfile,
+    /// Its lanes.
+    pub lanes: &'a [&'a LaneContract],
+    /// Ready replicas reported by the scale target's status, where the kind
+    /// has one.
+    pub target_ready_replicas: Option<u32>,
+    /// The pool's pods, when the pod index has synced (None before).
+    pub pods: Option<&'a [PoolPod]>,
+    /// Now, in Unix seconds.
+    pub now: i64,
+}
+
+/// What a source found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SourceOutput {
+    /// Pool signals.
+    pub profile: ProfileSignals,
+    /// Lane signals keyed `namespace/name`.
+    pub lanes: BTreeMap<String, LaneSignals>,
+    /// Signals that are unknown, with the reason (for status and events).
+    pub unknown: BTreeMap<String, String>,
+}
+
+/// A source of live signals.
+pub trait SignalSource: Send + Sync {
+    /// A short name for logs and metrics.
+    fn name(&self) -> &'static str;
+    /// Collects signals for one profile.
+    fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput>;
+}
+
+/// Signals the cluster itself gives: ready replicas from the scale target,
+/// per-pod readiness from the pool's pods. Lane demand is left to the lanes'
+/// `expectedRequestsPerSecond`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClusterSource;
+
+impl ClusterSource {
+    /// The synchronous core of [`SignalSource::collect`].
+    pub fn observe(input: &SourceInput<'_>) -> SourceOutput {
+        let mut out = SourceOutput::default();
+        out.profile.ready_replicas = input.target_ready_replicas;
+        match input.pods {
+            Some(pods) => {
+                for p in pods.iter().filter(|p| !p.terminating) {
+                    out.profile.pods.insert(
+                        p.name.clone(),
+                        PodSignals {
+                            ready: Some(p.containers_ready),
+                            error_ratio: None,
+                        },
+                    );
+                }
+            }
+            None => {
+                out.unknown
+                    .insert("pods".into(), "the pod index has not synced yet".into());
+            }
+        }
+        if input.target_ready_replicas.is_none()
+            && input
+                .pods
+                .is_none_or(|p| p.iter().all(|p| !p.containers_ready))
+        {
+            out.unknown.insert(
+                "capacity".into(),
+                "no availableUnitsPerSecond, no readyReplicas on the scale target and no ready pods".into(),
+            );
+        }
+        out
+    }
+}
+
+impl SignalSource for ClusterSource {
+    fn name(&self) -> &'static str {
+        "cluster"
+    }
+
+    fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput> {
+        Box::pin(async move { Self::observe(input) })
+    }
+}
+
+/// Merges `overlay` into `base`: every value the overlay knows replaces the
+/// base's; unknown reasons are kept only for signals still unknown.
+pub fn merge(base: &mut SourceOutput, overlay: SourceOutput) {
+    let b = &mut base.profile;
+    let o = overlay.profile;
+    b.available_units_per_second = o
+        .available_units_per_second
+        .or(b.available_units_per_second);
+    b.ready_replicas = o.ready_replicas.or(b.ready_replicas);
+    b.in_flight = o.in_flight.or(b.in_flight);
+    b.queue_depth = o.queue_depth.or(b.queue_depth);
+    b.p95_latency_seconds = o.p95_latency_seconds.or(b.p95_latency_seconds);
+    b.error_ratio = o.error_ratio.or(b.error_ratio);
+    for (name, pod) in o.pods {
+        let e = b.pods.entry(name).or_default();
+        e.ready = pod.ready.or(e.ready);
+        e.error_ratio = pod.error_ratio.or(e.error_ratio);
+    }
+    for (k, l) in overlay.lanes {
+        let e = base.lanes.entry(k).or_default();
+        e.requests_per_second = l.requests_per_second.or(e.requests_per_second);
+    }
+    base.unknown.extend(overlay.unknown);
+    if base.profile.available_units_per_second.is_some() || base.profile.ready_replicas.is_some() {
+        base.unknown.remove("capacity");
+    }
+}
