@@ -844,6 +844,7 @@ impl<'a> Sim<'a> {
                     };
                     g.rate = ld.admitted_units_per_second * headroom;
                     g.state = ld.state;
+                    // A paused (zero-rate) lane keeps no tokens.
                     g.tokens = g.tokens.min(burst(
                         g.rate,
                         self.lanes[i].units,
@@ -1213,7 +1214,11 @@ impl<'a> Sim<'a> {
 }
 
 fn burst(rate: f64, units: f64, seconds: f64) -> f64 {
-    (rate * seconds).max(units)
+    if rate <= 0.0 {
+        0.0
+    } else {
+        (rate * seconds).max(units)
+    }
 }
 
 /// The retry budget's bucket size: ten seconds of the lane's expected
