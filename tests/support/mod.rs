@@ -1,0 +1,4 @@
+//! Test support shared by integration tests: `mod support; use support::apiserver::ApiServer;`.
+#![allow(dead_code)]
+
+pub mod apiserver;
