@@ -167,10 +167,10 @@ pub fn remove_path(v: &mut Value, path: &[String]) {
         if let Some(m) = parent.as_object_mut() {
             m.remove(f);
         }
-    } else if let Some((k, kv)) = parse_key(last) {
-        if let Some(a) = parent.as_array_mut() {
-            a.retain(|i| i.get(&k) != Some(&kv));
-        }
+    } else if let Some((k, kv)) = parse_key(last)
+        && let Some(a) = parent.as_array_mut()
+    {
+        a.retain(|i| i.get(&k) != Some(&kv));
     }
     if parent_path.len() >= 2 && get_path(v, parent_path).is_some_and(is_empty_container) {
         remove_path(v, parent_path);

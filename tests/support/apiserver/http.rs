@@ -399,9 +399,7 @@ async fn route(
                         Err(ApiError::new(
                             415,
                             "UnsupportedMediaType",
-                            format!(
-                                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
-                            ),
+                            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml".to_string(),
                         ))
                     } else {
                         parse_body(false).and_then(|b| {

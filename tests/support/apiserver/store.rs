@@ -737,57 +737,60 @@ impl State {
             .get("apiVersion")
             .and_then(Value::as_str)
             .filter(|_| !is_scale)
+            && bv != rd.api_version()
+            && !(rd.group.is_empty() && bv == "v1")
         {
-            if bv != rd.api_version() && !(rd.group.is_empty() && bv == "v1") {
-                let same_group = bv.split_once('/').map(|(g, _)| g) == Some(rd.group.as_str());
-                if !same_group {
-                    return Err(ApiError::bad_request(format!(
-                        "the API version in the data ({bv}) does not match the expected API version ({})",
-                        rd.api_version()
-                    )));
-                }
-            }
-        }
-        if let Some(bk) = body.get("kind").and_then(Value::as_str) {
-            if bk != rd.kind && !(rd.scale.is_some() && bk == "Scale") {
+            let same_group = bv.split_once('/').map(|(g, _)| g) == Some(rd.group.as_str());
+            if !same_group {
                 return Err(ApiError::bad_request(format!(
-                    "the kind in the data ({bk}) does not match the expected kind ({})",
-                    rd.kind
+                    "the API version in the data ({bv}) does not match the expected API version ({})",
+                    rd.api_version()
                 )));
             }
         }
-        if let Some(name) = name {
-            if !bname.is_empty() && bname != name {
-                return Err(ApiError::invalid(
-                    rd,
-                    bname,
-                    format!(
-                        "metadata.name: Invalid value: \"{bname}\": field is immutable (the name in the body does not match the name in the URL {name:?})"
-                    ),
-                ));
-            }
+        if let Some(bk) = body.get("kind").and_then(Value::as_str)
+            && bk != rd.kind
+            && !(rd.scale.is_some() && bk == "Scale")
+        {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({bk}) does not match the expected kind ({})",
+                rd.kind
+            )));
         }
-        if rd.namespaced {
-            if let Some(bns) = meta_str(body, "namespace") {
-                if !bns.is_empty() && bns != ns {
-                    return Err(ApiError::new(
-                        400,
-                        "BadRequest",
-                        format!(
-                            "the namespace of the provided object does not match the namespace sent on the request ({bns} != {ns})"
-                        ),
-                    ));
-                }
-            }
+        if let Some(name) = name
+            && !bname.is_empty()
+            && bname != name
+        {
+            return Err(ApiError::invalid(
+                rd,
+                bname,
+                format!(
+                    "metadata.name: Invalid value: \"{bname}\": field is immutable (the name in the body does not match the name in the URL {name:?})"
+                ),
+            ));
+        }
+        if rd.namespaced
+            && let Some(bns) = meta_str(body, "namespace")
+            && !bns.is_empty()
+            && bns != ns
+        {
+            return Err(ApiError::new(
+                400,
+                "BadRequest",
+                format!(
+                    "the namespace of the provided object does not match the namespace sent on the request ({bns} != {ns})"
+                ),
+            ));
         }
         Ok(())
     }
 
     fn check_rv(rd: &ResourceDef, name: &str, body: &Value, cur: &Value) -> Result<(), ApiError> {
-        if let Some(rv) = meta_str(body, "resourceVersion") {
-            if !rv.is_empty() && Some(rv) != meta_str(cur, "resourceVersion") {
-                return Err(ApiError::conflict(rd, name));
-            }
+        if let Some(rv) = meta_str(body, "resourceVersion")
+            && !rv.is_empty()
+            && Some(rv) != meta_str(cur, "resourceVersion")
+        {
+            return Err(ApiError::conflict(rd, name));
         }
         Ok(())
     }
@@ -802,14 +805,14 @@ impl State {
     ) -> Result<Value, ApiError> {
         Self::check_body_identity(rd, ns, None, &body)?;
         let mut name = meta_str(&body, "name").unwrap_or_default().to_string();
-        if name.is_empty() {
-            if let Some(prefix) = meta_str(&body, "generateName") {
-                let n = self.uid_counter + 1;
-                name = format!(
-                    "{prefix}{:05x}",
-                    (self.uid_seed.wrapping_add(n) ^ n.wrapping_mul(7919)) & 0xfffff
-                );
-            }
+        if name.is_empty()
+            && let Some(prefix) = meta_str(&body, "generateName")
+        {
+            let n = self.uid_counter + 1;
+            name = format!(
+                "{prefix}{:05x}",
+                (self.uid_seed.wrapping_add(n) ^ n.wrapping_mul(7919)) & 0xfffff
+            );
         }
         if name.is_empty() {
             return Err(ApiError::invalid(
@@ -847,10 +850,11 @@ impl State {
                 meta.remove("creationTimestamp");
             }
         }
-        if rd.status && !raw {
-            if let Some(m) = body.as_object_mut() {
-                m.remove("status");
-            }
+        if rd.status
+            && !raw
+            && let Some(m) = body.as_object_mut()
+        {
+            m.remove("status");
         }
         let manager = Self::default_manager(manager);
         let managers = Self::update_managers(rd, None, &body, &manager, Sub::Main);
@@ -865,6 +869,7 @@ impl State {
     }
 
     /// PUT. `raw` (direct test access) writes every part, status included.
+    #[allow(clippy::too_many_arguments)]
     pub fn replace(
         &mut self,
         rd: &ResourceDef,
@@ -894,6 +899,7 @@ impl State {
     }
 
     /// Merge, strategic merge or JSON patch.
+    #[allow(clippy::too_many_arguments)]
     pub fn patch(
         &mut self,
         rd: &ResourceDef,
@@ -1023,10 +1029,10 @@ impl State {
             Sub::Status => json!({"status": applied.get("status").cloned().unwrap_or(json!({}))}),
             Sub::Main => {
                 let mut c = applied.clone();
-                if rd.status {
-                    if let Some(m) = c.as_object_mut() {
-                        m.remove("status");
-                    }
+                if rd.status
+                    && let Some(m) = c.as_object_mut()
+                {
+                    m.remove("status");
                 }
                 c
             }
@@ -1499,12 +1505,12 @@ impl State {
         items.sort_by(|a, b| a.0.cmp(&b.0));
         let mut next = None;
         let mut remaining = 0;
-        if let Some(limit) = limit.filter(|l| *l > 0) {
-            if items.len() > limit {
-                remaining = items.len() - limit;
-                items.truncate(limit);
-                next = items.last().map(|(k, _)| encode_continue(list_rv, k));
-            }
+        if let Some(limit) = limit.filter(|l| *l > 0)
+            && items.len() > limit
+        {
+            remaining = items.len() - limit;
+            items.truncate(limit);
+            next = items.last().map(|(k, _)| encode_continue(list_rv, k));
         }
         Ok((
             items.into_iter().map(|(_, v)| v).collect(),
@@ -1528,7 +1534,7 @@ fn encode_continue(rv: u64, key: &str) -> String {
 }
 
 fn decode_continue(s: &str) -> Option<(u64, String)> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..s.len())
