@@ -1,0 +1,209 @@
+//! `lanekeeper simulate` and `lanekeeper diff` from the command line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn lanekeeper(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lanekeeper-sim-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// INC-47 shortened to the incident and a little recovery (debug builds).
+fn short_scenario(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(root().join("examples/inc-47/scenario.yaml")).unwrap();
+    let text = text.replace("durationSeconds: 2700", "durationSeconds: 600");
+    assert!(text.contains("durationSeconds: 600"));
+    let p = dir.join("scenario.yaml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn simulate_prints_the_table_json_and_a_chart_reproducibly() {
+    let dir = tmpdir("simulate");
+    let sc = short_scenario(&dir);
+    let sc = sc.to_str().unwrap();
+    let a = lanekeeper(&[
+        "simulate",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--scenario",
+        sc,
+    ]);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let table = String::from_utf8(a.stdout.clone()).unwrap();
+    for needle in [
+        "policy lanekeeper",
+        "p0-disruption-assist",
+        "p4-eval-backfill",
+        "WITHIN-DL%",
+        "level timeline",
+        "UP   1 -> 2 (shed)",
+    ] {
+        assert!(table.contains(needle), "missing {needle:?} in\n{table}");
+    }
+    let b = lanekeeper(&[
+        "simulate",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--scenario",
+        sc,
+    ]);
+    assert_eq!(a.stdout, b.stdout, "same seed, same bytes");
+
+    let chart = dir.join("out.svg");
+    let j = lanekeeper(&[
+        "simulate",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--scenario",
+        sc,
+        "--policy",
+        "fifo",
+        "-o",
+        "json",
+        "--chart",
+        chart.to_str().unwrap(),
+    ]);
+    assert!(j.status.success(), "{}", String::from_utf8_lossy(&j.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    assert_eq!(v["policy"], "fifo");
+    let lanes = v["profiles"][0]["lanes"].as_array().unwrap();
+    assert_eq!(lanes.len(), 5);
+    for key in [
+        "offered",
+        "admitted",
+        "withinDeadline",
+        "withinDeadlinePercent",
+        "expired",
+        "rejected",
+        "retries",
+        "retryAmplification",
+        "latencyP99Seconds",
+        "backlogAtEnd",
+        "drainEndBacklogSeconds",
+    ] {
+        assert!(lanes[0].get(key).is_some(), "lane JSON lacks {key}");
+    }
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(
+        svg.starts_with("<svg")
+            && svg.contains("capacity")
+            && svg.contains("p0-disruption-assist served")
+    );
+
+    let md = lanekeeper(&[
+        "simulate",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--scenario",
+        sc,
+        "-o",
+        "markdown",
+    ]);
+    let md = String::from_utf8(md.stdout).unwrap();
+    assert!(md.contains("| p0-disruption-assist | 0 |"), "{md}");
+}
+
+#[test]
+fn a_bad_scenario_exits_2_naming_the_field() {
+    let dir = tmpdir("bad");
+    let p = dir.join("bad.yaml");
+    std::fs::write(&p, "durationSeconds: 60\nlanes:\n  p0-disruption-assist:\n    service: {p50Seconds: 3, p95Seconds: 1}\n").unwrap();
+    let o = lanekeeper(&[
+        "simulate",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--scenario",
+        p.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("lanes.p0-disruption-assist.service"), "{err}");
+
+    std::fs::write(&p, "durationSeconds: 60\nlanes:\n  no-such-lane:\n    service: {p50Seconds: 1, p95Seconds: 2}\n").unwrap();
+    let o = lanekeeper(&[
+        "simulate",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--scenario",
+        p.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no-such-lane"));
+
+    std::fs::write(&p, "durationSeconds: 60\nlanez: {}\n").unwrap();
+    let o = lanekeeper(&[
+        "simulate",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--scenario",
+        p.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn diff_shows_what_removing_the_p3_cap_does() {
+    let dir = tmpdir("diff");
+    let sc = short_scenario(&dir);
+    let base = root().join("examples/inc-47/inc-47.yaml");
+    let text = std::fs::read_to_string(&base).unwrap();
+    let cap = "      cap: [{lanes: [p3-shift-batch], unitsPerSecond: \"60\"}]\n";
+    assert!(text.contains(cap));
+    let head = dir.join("head.yaml");
+    std::fs::write(&head, text.replace(cap, "")).unwrap();
+    let o = lanekeeper(&[
+        "diff",
+        "--base",
+        base.to_str().unwrap(),
+        "--head",
+        head.to_str().unwrap(),
+        "--scenario",
+        sc.to_str().unwrap(),
+        "--signals",
+        "examples/inc-47/signals.yaml",
+        "-o",
+        "markdown",
+        "--fail-on",
+        "p0-deadline-regression,decision-change",
+    ]);
+    let md = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(o.status.code(), Some(1), "decision-change holds\n{md}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("decision-change"));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("p0-deadline-regression"));
+    assert!(md.contains("## lanekeeper diff"));
+    assert!(md.contains("- base: p3-shift-batch Capped 60"), "{md}");
+    assert!(md.contains("| p3-shift-batch | 3 |"), "{md}");
+    assert!(md.contains("| p0-disruption-assist | 0 |"), "{md}");
+    // On the signals timeline the head skips to protect at 180 s.
+    assert!(md.contains("head: level 3 (protect)"), "{md}");
+
+    // Same manifests on both sides: nothing differs, no gate fails.
+    let o = lanekeeper(&[
+        "diff",
+        "--base",
+        base.to_str().unwrap(),
+        "--head",
+        base.to_str().unwrap(),
+        "--scenario",
+        sc.to_str().unwrap(),
+        "--fail-on",
+        "p0-deadline-regression,deadline-regression,decision-change,new-warnings,more-transitions",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("decisions identical"));
+}
