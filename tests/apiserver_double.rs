@@ -1121,3 +1121,139 @@ async fn concurrent_requests() {
     }
     assert_eq!(api.get("counter").await.unwrap().data.unwrap()["n"], "20");
 }
+
+#[tokio::test]
+async fn pinned_kind_resolves_scale_subresource() {
+    let server = ApiServer::start().await;
+    let gvk = kube::api::GroupVersionKind::gvk("apps", "v1", "StatefulSet");
+    let (ar, caps) = kube::discovery::pinned_kind(&server.client(), &gvk)
+        .await
+        .unwrap();
+    assert_eq!(ar.plural, "statefulsets");
+    assert!(caps.subresources.iter().any(|(sr, _)| sr.plural == "scale"));
+    assert!(
+        caps.subresources
+            .iter()
+            .any(|(sr, _)| sr.plural == "status")
+    );
+    let gvk = kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap");
+    let (_, caps) = kube::discovery::pinned_kind(&server.client(), &gvk)
+        .await
+        .unwrap();
+    assert!(caps.subresources.is_empty());
+}
+
+#[tokio::test]
+async fn label_selected_watch_sees_objects_leave_and_enter() {
+    let server = ApiServer::start().await;
+    let api: Api<Pod> = Api::namespaced(server.client(), "default");
+    api.create(&PostParams::default(), &pod("s1", json!({"app": "a"})))
+        .await
+        .unwrap();
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let relabel = |v: &str| Patch::Merge(json!({"metadata": {"labels": {"app": v}}}));
+    api.patch("s1", &PatchParams::default(), &relabel("b"))
+        .await
+        .unwrap();
+    api.patch("s1", &PatchParams::default(), &relabel("a"))
+        .await
+        .unwrap();
+    let wp = kube::api::WatchParams::default().labels("app=a").timeout(1);
+    let kinds: Vec<&str> = api
+        .watch(&wp, &rv)
+        .await
+        .unwrap()
+        .collect::<Vec<_>>()
+        .await
+        .iter()
+        .map(|e| match e {
+            Ok(kube::api::WatchEvent::Added(_)) => "ADDED",
+            Ok(kube::api::WatchEvent::Modified(_)) => "MODIFIED",
+            Ok(kube::api::WatchEvent::Deleted(_)) => "DELETED",
+            _ => "OTHER",
+        })
+        .collect();
+    assert_eq!(kinds, ["DELETED", "ADDED"]);
+}
+
+#[tokio::test]
+async fn streaming_list_watcher() {
+    let server = ApiServer::start().await;
+    let api: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    api.create(&PostParams::default(), &cm("s", json!({})))
+        .await
+        .unwrap();
+    let (reader, writer) = reflector::store();
+    let stream = reflector(
+        writer,
+        watcher(api.clone(), watcher::Config::default().streaming_lists()),
+    );
+    let task = tokio::spawn(async move {
+        let mut s = std::pin::pin!(stream);
+        while s.next().await.is_some() {}
+    });
+    tokio::time::timeout(Duration::from_secs(5), reader.wait_until_ready())
+        .await
+        .expect("initial events end")
+        .unwrap();
+    assert_eq!(reader.state().len(), 1);
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.query.get("sendInitialEvents").map(String::as_str) == Some("true"))
+    );
+    task.abort();
+}
+
+#[tokio::test]
+async fn finalizers_delay_deletion() {
+    let server = ApiServer::start().await;
+    let api: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let mut c = cm("fin", json!({}));
+    c.metadata.finalizers = Some(vec!["lanekeeper.dev/cleanup".into()]);
+    api.create(&PostParams::default(), &c).await.unwrap();
+    api.delete("fin", &DeleteParams::default()).await.unwrap();
+    let marked = api.get("fin").await.unwrap();
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    api.patch(
+        "fin",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert!(api.get_opt("fin").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn dropping_the_server_stops_it() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    api.list(&ListParams::default()).await.unwrap();
+    let url = server.url();
+    let watch = api
+        .watch(&kube::api::WatchParams::default().timeout(60), "0")
+        .await
+        .unwrap();
+    drop(server);
+    // The open watch ends promptly.
+    let rest: Vec<_> = tokio::time::timeout(Duration::from_secs(5), watch.collect::<Vec<_>>())
+        .await
+        .expect("watch ended on shutdown");
+    assert!(
+        rest.iter()
+            .all(|e| !matches!(e, Ok(kube::api::WatchEvent::Added(_))))
+    );
+    // New connections are refused.
+    let fresh = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    let again: Api<ConfigMap> = Api::namespaced(fresh, "default");
+    assert!(again.list(&ListParams::default()).await.is_err());
+}
