@@ -64,6 +64,9 @@ pub enum Error {
     /// An invalid object (reported in its status and events).
     #[error("invalid object: {0}")]
     Invalid(String),
+    /// The lane or policy index has not synced yet.
+    #[error("the lane and policy index has not synced yet")]
+    IndexNotSynced,
 }
 
 impl Error {
@@ -96,6 +99,7 @@ impl Error {
             Error::CrdsMissing(_) => "crds_missing",
             Error::Lease(_) => "lease",
             Error::Invalid(_) => "invalid_object",
+            Error::IndexNotSynced => "index_not_synced",
         }
     }
 }

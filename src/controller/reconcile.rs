@@ -35,6 +35,10 @@ fn key_of<K: Resource>(o: &K) -> String {
     )
 }
 
+/// Publishes an event. kube's recorder folds events with the same type,
+/// reason, action and object into one series (keeping the first note), so
+/// events whose note carries the news (a level change, a scale) use an
+/// action that names the outcome.
 async fn publish<K: Resource<DynamicType = ()>>(
     ctx: &Context,
     obj: &K,
@@ -42,11 +46,22 @@ async fn publish<K: Resource<DynamicType = ()>>(
     reason: &str,
     note: String,
 ) {
+    publish_action(ctx, obj, type_, reason, reason, note).await;
+}
+
+async fn publish_action<K: Resource<DynamicType = ()>>(
+    ctx: &Context,
+    obj: &K,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
     let ev = Event {
         type_,
         reason: reason.into(),
         note: Some(note.chars().take(1000).collect()),
-        action: reason.into(),
+        action: action.into(),
         secondary: None,
     };
     match ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
@@ -78,6 +93,17 @@ pub async fn reconcile(
     };
     let ns = profile.namespace().unwrap_or_default();
     let name = profile.name_any();
+    // Never decide on a partial index: lanes and policies must have synced.
+    let synced = async {
+        let _ = ctx.lanes.wait_until_ready().await;
+        let _ = ctx.policies.wait_until_ready().await;
+    };
+    if tokio::time::timeout(Duration::from_secs(30), synced)
+        .await
+        .is_err()
+    {
+        return Err(Error::IndexNotSynced);
+    }
     let result = reconcile_profile(profile, &ctx).await;
     ctx.metrics
         .reconcile_duration
@@ -517,11 +543,13 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
         } else {
             (EventType::Normal, "LevelLowered")
         };
-        publish(
+        let action = format!("SetLevel{}From{}", t.to, t.from);
+        publish_action(
             ctx,
             profile,
             type_,
             reason,
+            &action,
             format!(
                 "level {} -> {} ({}): {}",
                 t.from, t.to, decision.level_name, t.reason
@@ -530,7 +558,8 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
         .await;
     }
     if let Some(s) = scaled {
-        publish(ctx, profile, EventType::Normal, "Scaled", s).await;
+        let action = format!("Scale{}", decision.desired_replicas.unwrap_or_default());
+        publish_action(ctx, profile, EventType::Normal, "Scaled", &action, s).await;
     }
     let was = |t: &str| {
         old_status

@@ -194,38 +194,52 @@ pub fn step(
         }
     }
 
-    // Approval gates.
-    let mut allowed = vec![false; levels.len()];
+    // The highest level whose trigger holds: where the ladder wants to be.
+    let wanted = (1..=n)
+        .rev()
+        .find(|&k| reasons[(k - 1) as usize].is_some())
+        .unwrap_or(0);
+    // Approval gates. Levels are cumulative, so going to `wanted` passes
+    // through every level below it: a gated level that is not approved stops
+    // the ladder just below it, whichever higher trigger pulls it up. A gate's
+    // clock (for Confirm's timeout) runs while the ladder wants to pass it.
+    let mut blocked_at = None;
     for (idx, l) in levels.iter().enumerate() {
         let k = idx as u32 + 1;
-        let holds = reasons[idx].is_some();
+        if l.approval.mode == ApprovalMode::Automatic || k <= prev_level || k > wanted {
+            continue;
+        }
+        let since = prev.gate_since.get(&k).copied().unwrap_or(at);
+        out.gate_since.insert(k, since);
         let approved = i.approved.is_some_and(|a| a >= k);
-        allowed[idx] = match l.approval.mode {
+        let allowed = match l.approval.mode {
             ApprovalMode::Automatic => true,
             ApprovalMode::Manual => approved,
             ApprovalMode::Confirm => {
-                let since = if holds {
-                    prev.gate_since.get(&k).copied().or(Some(at))
-                } else {
-                    None
-                };
-                let timeout = l.approval.timeout_seconds.unwrap_or(0);
-                approved || since.is_some_and(|s| at - s >= timeout)
+                approved || at - since >= l.approval.timeout_seconds.unwrap_or(0)
             }
         };
-        if holds && l.approval.mode != ApprovalMode::Automatic {
-            out.gate_since
-                .insert(k, prev.gate_since.get(&k).copied().unwrap_or(at));
+        if !allowed && blocked_at.is_none() {
+            blocked_at = Some(k);
         }
     }
-    let target = (1..=n)
-        .rev()
-        .find(|&k| reasons[(k - 1) as usize].is_some() && allowed[(k - 1) as usize])
-        .unwrap_or(0);
-    out.pending = (1..=n)
-        .rev()
-        .find(|&k| reasons[(k - 1) as usize].is_some() && !allowed[(k - 1) as usize])
-        .filter(|&k| k > target.max(prev_level));
+    let target = match blocked_at {
+        Some(g) => wanted.min(g - 1),
+        None => wanted,
+    };
+    out.pending = blocked_at;
+    // The reason for entering `target`: its own trigger, else the higher
+    // trigger that pulls the ladder up to the gate.
+    let reason_for = |t: u32| {
+        reasons[(t - 1) as usize]
+            .clone()
+            .or_else(|| {
+                reasons[(wanted - 1) as usize]
+                    .as_ref()
+                    .map(|r| format!("{r} (level {wanted} waits for approval)"))
+            })
+            .unwrap_or_default()
+    };
 
     if target > prev_level {
         out.level = target;
@@ -234,7 +248,7 @@ pub fn step(
         out.transition = Some(LevelTransition {
             from: prev_level,
             to: target,
-            reason: reasons[(target - 1) as usize].clone().unwrap_or_default(),
+            reason: reason_for(target),
         });
         return out;
     }
