@@ -41,7 +41,7 @@ fn lanekeeper_run() -> &'static (Run, SimReport) {
 #[test]
 fn lanekeeper_keeps_p0_within_deadline_pauses_p4_and_drains_p3() {
     let (run, rep) = lanekeeper_run();
-    let p0 = lane(&rep, "p0-disruption-assist");
+    let p0 = lane(rep, "p0-disruption-assist");
     assert!(
         p0.within_deadline_percent.unwrap() >= 99.9,
         "P0 within deadline: {:?}",
@@ -93,7 +93,7 @@ fn lanekeeper_keeps_p0_within_deadline_pauses_p4_and_drains_p3() {
     );
 
     // Its backlog built up during the incident and drains after recovery.
-    let p3 = lane(&rep, "p3-shift-batch");
+    let p3 = lane(rep, "p3-shift-batch");
     assert!(
         p3.peak_backlog >= 10_000,
         "P3 peak backlog {}",
