@@ -284,14 +284,30 @@ fn parse<K: DeserializeOwned + kube::Resource>(
     } else {
         return Err(invalid(path, &json, kind, "metadata", "is required".into()));
     }
-    let obj: K = serde_path_to_error::deserialize(&json).map_err(|e| {
-        let field = e.path().to_string();
-        invalid(path, &json, kind, &field, e.inner().to_string())
-    })?;
-    if let Some((field, message)) = cel_errors(kind, &json).into_iter().next() {
-        return Err(invalid(path, &json, kind, &field, message));
+    check::<K>(kind, &json).map_err(|(field, message)| invalid(path, &json, kind, &field, message))
+}
+
+/// Reads an object as the API server and the controller would: its shape
+/// (types, required fields, quantities) and then the CRD's CEL rules. The
+/// error is `(field path, message)`.
+pub fn check<K: DeserializeOwned>(kind: &str, json: &Value) -> Result<K, (String, String)> {
+    let obj: K = serde_path_to_error::deserialize(json)
+        .map_err(|e| (e.path().to_string(), e.inner().to_string()))?;
+    if let Some(err) = cel_errors(kind, json).into_iter().next() {
+        return Err(err);
     }
     Ok(obj)
+}
+
+/// The first problem of a lanekeeper object of `kind`, as `(field, message)`
+/// (None when it is valid or of another kind).
+pub fn explain(kind: &str, json: &Value) -> Option<(String, String)> {
+    match kind {
+        "CapacityProfile" => check::<CapacityProfile>(kind, json).err(),
+        "LaneContract" => check::<LaneContract>(kind, json).err(),
+        "DegradationPolicy" => check::<DegradationPolicy>(kind, json).err(),
+        _ => None,
+    }
 }
 
 impl fmt::Display for Loaded {

@@ -156,8 +156,8 @@ pub fn render_table(plan: &Plan) -> String {
             if last.get(&k) != Some(&sig) {
                 let _ = writeln!(
                     out,
-                    "    {:<24} {:>3}  {:<9} {:>9} {:>9} {:>8}  {}",
-                    "LANE", "PRI", "STATE", "DEMAND", "ADMITTED", "BORROWED", "LIMIT"
+                    "    {:<24} {:>3}  {:<9} {:>9} {:>9} {:>8}  LIMIT",
+                    "LANE", "PRI", "STATE", "DEMAND", "ADMITTED", "BORROWED"
                 );
                 for l in &p.lanes {
                     out.push_str(&lane_row(l));

@@ -626,7 +626,7 @@ async fn converges_through_injected_faults() {
         Fault::delay(Duration::from_millis(800))
             .method("PATCH")
             .path("/scale")
-            .times(2),
+            .times(1),
     );
     s.inject(Fault::drop_watch(1).path("lanecontracts").times(3));
     s.inject(
@@ -644,7 +644,15 @@ async fn converges_through_injected_faults() {
         )
         .is_some_and(|c| c["level"] == 2)
             && profile_status(s)["level"] == 2)
-            .await
+            .await,
+        "did not converge; pending faults {:?}; last requests {:#?}",
+        s.pending_faults(),
+        s.requests()
+            .iter()
+            .rev()
+            .take(25)
+            .map(|r| format!("{} {} {:?} -> {}", r.method, r.path, r.query, r.status))
+            .collect::<Vec<_>>()
     );
     assert!(
         s.wait_until(T, |s| s.pending_faults().is_empty()).await,
@@ -725,6 +733,12 @@ async fn restart_mid_incident_continues_the_hysteresis() {
     assert!(
         stepped.as_second() - started.as_second() <= 4,
         "the window continued from status instead of restarting"
+    );
+    assert!(
+        s.wait_until(T, |s| s
+            .get_object(LK, "degradationpolicies", Some(NS), "agent-assist-ladder")
+            .is_some_and(|p| p["status"]["level"] == 1))
+            .await
     );
     let policy = s
         .get_object(LK, "degradationpolicies", Some(NS), "agent-assist-ladder")

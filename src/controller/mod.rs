@@ -157,12 +157,13 @@ pub struct Context {
     pub pods: pods::PodIndex,
     /// Scale target resolution cache.
     pub resolver: scale::Resolver,
-    /// The engine state this leader last wrote, per profile uid (status is
-    /// the source of truth at start; this only bridges the watch lag after
-    /// our own writes).
+    /// Profiles this leader reconciled, per uid.
     pub written: Mutex<HashMap<String, reconcile::Written>>,
     /// Failures in a row per object, for backoff.
     pub failures: Mutex<HashMap<String, u32>>,
+    /// The last status this leader wrote per object uid, with the resource
+    /// version the write returned (bridges the watch lag after our writes).
+    pub statuses: Mutex<HashMap<String, (String, serde_json::Value)>>,
     /// Invalid objects already reported (uid → resourceVersion).
     pub reported_invalid: Mutex<HashMap<String, String>>,
 }
@@ -185,16 +186,28 @@ impl Readiness {
 }
 
 /// Checks that the three CRDs are installed; the error says how to install
-/// them.
+/// them. Transient API errors (5xx, 429, transport) are retried with backoff
+/// for about a minute before giving up.
 pub async fn check_crds(client: &Client) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut missing = Vec::new();
     for crd in crate::api::crds() {
         let name = crd.metadata.name.unwrap_or_default();
-        match api.get_opt(&name).await {
-            Ok(Some(_)) => {}
-            Ok(None) => missing.push(name),
-            Err(e) => return Err(Error::kube("check CRDs", e)),
+        let mut delay = Duration::from_millis(250);
+        loop {
+            match api.get_opt(&name).await {
+                Ok(Some(_)) => break,
+                Ok(None) => {
+                    missing.push(name.clone());
+                    break;
+                }
+                Err(e) if transient(&e) && delay < Duration::from_secs(30) => {
+                    tracing::warn!(error = %e, crd = %name, retry_in = ?delay, "checking the CRDs failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(e) => return Err(Error::kube("check CRDs", e)),
+            }
         }
     }
     if missing.is_empty() {
@@ -204,6 +217,27 @@ pub async fn check_crds(client: &Client) -> Result<(), Error> {
             "the lanekeeper CRDs are not installed ({}): install them first with `kubectl apply -f crds/` (or `lanekeeper crdgen | kubectl apply -f -`, or the Helm chart)",
             missing.join(", ")
         )))
+    }
+}
+
+/// Whether an API error is worth retrying.
+pub fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// An API for one namespace, or all of them.
+fn scoped_api<K>(client: &Client, ns: &Option<String>) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match ns {
+        Some(n) => Api::namespaced(client.clone(), n),
+        None => Api::all(client.clone()),
     }
 }
 
@@ -229,25 +263,11 @@ pub async fn run_controllers(
     };
     let mut runs = Vec::new();
     for ns in namespaces {
-        let api = |c: &Client| -> (
-            Api<DeserializeGuard<CapacityProfile>>,
-            Api<DeserializeGuard<LaneContract>>,
-            Api<DeserializeGuard<DegradationPolicy>>,
-        ) {
-            match &ns {
-                Some(n) => (
-                    Api::namespaced(c.clone(), n),
-                    Api::namespaced(c.clone(), n),
-                    Api::namespaced(c.clone(), n),
-                ),
-                None => (
-                    Api::all(c.clone()),
-                    Api::all(c.clone()),
-                    Api::all(c.clone()),
-                ),
-            }
-        };
-        let (profiles, lanes, policies) = api(&client);
+        let (profiles, lanes, policies) = (
+            scoped_api(&client, &ns),
+            scoped_api(&client, &ns),
+            scoped_api(&client, &ns),
+        );
         let (trigger_tx, trigger_rx) = futures::channel::mpsc::unbounded();
         let controller = Controller::new(profiles, watch_config());
         let lane_map = |lane: DeserializeGuard<LaneContract>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
@@ -292,6 +312,7 @@ pub async fn run_controllers(
             written: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             reported_invalid: Mutex::new(HashMap::new()),
+            statuses: Mutex::new(HashMap::new()),
         });
         let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> = match &ns {
             Some(n) => Api::namespaced(client.clone(), n),

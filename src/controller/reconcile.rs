@@ -149,6 +149,59 @@ struct Gathered {
     losers: Vec<(DegradationPolicy, String)>,
 }
 
+/// Whether the status this leader wrote (at `written_rv`) is newer than the
+/// store's copy (at `store_rv`). Resource versions are compared as numbers
+/// when both are numeric (as every API server in practice makes them); when
+/// they can't be ordered, what we wrote wins until the store shows the same
+/// version.
+fn written_is_newer(written_rv: &str, store_rv: Option<&str>) -> bool {
+    match (written_rv.parse::<u64>(), store_rv.map(str::parse::<u64>)) {
+        (Ok(w), Some(Ok(s))) => w > s,
+        _ => store_rv != Some(written_rv),
+    }
+}
+
+/// The object with the freshest status we know: the store's, unless this
+/// leader wrote a newer one that the watch has not delivered yet. Statuses
+/// accumulate (transitions, condition times), so building on a stale copy
+/// would lose what was just written.
+pub(crate) fn freshen<K>(ctx: &Context, obj: &K) -> K
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let Some(uid) = obj.meta().uid.as_deref() else {
+        return obj.clone();
+    };
+    let cached = ctx.statuses.lock().expect("not poisoned").get(uid).cloned();
+    match cached {
+        Some((rv, status)) if written_is_newer(&rv, obj.meta().resource_version.as_deref()) => {
+            let mut v = match serde_json::to_value(obj) {
+                Ok(v) => v,
+                Err(_) => return obj.clone(),
+            };
+            v["status"] = status;
+            serde_json::from_value(v).unwrap_or_else(|_| obj.clone())
+        }
+        _ => obj.clone(),
+    }
+}
+
+/// Remembers the status an API write returned.
+pub(crate) fn remember<K: Resource + serde::Serialize>(ctx: &Context, written: &K) {
+    let (Some(uid), Some(rv)) = (
+        written.meta().uid.clone(),
+        written.meta().resource_version.clone(),
+    ) else {
+        return;
+    };
+    if let Ok(v) = serde_json::to_value(written) {
+        ctx.statuses
+            .lock()
+            .expect("not poisoned")
+            .insert(uid, (rv, v["status"].clone()));
+    }
+}
+
 fn gather(profile: &CapacityProfile, ctx: &Context) -> Gathered {
     let ns = profile.namespace();
     let name = profile.name_any();
@@ -160,7 +213,7 @@ fn gather(profile: &CapacityProfile, ctx: &Context) -> Gathered {
         .filter(|l| {
             l.namespace() == ns && l.spec.profile == name && l.metadata.deletion_timestamp.is_none()
         })
-        .cloned()
+        .map(|l| freshen(ctx, l))
         .collect();
     lanes.sort_by_key(|l| l.name_any());
     let mut policies: Vec<DegradationPolicy> = ctx
@@ -171,7 +224,7 @@ fn gather(profile: &CapacityProfile, ctx: &Context) -> Gathered {
         .filter(|p| {
             p.namespace() == ns && p.spec.profile == name && p.metadata.deletion_timestamp.is_none()
         })
-        .cloned()
+        .map(|p| freshen(ctx, p))
         .collect();
     policies.sort_by_key(|p| p.name_any());
     let losers: Vec<(DegradationPolicy, String)> = policy::bind::losing_policies(&policies)
@@ -189,6 +242,8 @@ fn gather(profile: &CapacityProfile, ctx: &Context) -> Gathered {
 }
 
 async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(), Error> {
+    let fresh = freshen(ctx, profile);
+    let profile = &fresh;
     let now = now();
     let ns = profile.namespace().unwrap_or_default();
     let name = profile.name_any();
@@ -253,13 +308,10 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
     observed.calibration_expired = status::calibration_expired(profile, now);
 
     // Decide.
-    let prev: ProfileState = ctx
-        .written
-        .lock()
-        .expect("not poisoned")
-        .get(&profile.uid().unwrap_or_default())
-        .map(|w| w.state.clone())
-        .or_else(|| profile.status.as_ref().and_then(|s| s.engine.clone()))
+    let prev: ProfileState = profile
+        .status
+        .as_ref()
+        .and_then(|s| s.engine.clone())
         .unwrap_or_default();
     let approved = g.policy.as_ref().and_then(approved_level);
     let binding = Binding {
@@ -394,13 +446,13 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
             &Patch::Apply(&patch),
         )
         .await
-        .map_err(|e| Error::kube("apply CapacityProfile status", e))?;
+        .map_err(|e| Error::kube("apply CapacityProfile status", e))
+        .map(|o| remember(ctx, &o))?;
         ctx.metrics.write("CapacityProfile", "apply-status");
     }
     ctx.written.lock().expect("not poisoned").insert(
         profile.uid().unwrap_or_default(),
         Written {
-            state: next.clone(),
             namespace: ns.clone(),
             name: name.clone(),
             lanes: decision.lanes.iter().map(|l| l.name.clone()).collect(),
@@ -425,7 +477,8 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
                     &Patch::Apply(&patch),
                 )
                 .await
-                .map_err(|e| Error::kube("apply LaneContract status", e))?;
+                .map_err(|e| Error::kube("apply LaneContract status", e))
+                .map(|o| remember(ctx, &o))?;
             ctx.metrics.write("LaneContract", "apply-status");
         }
     }
@@ -444,7 +497,8 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
                     &Patch::Apply(&patch),
                 )
                 .await
-                .map_err(|e| Error::kube("apply DegradationPolicy status", e))?;
+                .map_err(|e| Error::kube("apply DegradationPolicy status", e))
+                .map(|o| remember(ctx, &o))?;
             ctx.metrics.write("DegradationPolicy", "apply-status");
         }
         // Events about the policy.
@@ -530,7 +584,8 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
                     &Patch::Apply(&patch),
                 )
                 .await
-                .map_err(|e| Error::kube("apply DegradationPolicy status", e))?;
+                .map_err(|e| Error::kube("apply DegradationPolicy status", e))
+                .map(|o| remember(ctx, &o))?;
             ctx.metrics.write("DegradationPolicy", "apply-status");
             publish(ctx, loser, EventType::Warning, "DuplicatePolicy", msg).await;
         }
@@ -661,7 +716,7 @@ pub fn static_overrides(policy: &DegradationPolicy, lanes: &[&LaneContract]) -> 
         for (i, level) in policy.spec.levels.iter().enumerate().take(n) {
             let lname = lane.name_any();
             let sel = |p: Option<i32>, names: &[String]| {
-                p.is_some_and(|p| lane.spec.priority >= p) || names.iter().any(|x| *x == lname)
+                p.is_some_and(|p| lane.spec.priority >= p) || names.contains(&lname)
             };
             for s in &level.actions.pause {
                 if sel(s.priority_at_least, &s.lanes)
@@ -712,12 +767,9 @@ pub async fn report_invalid(
     kind: &str,
     invalid: &kube::core::error_boundary::InvalidObject,
 ) {
+    // Once per spec generation (our own status writes don't change it).
     let uid = invalid.metadata.uid.clone().unwrap_or_default();
-    let rv = invalid
-        .metadata
-        .resource_version
-        .clone()
-        .unwrap_or_default();
+    let rv = invalid.metadata.generation.unwrap_or_default().to_string();
     {
         let mut seen = ctx.reported_invalid.lock().expect("not poisoned");
         if seen.get(&uid) == Some(&rv) {
@@ -741,7 +793,17 @@ pub async fn report_invalid(
         plural: plural.into(),
     };
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
-    let message = format!("the object cannot be read: {}", invalid.error);
+    // Name the field: read the raw object again with a path-tracking reader.
+    let detail = match api.get_opt(&name).await {
+        Ok(Some(raw)) => serde_json::to_value(&raw)
+            .ok()
+            .and_then(|v| crate::manifest::explain(kind, &v)),
+        _ => None,
+    };
+    let message = match detail {
+        Some((field, why)) => format!("the object cannot be read: {field}: {why}"),
+        None => format!("the object cannot be read: {}", invalid.error),
+    };
     let patch = json!({
         "status": {"conditions": [{
             "type": cond_type,
@@ -805,6 +867,7 @@ pub async fn report_orphans(
         match &l.0 {
             Err(invalid) => report_invalid(ctx, "LaneContract", invalid).await,
             Ok(lane) => {
+                let lane = &freshen(ctx, lane);
                 let ns = lane.namespace().unwrap_or_default();
                 if profile_names.contains(&(ns.clone(), lane.spec.profile.clone())) {
                     continue;
@@ -839,6 +902,7 @@ pub async fn report_orphans(
         match &p.0 {
             Err(invalid) => report_invalid(ctx, "DegradationPolicy", invalid).await,
             Ok(policy) => {
+                let policy = &freshen(ctx, policy);
                 let ns = policy.namespace().unwrap_or_default();
                 if profile_names.contains(&(ns.clone(), policy.spec.profile.clone())) {
                     continue;
@@ -892,11 +956,9 @@ pub async fn report_orphans(
     }
 }
 
-/// What this leader last wrote for a profile.
+/// A profile this leader reconciled (to drop its metrics when it goes).
 #[derive(Clone, Debug)]
 pub struct Written {
-    /// The engine state written to status.
-    pub state: ProfileState,
     /// Profile namespace.
     pub namespace: String,
     /// Profile name.
