@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Lint, render and validate the Helm chart; keep manifests/install.yaml in sync.
+
+Uses Helm v4's own library (PyPI `helm-python-sdk`) and strict offline
+OpenAPI validation (PyPI `kubernetes-validate`). No cluster, no helm binary.
+
+    python3 .ci/chart-check.py           # check (CI)
+    python3 .ci/chart-check.py --write   # copy crds/ into the chart and
+                                         # regenerate manifests/install.yaml
+
+Checks:
+  * every value in values.yaml has a comment;
+  * values.schema.json accepts the default and example values and rejects
+    a list of bad ones;
+  * `helm lint --strict` with the default and each non-default value set;
+  * every manifest rendered with each value set validates strictly against
+    the Kubernetes OpenAPI schemas (prometheus-operator kinds, which have no
+    built-in schema, get a structural check);
+  * the chart's crds/ equal the top-level crds/ byte for byte;
+  * manifests/install.yaml is the default render (Namespace, CRDs, templates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "lanekeeper"
+INSTALL = ROOT / "manifests" / "install.yaml"
+RELEASE = "lanekeeper"
+NAMESPACE = "lanekeeper-system"
+KUBE_VERSION = "1.33.0"
+
+# Value sets rendered besides the defaults. Each must lint, render and validate.
+VALUE_SETS: dict[str, dict] = {
+    "namespaced": {
+        "watchNamespaces": ["ai-platform", "batch-jobs"],
+        "rbac": {"extraScaleTargets": [{"apiGroup": "argoproj.io", "resource": "rollouts"}]},
+    },
+    "monitoring": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "podMonitor": {"enabled": True},
+        "dashboard": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "lanekeeper"}},
+    },
+    "single-no-election": {
+        "replicaCount": 1,
+        "leaderElection": {"enabled": False},
+        "podDisruptionBudget": {"enabled": False},
+        "topologySpread": {"enabled": False},
+        "rbac": {"hpaMinReplicas": False, "drain": False},
+        "serviceAccount": {"create": False, "name": "existing-sa"},
+        "image": {"digest": "sha256:" + "a" * 64},
+        "controller": {"logFormat": "text", "extraArgs": ["--resync-seconds=30"],
+                       "extraEnv": [{"name": "EXTRA", "value": "1"}]},
+        "nodeSelector": {"node-pool": "system"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
+        "podDisruptionBudget_unused": None,
+    },
+    "pdb-max-unavailable": {
+        "podDisruptionBudget": {"maxUnavailable": "50%"},
+        "fullnameOverride": "lk",
+    },
+}
+# Drop helper keys that are not values.
+VALUE_SETS["single-no-election"].pop("podDisruptionBudget_unused")
+
+# Values the schema must reject (each a small override of the defaults).
+BAD_VALUES: list[tuple[str, dict]] = [
+    ("unknown top-level key", {"replicas": 2}),
+    ("unknown nested key", {"controller": {"resync": 5}}),
+    ("zero replicas", {"replicaCount": 0}),
+    ("replicas as a string", {"replicaCount": "2"}),
+    ("bad log format", {"controller": {"logFormat": "yaml"}}),
+    ("resync below 1", {"controller": {"resyncSeconds": 0}}),
+    ("lease shorter than 2 s", {"leaderElection": {"leaseDurationSeconds": 1}}),
+    ("namespace not DNS-1123", {"watchNamespaces": ["Bad_NS"]}),
+    ("duplicate namespaces", {"watchNamespaces": ["a", "a"]}),
+    ("bad pull policy", {"image": {"pullPolicy": "Sometimes"}}),
+    ("bad digest", {"image": {"digest": "md5:abc"}}),
+    ("scale target without resource", {"rbac": {"extraScaleTargets": [{"apiGroup": "argoproj.io"}]}}),
+    ("bad whenUnsatisfiable", {"topologySpread": {"whenUnsatisfiable": "Maybe"}}),
+    ("port out of range", {"service": {"port": 70000}}),
+    ("bad scrape interval", {"serviceMonitor": {"interval": "30 seconds"}}),
+    ("bad PDB value", {"podDisruptionBudget": {"minAvailable": "half"}}),
+]
+
+MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}
+
+
+def fail(msg: str) -> None:
+    print(f"chart-check: FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def check_value_comments() -> None:
+    """Every key line in values.yaml is preceded by a comment line (or is
+    inside a block that the previous commented key introduced: list items and
+    maps given as defaults, e.g. securityContext's contents)."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    key_re = re.compile(r"^(\s*)([A-Za-z0-9_.-]+):")
+    # Keys whose whole subtree is one documented default value.
+    opaque_indent: int | None = None
+    missing = []
+    for n, line in enumerate(lines):
+        m = key_re.match(line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        if opaque_indent is not None and indent > opaque_indent:
+            continue
+        opaque_indent = None
+        prev = lines[n - 1].strip() if n > 0 else ""
+        rest = line[m.end():].strip()
+        if prev.startswith("#"):
+            if rest == "" and not _is_section(lines, n):
+                # A documented map default: its contents are the value.
+                opaque_indent = indent
+            continue
+        if rest == "" and _is_section(lines, n):
+            # A section header (its children carry the comments).
+            continue
+        missing.append(f"values.yaml:{n + 1}: {line.strip()}")
+    if missing:
+        fail("values without a comment:\n  " + "\n  ".join(missing))
+
+
+def _is_section(lines: list[str], n: int) -> bool:
+    """A key with no value whose first child line is a comment: a section."""
+    for nxt in lines[n + 1:]:
+        if nxt.strip():
+            return nxt.strip().startswith("#")
+    return False
+
+
+def check_schema(chart: helm.Chart) -> None:
+    chart.validate_schema(chart.merge_values({}))
+    for name, values in VALUE_SETS.items():
+        try:
+            chart.validate_schema(chart.merge_values(values))
+        except helm.HelmError as e:
+            fail(f"value set {name!r} rejected by values.schema.json: {e}")
+    for name, bad in BAD_VALUES:
+        try:
+            chart.validate_schema(chart.merge_values(bad))
+        except helm.HelmError:
+            continue
+        fail(f"values.schema.json accepts bad values ({name}): {json.dumps(bad)}")
+    print(f"schema: defaults and {len(VALUE_SETS)} value sets accepted, {len(BAD_VALUES)} bad sets rejected")
+
+
+def lint(values: dict | None, label: str) -> None:
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+    problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+    if problems or report.get("errors"):
+        fail(f"helm lint ({label}): {json.dumps(problems or report.get('errors'), indent=2)}")
+
+
+def render(chart: helm.Chart, values: dict | None) -> list[tuple[str, str]]:
+    out = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs = []
+    for path in sorted(out):
+        if path.endswith("NOTES.txt") or not out[path].strip():
+            continue
+        for text in re.split(r"(?m)^---\s*$", out[path]):
+            if text.strip() and yaml.safe_load(text) is not None:
+                docs.append((path, text.strip("\n") + "\n"))
+    return docs
+
+
+def validate(docs: list[tuple[str, str]], label: str) -> None:
+    kinds = []
+    for path, text in docs:
+        obj = yaml.safe_load(text)
+        kind = obj.get("kind")
+        kinds.append(kind)
+        if kind in MONITOR_KINDS:
+            check_monitor(obj, path)
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            fail(f"{label}: {path}: {kind} {obj['metadata'].get('name')}: {e.message} at {list(e.path)}")
+        except kubernetes_validate.SchemaNotFoundError as e:
+            fail(f"{label}: {path}: no schema for {kind}: {e}")
+    print(f"render {label}: {len(docs)} manifests valid ({', '.join(sorted(set(kinds)))})")
+
+
+def check_monitor(obj: dict, path: str) -> None:
+    """prometheus-operator kinds: the fields the chart sets, by shape."""
+    assert obj["apiVersion"] == "monitoring.coreos.com/v1", path
+    spec = obj["spec"]
+    eps = spec["endpoints"] if obj["kind"] == "ServiceMonitor" else spec["podMetricsEndpoints"]
+    allowed = {"port", "path", "interval", "scrapeTimeout"}
+    for ep in eps:
+        if set(ep) - allowed:
+            fail(f"{path}: unexpected endpoint fields {set(ep) - allowed}")
+        if ep["port"] != "metrics":
+            fail(f"{path}: endpoint port must be the named port 'metrics'")
+    if set(spec) - {"selector", "namespaceSelector", "endpoints", "podMetricsEndpoints"}:
+        fail(f"{path}: unexpected spec fields")
+
+
+def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> None:
+    objs = [yaml.safe_load(t) for _, t in docs]
+    by_kind: dict[str, list[dict]] = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], []).append(o)
+    dep = by_kind["Deployment"][0]
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    sc = c["securityContext"]
+    if not (sc.get("readOnlyRootFilesystem") and sc.get("runAsNonRoot") and sc["capabilities"]["drop"] == ["ALL"]
+            and sc.get("allowPrivilegeEscalation") is False and sc["seccompProfile"]["type"] == "RuntimeDefault"):
+        fail(f"{label}: container security context is not locked down: {sc}")
+    args = c["args"]
+    namespaces = values.get("watchNamespaces", [])
+    if [a for a in args if a.startswith("--namespace=")] != [f"--namespace={n}" for n in namespaces]:
+        fail(f"{label}: --namespace flags {args} do not match watchNamespaces {namespaces}")
+    roles = by_kind.get("Role", [])
+    if namespaces:
+        if "ClusterRole" in by_kind and any(not r["metadata"]["name"].endswith("-crds") for r in by_kind["ClusterRole"]):
+            fail(f"{label}: namespaced mode must not render a ClusterRole beyond the CRD check")
+        got = sorted(r["metadata"]["namespace"] for r in roles if not r["metadata"]["name"].endswith("-leader-election"))
+        if got != sorted(namespaces):
+            fail(f"{label}: Roles in {got}, expected {namespaces}")
+    if c["livenessProbe"]["httpGet"]["path"] != "/healthz" or c["readinessProbe"]["httpGet"]["path"] != "/readyz":
+        fail(f"{label}: probes must be /healthz and /readyz")
+
+
+def check_crd_copies(crds: Path, write: bool) -> None:
+    top = {p.name: p.read_bytes() for p in crds.glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    if top == chart:
+        return
+    if not write:
+        fail("charts/lanekeeper/crds/ differs from crds/: run `python3 .ci/chart-check.py --write`")
+    for name in set(chart) - set(top):
+        (CHART / "crds" / name).unlink()
+    for name, data in top.items():
+        (CHART / "crds" / name).write_bytes(data)
+    print("copied crds/ into charts/lanekeeper/crds/")
+
+
+def install_yaml(docs: list[tuple[str, str]]) -> str:
+    header = (
+        "# lanekeeper install manifests: the Helm chart charts/lanekeeper rendered with\n"
+        f"# its default values (release {RELEASE!r}, namespace {NAMESPACE!r}), preceded by\n"
+        "# the namespace and the CRDs. Generated by .ci/chart-check.py --write; do not edit.\n"
+        "#\n"
+        "#   kubectl apply --server-side -f manifests/install.yaml\n"
+    )
+    parts = [header, "---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: " + NAMESPACE + "\n"]
+    for crd in sorted((CHART / "crds").glob("*.yaml")):
+        text = crd.read_text()
+        parts.append(text if text.startswith("---") else "---\n" + text)
+    for path, text in docs:
+        parts.append(f"---\n# Source: {path}\n{text}")
+    return "".join(parts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", action="store_true",
+                    help="copy crds/ into the chart and regenerate manifests/install.yaml")
+    ap.add_argument("--crds-dir", type=Path, default=ROOT / "crds",
+                    help="where the generated CRDs are (default: crds/)")
+    args = ap.parse_args()
+
+    print(f"helm library {helm.helm_sdk_version()}, kubernetes-validate {kubernetes_validate.__version__}")
+    check_value_comments()
+    check_crd_copies(args.crds_dir, args.write)
+    chart = helm.Chart.load(CHART)
+    check_schema(chart)
+
+    default_docs: list[tuple[str, str]] = []
+    for label, values in [("default", {}), *VALUE_SETS.items()]:
+        lint(copy.deepcopy(values) or None, label)
+        docs = render(chart, copy.deepcopy(values) or None)
+        validate(docs, label)
+        structural_checks(label, docs, values)
+        if label == "default":
+            default_docs = docs
+    # The CRDs themselves validate too.
+    validate([(f"crds/{p.name}", p.read_text()) for p in sorted((CHART / "crds").glob("*.yaml"))], "crds")
+
+    want = install_yaml(default_docs)
+    if args.write:
+        INSTALL.write_text(want)
+        print(f"wrote {INSTALL.relative_to(ROOT)}")
+    elif not INSTALL.exists() or INSTALL.read_text() != want:
+        fail("manifests/install.yaml is not the default render: run `python3 .ci/chart-check.py --write`")
+    else:
+        print("manifests/install.yaml matches the default render")
+    print("chart-check: OK")
+
+
+if __name__ == "__main__":
+    main()

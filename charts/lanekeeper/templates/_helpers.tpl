@@ -1,0 +1,101 @@
+{{/* The chart name. */}}
+{{- define "lanekeeper.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The prefix of every resource name. */}}
+{{- define "lanekeeper.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "lanekeeper.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "lanekeeper.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: lanekeeper
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Labels that select the controller pods. (The controller itself
+     marks its ConfigMaps app.kubernetes.io/managed-by=lanekeeper.) */}}
+{{- define "lanekeeper.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "lanekeeper.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The ServiceAccount name. */}}
+{{- define "lanekeeper.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "lanekeeper.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The image reference. */}}
+{{- define "lanekeeper.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Lease name. */}}
+{{- define "lanekeeper.leaseName" -}}
+{{- default (include "lanekeeper.fullname" .) .Values.leaderElection.leaseName -}}
+{{- end -}}
+
+{{/*
+The rules of the controller's namespaced work: exactly the calls in
+src/controller (tests/rbac.rs compares them with the API double's log).
+*/}}
+{{- define "lanekeeper.rules" -}}
+- apiGroups: ["lanekeeper.dev"]
+  resources: ["capacityprofiles", "lanecontracts", "degradationpolicies"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["lanekeeper.dev"]
+  resources: ["capacityprofiles/status", "lanecontracts/status", "degradationpolicies/status"]
+  verbs: ["patch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: [{{ if .Values.rbac.drain }}"list", "watch", "patch"{{ else }}"list", "watch"{{ end }}]
+{{- if .Values.rbac.drain }}
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
+{{- end }}
+- apiGroups: ["apps"]
+  resources: ["deployments", "statefulsets"]
+  verbs: ["get"]
+- apiGroups: ["apps"]
+  resources: ["deployments/scale", "statefulsets/scale"]
+  verbs: ["get", "patch"]
+{{- range .Values.rbac.extraScaleTargets }}
+- apiGroups: [{{ .apiGroup | quote }}]
+  resources: [{{ .resource | quote }}]
+  verbs: ["get"]
+- apiGroups: [{{ .apiGroup | quote }}]
+  resources: [{{ printf "%s/scale" .resource | quote }}]
+  verbs: ["get", "patch"]
+{{- end }}
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: [{{ if .Values.rbac.hpaMinReplicas }}"list", "patch"{{ else }}"list"{{ end }}]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
