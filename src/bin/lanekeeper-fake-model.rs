@@ -1,0 +1,286 @@
+//! `lanekeeper-fake-model`: a stand-in for a vLLM model server, for the kind
+//! end-to-end suite and for demos. It serves no model: it serves the vLLM
+//! metrics page with numbers a test sets over HTTP, and a readiness endpoint
+//! a test can flip.
+//!
+//! Endpoints:
+//! - `GET /metrics`: Prometheus text format with `vllm:num_requests_running`,
+//!   `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (and the older
+//!   `vllm:gpu_cache_usage_perc`), `vllm:request_success_total` and
+//!   `vllm:request_errors_total` (a request error counter).
+//! - `GET /health`: 200 while ready, 503 otherwise (use it as the pod's
+//!   readiness probe). `GET /livez`: always 200.
+//! - `GET /control`: the current numbers as JSON.
+//! - `PUT /control`: a JSON object with any of the fields of `GET /control`;
+//!   the fields given replace the current values, unknown fields are a 400.
+//!
+//! ```sh
+//! lanekeeper-fake-model --listen 0.0.0.0:8000 --running 12 --waiting 3
+//! curl -X PUT localhost:8000/control -d '{"ready": false}'
+//! ```
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+
+/// A fake vLLM model server whose metrics and readiness a test sets over HTTP.
+#[derive(Parser, Debug)]
+#[command(name = "lanekeeper-fake-model", version)]
+struct Args {
+    /// Address to listen on (port 0 picks a free port; the chosen address is
+    /// printed as `listening on ADDR`).
+    #[arg(long, env = "FAKE_MODEL_LISTEN", default_value = "0.0.0.0:8000")]
+    listen: SocketAddr,
+    /// Initial `vllm:num_requests_running`.
+    #[arg(long, default_value_t = 0.0)]
+    running: f64,
+    /// Initial `vllm:num_requests_waiting`.
+    #[arg(long, default_value_t = 0.0)]
+    waiting: f64,
+    /// Initial `vllm:kv_cache_usage_perc` (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    kv_cache: f64,
+    /// The `model_name` label of every series.
+    #[arg(long, env = "FAKE_MODEL_NAME", default_value = "fake-model")]
+    model_name: String,
+    /// Start not ready (`/health` answers 503 until set ready).
+    #[arg(long)]
+    not_ready: bool,
+}
+
+/// The numbers the server reports; `PUT /control` replaces any of them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Numbers {
+    /// `vllm:num_requests_running`.
+    num_requests_running: f64,
+    /// `vllm:num_requests_waiting`.
+    num_requests_waiting: f64,
+    /// `vllm:kv_cache_usage_perc` and `vllm:gpu_cache_usage_perc` (0..1).
+    kv_cache_usage_perc: f64,
+    /// `vllm:request_success_total`.
+    request_success_total: u64,
+    /// `vllm:request_errors_total`.
+    request_errors_total: u64,
+    /// Whether `/health` answers 200.
+    ready: bool,
+    /// Delay before answering `/metrics`, in milliseconds (for scrape
+    /// timeouts).
+    metrics_delay_millis: u64,
+}
+
+/// A partial update: every field optional.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Update {
+    num_requests_running: Option<f64>,
+    num_requests_waiting: Option<f64>,
+    kv_cache_usage_perc: Option<f64>,
+    request_success_total: Option<u64>,
+    request_errors_total: Option<u64>,
+    ready: Option<bool>,
+    metrics_delay_millis: Option<u64>,
+}
+
+#[derive(Clone)]
+struct App {
+    model: String,
+    numbers: Arc<Mutex<Numbers>>,
+}
+
+impl App {
+    fn snapshot(&self) -> Numbers {
+        self.numbers.lock().expect("not poisoned").clone()
+    }
+}
+
+/// Escapes a label value for the text exposition format.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn metrics_text(model: &str, n: &Numbers) -> String {
+    let l = format!("model_name=\"{}\"", label(model));
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, labels: &str, value: String| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        out.push_str(&format!("{name}{{{labels}}} {value}\n"));
+    };
+    family(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        &l,
+        n.num_requests_running.to_string(),
+    );
+    family(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        &l,
+        n.num_requests_waiting.to_string(),
+    );
+    family(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        &l,
+        n.kv_cache_usage_perc.to_string(),
+    );
+    family(
+        "vllm:gpu_cache_usage_perc",
+        "gauge",
+        "GPU KV-cache usage (older name). 1 means 100 percent usage.",
+        &l,
+        n.kv_cache_usage_perc.to_string(),
+    );
+    family(
+        "vllm:request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+        &format!("{l},finished_reason=\"stop\""),
+        n.request_success_total.to_string(),
+    );
+    family(
+        "vllm:request_errors_total",
+        "counter",
+        "Count of requests that failed.",
+        &l,
+        n.request_errors_total.to_string(),
+    );
+    out
+}
+
+async fn metrics(State(app): State<App>) -> Response {
+    let delay = app.snapshot().metrics_delay_millis;
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    // Read after the delay, so a slow scrape sees the newest numbers.
+    let n = app.snapshot();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics_text(&app.model, &n),
+    )
+        .into_response()
+}
+
+async fn health(State(app): State<App>) -> Response {
+    if app.snapshot().ready {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+fn json(status: StatusCode, n: &Numbers) -> Response {
+    let body = serde_json::to_string(n).expect("numbers serialize");
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn get_control(State(app): State<App>) -> Response {
+    json(StatusCode::OK, &app.snapshot())
+}
+
+async fn put_control(State(app): State<App>, body: Bytes) -> Response {
+    let update: Update = match serde_json::from_slice(&body) {
+        Ok(u) => u,
+        Err(e) => {
+            return (StatusCode::BAD_REQUEST, format!("bad control body: {e}\n")).into_response();
+        }
+    };
+    for (name, v) in [
+        ("numRequestsRunning", update.num_requests_running),
+        ("numRequestsWaiting", update.num_requests_waiting),
+        ("kvCacheUsagePerc", update.kv_cache_usage_perc),
+    ] {
+        if v.is_some_and(|v| !v.is_finite() || v < 0.0) {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("{name} must be a finite number >= 0\n"),
+            )
+                .into_response();
+        }
+    }
+    let mut n = app.numbers.lock().expect("not poisoned");
+    if let Some(v) = update.num_requests_running {
+        n.num_requests_running = v;
+    }
+    if let Some(v) = update.num_requests_waiting {
+        n.num_requests_waiting = v;
+    }
+    if let Some(v) = update.kv_cache_usage_perc {
+        n.kv_cache_usage_perc = v;
+    }
+    if let Some(v) = update.request_success_total {
+        n.request_success_total = v;
+    }
+    if let Some(v) = update.request_errors_total {
+        n.request_errors_total = v;
+    }
+    if let Some(v) = update.ready {
+        n.ready = v;
+    }
+    if let Some(v) = update.metrics_delay_millis {
+        n.metrics_delay_millis = v;
+    }
+    let now = n.clone();
+    drop(n);
+    json(StatusCode::OK, &now)
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::io::Result<()> {
+    let args = Args::parse();
+    let app = App {
+        model: args.model_name,
+        numbers: Arc::new(Mutex::new(Numbers {
+            num_requests_running: args.running,
+            num_requests_waiting: args.waiting,
+            kv_cache_usage_perc: args.kv_cache,
+            request_success_total: 0,
+            request_errors_total: 0,
+            ready: !args.not_ready,
+            metrics_delay_millis: 0,
+        })),
+    };
+    let router = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/livez", get(|| async { "ok\n" }))
+        .route("/control", get(get_control).put(put_control))
+        .with_state(app);
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    println!("listening on {}", listener.local_addr()?);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+}

@@ -1,0 +1,187 @@
+//! The fake model server binary: its metrics page, its control endpoint and
+//! its readiness switch, exercised over real HTTP on a loopback port.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lanekeeper-fake-model"))
+        .args(["--listen", "127.0.0.1:0", "--model-name", "agent-large"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the fake model server starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    Server { child, addr }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns (status, body).
+fn request(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").expect("a complete response");
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    (
+        status,
+        if chunked {
+            dechunk(rest)
+        } else {
+            rest.to_owned()
+        },
+    )
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+/// The value of the sample line that starts with `series`.
+fn sample(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find(|l| l.starts_with(series))
+        .unwrap_or_else(|| panic!("{series} missing from\n{page}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn serves_vllm_metrics_with_initial_numbers() {
+    let s = start(&["--running", "12", "--waiting", "3", "--kv-cache", "0.42"]);
+    let (status, page) = request(&s.addr, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    let m = "{model_name=\"agent-large\"}";
+    assert_eq!(
+        sample(&page, &format!("vllm:num_requests_running{m}")),
+        12.0
+    );
+    assert_eq!(sample(&page, &format!("vllm:num_requests_waiting{m}")), 3.0);
+    assert_eq!(sample(&page, &format!("vllm:kv_cache_usage_perc{m}")), 0.42);
+    assert_eq!(
+        sample(&page, &format!("vllm:gpu_cache_usage_perc{m}")),
+        0.42
+    );
+    assert_eq!(sample(&page, "vllm:request_errors_total{"), 0.0);
+    assert!(page.contains("# TYPE vllm:num_requests_running gauge"));
+    assert!(page.contains("# TYPE vllm:request_errors_total counter"));
+    let (status, _) = request(&s.addr, "GET", "/health", None);
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn control_sets_numbers_and_readiness() {
+    let s = start(&[]);
+    let (status, body) = request(
+        &s.addr,
+        "PUT",
+        "/control",
+        Some(
+            r#"{"numRequestsRunning": 180, "numRequestsWaiting": 40, "kvCacheUsagePerc": 0.93, "requestSuccessTotal": 750, "requestErrorsTotal": 250, "ready": false}"#,
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let now: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(now["numRequestsRunning"], 180.0);
+    assert_eq!(now["ready"], false);
+
+    let (_, page) = request(&s.addr, "GET", "/metrics", None);
+    assert_eq!(sample(&page, "vllm:num_requests_running{"), 180.0);
+    assert_eq!(sample(&page, "vllm:num_requests_waiting{"), 40.0);
+    assert_eq!(sample(&page, "vllm:kv_cache_usage_perc{"), 0.93);
+    assert_eq!(sample(&page, "vllm:request_success_total{"), 750.0);
+    assert_eq!(sample(&page, "vllm:request_errors_total{"), 250.0);
+
+    let (status, _) = request(&s.addr, "GET", "/health", None);
+    assert_eq!(status, 503, "not ready after ready: false");
+    let (status, _) = request(&s.addr, "GET", "/livez", None);
+    assert_eq!(status, 200, "liveness does not follow readiness");
+
+    // A partial update leaves the other numbers alone.
+    let (status, _) = request(&s.addr, "PUT", "/control", Some(r#"{"ready": true}"#));
+    assert_eq!(status, 200);
+    let (status, _) = request(&s.addr, "GET", "/health", None);
+    assert_eq!(status, 200);
+    let (_, body) = request(&s.addr, "GET", "/control", None);
+    let now: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(now["numRequestsRunning"], 180.0);
+    assert_eq!(now["requestErrorsTotal"], 250);
+}
+
+#[test]
+fn control_rejects_bad_bodies() {
+    let s = start(&[]);
+    for bad in [
+        r#"{"numRequestsRuning": 1}"#,
+        r#"{"numRequestsRunning": -1}"#,
+        r#"{"ready": "yes"}"#,
+        "not json",
+    ] {
+        let (status, body) = request(&s.addr, "PUT", "/control", Some(bad));
+        assert_eq!(status, 400, "{bad} → {body}");
+    }
+    let (_, body) = request(&s.addr, "GET", "/control", None);
+    let now: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(now["numRequestsRunning"], 0.0, "bad updates change nothing");
+}
+
+#[test]
+fn metrics_delay_slows_the_page() {
+    let s = start(&["--not-ready"]);
+    let (status, _) = request(&s.addr, "GET", "/health", None);
+    assert_eq!(status, 503, "--not-ready starts not ready");
+    request(
+        &s.addr,
+        "PUT",
+        "/control",
+        Some(r#"{"metricsDelayMillis": 300}"#),
+    );
+    let t = Instant::now();
+    let (status, _) = request(&s.addr, "GET", "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(t.elapsed() >= Duration::from_millis(300));
+}
