@@ -289,6 +289,15 @@ def main() -> None:
         structural_checks(label, docs, values)
         if label == "default":
             default_docs = docs
+    # The example manifests: built-in kinds strictly; lanekeeper kinds are
+    # checked by the CRDs' own schemas and CEL rules in the Rust tests.
+    examples = []
+    for f in sorted((ROOT / "manifests" / "examples").glob("*.yaml")):
+        for text in re.split(r"(?m)^---\s*$", f.read_text()):
+            obj = yaml.safe_load(text) if text.strip() else None
+            if obj and not obj["apiVersion"].startswith("lanekeeper.dev/"):
+                examples.append((f"manifests/examples/{f.name}", text))
+    validate(examples, "examples")
     # The CRDs themselves validate too.
     validate([(f"crds/{p.name}", p.read_text()) for p in sorted((CHART / "crds").glob("*.yaml"))], "crds")
 

@@ -51,3 +51,14 @@ fn install_manifest_carries_the_crds() {
         );
     }
 }
+
+#[test]
+fn example_manifests_carry_the_inc47_objects() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = std::fs::read_to_string(root.join("examples/inc-47/inc-47.yaml")).unwrap();
+    let shipped = std::fs::read_to_string(root.join("manifests/examples/inc-47.yaml")).unwrap();
+    assert!(
+        shipped.contains(example.trim_start_matches("---\n")),
+        "manifests/examples/inc-47.yaml differs from examples/inc-47/inc-47.yaml: copy the objects over"
+    );
+}
