@@ -231,7 +231,13 @@ fn run_operator(args: &RunArgs) -> Result<(), (u8, String)> {
         let m = tokio::spawn(http::serve(metrics_addr, http::metrics_router(metrics.clone())));
         let h = tokio::spawn(http::serve(health_addr, http::health_router(readiness.clone())));
         tracing::info!(%metrics_addr, %health_addr, namespaces = ?settings.namespaces, "starting lanekeeper");
-        let result = controller::run(client, settings, metrics, readiness, Vec::new(), shutdown_signal()).await;
+        // Live telemetry; both sources do nothing for profiles without
+        // spec.signals.
+        let extra: Vec<std::sync::Arc<dyn lanekeeper::signals::SignalSource>> = vec![
+            std::sync::Arc::new(lanekeeper::signals::prometheus::PrometheusSource::new(Some(client.clone()), Some(metrics.clone()))),
+            std::sync::Arc::new(lanekeeper::signals::scrape::ScrapeSource::new(Some(metrics.clone()))),
+        ];
+        let result = controller::run(client, settings, metrics, readiness, extra, shutdown_signal()).await;
         m.abort();
         h.abort();
         result.map_err(|e| {

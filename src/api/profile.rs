@@ -48,6 +48,12 @@ pub struct CapacityProfileSpec {
     /// rotation. Without it no pod is ever drained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainSpec>,
+    /// Where live signals come from besides the cluster itself: PromQL
+    /// queries against a Prometheus server and scrapes of the pool's own
+    /// model-server pods. Without it, capacity comes from ready replicas and
+    /// lane demand from `expectedRequestsPerSecond`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signals: Option<SignalsSpec>,
 }
 
 /// The pool of model-server pods.
@@ -254,6 +260,236 @@ fn default_min_serving() -> i32 {
 }
 fn default_healthy_for() -> i64 {
     120
+}
+
+/// Live signal sources of a profile.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalsSpec {
+    /// PromQL queries, one per signal, evaluated against a Prometheus server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusSignals>,
+    /// Scrapes of the pool's own pods for model-server metrics in the
+    /// Prometheus text format (per-pod evidence, pool in-flight and queue
+    /// totals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape: Option<ScrapeSignals>,
+}
+
+/// PromQL queries against a Prometheus server (HTTP API `/api/v1/query`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusSignals {
+    /// Base URL of the Prometheus HTTP API, e.g.
+    /// `http://prometheus.monitoring:9090` (the `/api/v1/...` paths are
+    /// appended).
+    #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("url must start with http:// or https://"))]
+    pub url: String,
+    /// How long one query may take, in seconds; a slower answer makes the
+    /// signal Unknown (reason `timeout`).
+    #[serde(default = "default_prom_timeout")]
+    #[x_kube(validation = Rule::new("self > 0").message("timeoutSeconds must be > 0"))]
+    pub timeout_seconds: i64,
+    /// A sample older than this many seconds (at the time of evaluation) is
+    /// stale: the signal is Unknown (reason `stale`), never its last value.
+    #[serde(default = "default_staleness")]
+    #[x_kube(validation = Rule::new("self > 0").message("stalenessSeconds must be > 0"))]
+    pub staleness_seconds: i64,
+    /// A bearer token sent as `Authorization: Bearer ...`, read from a key of
+    /// a Secret in the profile's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_secret_ref: Option<KeyRef>,
+    /// A PEM bundle of certificate authorities to trust for an `https://`
+    /// URL, from a ConfigMap or a Secret in the profile's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundleRef>,
+    /// The label of `laneRequestsPerSecond` samples whose value is the
+    /// LaneContract's name.
+    #[serde(default = "default_lane_label")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z_][a-zA-Z0-9_]*$')").message("laneLabel must be a Prometheus label name"))]
+    pub lane_label: String,
+    /// The label of `podErrorRatio` samples whose value is the pod's name.
+    #[serde(default = "default_pod_label")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-zA-Z_][a-zA-Z0-9_]*$')").message("podLabel must be a Prometheus label name"))]
+    pub pod_label: String,
+    /// One PromQL expression per signal; every query is optional.
+    #[serde(default)]
+    pub queries: PrometheusQueries,
+}
+
+fn default_prom_timeout() -> i64 {
+    5
+}
+fn default_staleness() -> i64 {
+    120
+}
+fn default_lane_label() -> String {
+    "lane".into()
+}
+fn default_pod_label() -> String {
+    "pod".into()
+}
+
+/// A key of a Secret or ConfigMap in the profile's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRef {
+    /// Name of the object.
+    #[x_kube(validation = Rule::new("self != ''").message("name must not be empty"))]
+    pub name: String,
+    /// Key within the object's data.
+    #[x_kube(validation = Rule::new("self != ''").message("key must not be empty"))]
+    pub key: String,
+}
+
+/// Where a CA bundle comes from: exactly one of a ConfigMap or a Secret.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.configMapKeyRef) != has(self.secretKeyRef)").message("caBundle needs exactly one of configMapKeyRef and secretKeyRef"))]
+pub struct CaBundleRef {
+    /// A ConfigMap key holding the PEM bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeyRef>,
+    /// A Secret key holding the PEM bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeyRef>,
+}
+
+/// PromQL expressions, one per signal. Scalar signals must return exactly one
+/// series (aggregate with `sum` or `max`); vectors one series per lane or pod.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusQueries {
+    /// Capacity available now, in work units per second. When configured it
+    /// is the capacity signal; when it is Unknown the profile's capacity
+    /// falls back as the engine documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub available_units_per_second: Option<String>,
+    /// Requests in flight in the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub in_flight: Option<String>,
+    /// Requests waiting in the pool's queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub queue_depth: Option<String>,
+    /// p95 request latency in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub p95_latency_seconds: Option<String>,
+    /// Pool error ratio (0..1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub error_ratio: Option<String>,
+    /// Requests per second by lane: a vector with one series per lane, the
+    /// lane's LaneContract name in the `laneLabel` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_requests_per_second: Option<String>,
+    /// Error ratio (0..1) by pod: a vector with one series per pod, the pod's
+    /// name in the `podLabel` label (per-pod evidence for drains).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub pod_error_ratio: Option<String>,
+}
+
+impl PrometheusQueries {
+    /// Whether any query is configured.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// Scrapes of the pool's pods (by pod IP) for model-server metrics.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScrapeSignals {
+    /// The pods' metrics port.
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 65535").message("port must be within 1..65535"))]
+    pub port: i32,
+    /// The HTTP path of the metrics page.
+    #[serde(default = "default_scrape_path")]
+    #[x_kube(validation = Rule::new("self.startsWith('/')").message("path must start with /"))]
+    pub path: String,
+    /// Scrape each pod at most this often, in seconds; results are reused in
+    /// between.
+    #[serde(default = "default_scrape_interval")]
+    #[x_kube(validation = Rule::new("self > 0").message("intervalSeconds must be > 0"))]
+    pub interval_seconds: i64,
+    /// How long one pod's scrape may take, in seconds; a slower pod has no
+    /// evidence this round (reason `timeout`).
+    #[serde(default = "default_scrape_timeout")]
+    #[x_kube(validation = Rule::new("self > 0").message("timeoutSeconds must be > 0"))]
+    pub timeout_seconds: i64,
+    /// Most pods scraped at the same time.
+    #[serde(default = "default_scrape_concurrency")]
+    #[x_kube(validation = Rule::new("self >= 1").message("maxConcurrency must be >= 1"))]
+    pub max_concurrency: i32,
+    /// Metric names to read; the defaults are vLLM's.
+    #[serde(default)]
+    pub metrics: ScrapeMetrics,
+}
+
+fn default_scrape_path() -> String {
+    "/metrics".into()
+}
+fn default_scrape_interval() -> i64 {
+    15
+}
+fn default_scrape_timeout() -> i64 {
+    2
+}
+fn default_scrape_concurrency() -> i32 {
+    16
+}
+
+/// Model-server metric names (gauges; summed over every series of the name).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScrapeMetrics {
+    /// Requests running on the pod (pool total: `inFlight`).
+    #[serde(default = "default_running")]
+    #[x_kube(validation = Rule::new("self != ''").message("metric names must not be empty"))]
+    pub requests_running: String,
+    /// Requests waiting on the pod (pool total: `queueDepth`).
+    #[serde(default = "default_waiting")]
+    #[x_kube(validation = Rule::new("self != ''").message("metric names must not be empty"))]
+    pub requests_waiting: String,
+    /// KV-cache usage (0..1), tried in order: the first name the pod exposes
+    /// is used (vLLM renamed `gpu_cache_usage_perc` to `kv_cache_usage_perc`).
+    #[serde(default = "default_kv_cache")]
+    #[schemars(length(min = 1))]
+    pub kv_cache_usage: Vec<String>,
+    /// An error ratio (0..1) the pod exposes, read as the pod's error ratio
+    /// (per-pod evidence for drains). Unset: none is read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self != ''").message("metric names must not be empty"))]
+    pub error_ratio: Option<String>,
+}
+
+impl Default for ScrapeMetrics {
+    fn default() -> Self {
+        Self {
+            requests_running: default_running(),
+            requests_waiting: default_waiting(),
+            kv_cache_usage: default_kv_cache(),
+            error_ratio: None,
+        }
+    }
+}
+
+fn default_running() -> String {
+    "vllm:num_requests_running".into()
+}
+fn default_waiting() -> String {
+    "vllm:num_requests_waiting".into()
+}
+fn default_kv_cache() -> Vec<String> {
+    vec![
+        "vllm:kv_cache_usage_perc".into(),
+        "vllm:gpu_cache_usage_perc".into(),
+    ]
 }
 
 /// Observed state of a CapacityProfile, written by the controller.

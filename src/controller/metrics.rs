@@ -37,6 +37,11 @@ pub struct Metrics {
     pub api_writes: IntCounterVec,
     /// 1 while this instance leads.
     pub leader: IntGauge,
+    /// Age of each live signal's newest sample, in seconds
+    /// (`profile` is `namespace/name`).
+    pub signal_age: GaugeVec,
+    /// Signals found Unknown, by reason (`profile` is `namespace/name`).
+    pub signal_errors: IntCounterVec,
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
@@ -96,6 +101,17 @@ impl Metrics {
         .expect("valid metric");
         registry
             .register(Box::new(leader.clone()))
+            .expect("registers once");
+        let signal_errors = IntCounterVec::new(
+            Opts::new(
+                "lanekeeper_signal_errors_total",
+                "Live signals found Unknown (stale, NaN, empty, HTTP error, timeout, malformed, ...), by reason.",
+            ),
+            &["profile", "signal", "reason"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(signal_errors.clone()))
             .expect("registers once");
         Self {
             level: gauge(
@@ -158,6 +174,13 @@ impl Metrics {
                 "1 when the pool's capacity is known, 0 when unknown.",
                 p,
             ),
+            signal_age: gauge(
+                &registry,
+                "lanekeeper_signal_age_seconds",
+                "Age of the newest sample of each live signal at the last evaluation.",
+                &["profile", "signal"],
+            ),
+            signal_errors,
             reconcile_duration,
             reconcile_errors,
             api_writes,

@@ -13,6 +13,9 @@ use futures::future::BoxFuture;
 use crate::api::{CapacityProfile, LaneContract};
 use crate::snapshot::{LaneSignals, PodSignals, ProfileSignals};
 
+pub mod prometheus;
+pub mod scrape;
+
 /// A pool pod as the controller keeps it (stripped of everything else).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PoolPod {

@@ -1,0 +1,881 @@
+//! Signals from PromQL queries against the Prometheus HTTP API.
+//!
+//! Each configured query is run twice per evaluation: the expression itself
+//! and `timestamp(expression)`, which gives the time of the newest raw sample
+//! behind each series (for a recorded or raw series; for a computed
+//! expression Prometheus reports the evaluation time, so only its own
+//! lookback window bounds staleness). A value becomes a signal only when it
+//! is a finite, non-negative number whose sample is no older than
+//! `stalenessSeconds`; anything else (stale, NaN, ±Inf, an empty vector, an
+//! HTTP error, a timeout, a malformed body) makes that signal Unknown with a
+//! reason, never zero.
+//!
+//! The same code builds the controller's live snapshot
+//! ([`PrometheusSource`]) and the `plan --prometheus` timeline
+//! ([`signals_file`]), so both feed the engine identically.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::future::{BoxFuture, join_all};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::{Api, ResourceExt};
+use serde::Deserialize;
+
+use super::{SignalSource, SourceInput, SourceOutput};
+use crate::api::profile::{PrometheusQueries, PrometheusSignals};
+use crate::api::{CapacityProfile, LaneContract};
+use crate::controller::metrics::Metrics;
+use crate::policy::{World, key};
+use crate::snapshot::{SignalsFile, Snapshot};
+
+/// The signal names, as in `spec.signals.prometheus.queries` and in
+/// `status.unknownSignals`.
+pub const SIGNALS: [&str; 7] = [
+    "availableUnitsPerSecond",
+    "inFlight",
+    "queueDepth",
+    "p95LatencySeconds",
+    "errorRatio",
+    "laneRequestsPerSecond",
+    "podErrorRatio",
+];
+
+/// Why a query gave no usable answer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Problem {
+    /// No answer within the timeout.
+    Timeout,
+    /// The server could not be reached.
+    Unreachable(String),
+    /// An HTTP status other than 200 (with Prometheus' error text if any).
+    Http(u16, String),
+    /// A body that is not a Prometheus API answer.
+    Malformed(String),
+    /// Prometheus answered with an error (bad query, ...).
+    Query(String),
+    /// Credentials or CA bundle could not be read.
+    Auth(String),
+}
+
+impl Problem {
+    /// The short reason used as a metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Problem::Timeout => "timeout",
+            Problem::Unreachable(_) => "unreachable",
+            Problem::Http(..) => "http_error",
+            Problem::Malformed(_) => "malformed",
+            Problem::Query(_) => "query_error",
+            Problem::Auth(_) => "auth",
+        }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Problem::Timeout => write!(f, "timeout: no answer from Prometheus in time"),
+            Problem::Unreachable(e) => write!(f, "unreachable: {e}"),
+            Problem::Http(code, e) if e.is_empty() => write!(f, "http_error: HTTP {code}"),
+            Problem::Http(code, e) => write!(f, "http_error: HTTP {code}: {e}"),
+            Problem::Malformed(e) => write!(f, "malformed: {e}"),
+            Problem::Query(e) => write!(f, "query_error: {e}"),
+            Problem::Auth(e) => write!(f, "auth: {e}"),
+        }
+    }
+}
+
+/// When to evaluate: one instant, or every `step` seconds from `start` to
+/// `end` (Unix seconds, inclusive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// One evaluation.
+    At(i64),
+    /// A range of evaluations.
+    Range {
+        /// First evaluation.
+        start: i64,
+        /// Last evaluation (inclusive when on a step).
+        end: i64,
+        /// Seconds between evaluations (> 0).
+        step: i64,
+    },
+}
+
+impl Window {
+    /// The evaluation times.
+    pub fn times(&self) -> Vec<i64> {
+        match *self {
+            Window::At(t) => vec![t],
+            Window::Range { start, end, step } => {
+                let step = step.max(1);
+                (0..)
+                    .map(|i| start + i * step)
+                    .take_while(|t| *t <= end)
+                    .collect()
+            }
+        }
+    }
+}
+
+/// One series' value at one evaluation time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Point {
+    /// The series' labels (without `__name__`).
+    pub labels: BTreeMap<String, String>,
+    /// The value (may be NaN or infinite: checked later).
+    pub value: f64,
+    /// Time of the newest raw sample behind the value (Unix seconds).
+    pub sampled_at: f64,
+}
+
+/// Series by evaluation time.
+pub type Points = BTreeMap<i64, Vec<Point>>;
+
+#[derive(Deserialize)]
+struct ApiResponse {
+    status: String,
+    #[serde(default)]
+    data: Option<ApiData>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default, rename = "errorType")]
+    error_type: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "resultType", content = "result", rename_all = "lowercase")]
+enum ApiData {
+    Vector(Vec<VectorSample>),
+    Matrix(Vec<MatrixSeries>),
+    Scalar((f64, String)),
+    String(serde::de::IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct VectorSample {
+    #[serde(default)]
+    metric: BTreeMap<String, String>,
+    value: (f64, String),
+}
+
+#[derive(Deserialize)]
+struct MatrixSeries {
+    #[serde(default)]
+    metric: BTreeMap<String, String>,
+    values: Vec<(f64, String)>,
+}
+
+/// A Prometheus HTTP API client (reqwest with rustls).
+#[derive(Clone, Debug)]
+pub struct PromClient {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl PromClient {
+    /// A client for the API at `url`, with a per-request timeout, an optional
+    /// bearer token and an optional PEM bundle of CAs to trust.
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        token: Option<String>,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Self, String> {
+        let mut b = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .user_agent(concat!("lanekeeper/", env!("CARGO_PKG_VERSION")));
+        if let Some(pem) = ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| format!("CA bundle: {e}"))?;
+            if certs.is_empty() {
+                return Err("CA bundle: no certificate in it".into());
+            }
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        let http = b.build().map_err(|e| e.to_string())?;
+        Ok(Self {
+            http,
+            base: url.trim_end_matches('/').to_owned(),
+            token,
+        })
+    }
+
+    async fn get(&self, path: &str, params: &[(&str, String)]) -> Result<ApiData, Problem> {
+        let mut req = self.http.get(format!("{}{path}", self.base)).query(params);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(classify)?;
+        let code = resp.status();
+        let body = resp.bytes().await.map_err(classify)?;
+        let parsed: Result<ApiResponse, _> = serde_json::from_slice(&body);
+        if !code.is_success() {
+            let msg = parsed
+                .ok()
+                .and_then(|r| r.error)
+                .unwrap_or_default()
+                .chars()
+                .take(200)
+                .collect();
+            return Err(Problem::Http(code.as_u16(), msg));
+        }
+        let r =
+            parsed.map_err(|e| Problem::Malformed(format!("not a Prometheus API answer: {e}")))?;
+        if r.status != "success" {
+            return Err(Problem::Query(format!(
+                "{}: {}",
+                r.error_type.unwrap_or_else(|| "error".into()),
+                r.error.unwrap_or_default()
+            )));
+        }
+        r.data
+            .ok_or_else(|| Problem::Malformed("success without data".into()))
+    }
+
+    /// Runs `query` over the window; the values by evaluation time, without
+    /// sample times (see [`PromClient::series`]).
+    pub async fn raw(
+        &self,
+        query: &str,
+        w: &Window,
+    ) -> Result<BTreeMap<i64, Vec<(BTreeMap<String, String>, f64)>>, Problem> {
+        let data = match *w {
+            Window::At(t) => {
+                self.get(
+                    "/api/v1/query",
+                    &[("query", query.to_owned()), ("time", t.to_string())],
+                )
+                .await?
+            }
+            Window::Range { start, end, step } => {
+                self.get(
+                    "/api/v1/query_range",
+                    &[
+                        ("query", query.to_owned()),
+                        ("start", start.to_string()),
+                        ("end", end.to_string()),
+                        ("step", step.max(1).to_string()),
+                    ],
+                )
+                .await?
+            }
+        };
+        let num = |s: &str| {
+            s.parse::<f64>()
+                .map_err(|_| Problem::Malformed(format!("value {s:?} is not a number")))
+        };
+        let strip = |mut m: BTreeMap<String, String>| {
+            m.remove("__name__");
+            m
+        };
+        let mut out: BTreeMap<i64, Vec<(BTreeMap<String, String>, f64)>> = BTreeMap::new();
+        match data {
+            ApiData::Vector(v) => {
+                for s in v {
+                    let labels = strip(s.metric);
+                    out.entry(s.value.0.round() as i64)
+                        .or_default()
+                        .push((labels, num(&s.value.1)?));
+                }
+            }
+            ApiData::Matrix(m) => {
+                for s in m {
+                    let labels = strip(s.metric);
+                    for (t, v) in s.values {
+                        out.entry(t.round() as i64)
+                            .or_default()
+                            .push((labels.clone(), num(&v)?));
+                    }
+                }
+            }
+            ApiData::Scalar((t, v)) => {
+                out.entry(t.round() as i64)
+                    .or_default()
+                    .push((BTreeMap::new(), num(&v)?));
+            }
+            ApiData::String(_) => {
+                return Err(Problem::Malformed(
+                    "the query returned a string, not a number".into(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs `query` and `timestamp(query)` over the window and joins them:
+    /// every value with the time of its newest sample.
+    pub async fn series(&self, query: &str, w: &Window) -> Result<Points, Problem> {
+        let ts_query = format!("timestamp({query})");
+        let (values, stamps) = futures::join!(self.raw(query, w), self.raw(&ts_query, w));
+        let values = values?;
+        let stamps = stamps?;
+        let mut out = Points::new();
+        for (t, series) in values {
+            let ts = stamps.get(&t);
+            let pts = series
+                .into_iter()
+                .map(|(labels, value)| {
+                    let sampled_at = ts
+                        .and_then(|v| v.iter().find(|(l, _)| *l == labels))
+                        .map(|(_, s)| *s)
+                        .filter(|s| s.is_finite())
+                        .unwrap_or(t as f64);
+                    Point {
+                        labels,
+                        value,
+                        sampled_at,
+                    }
+                })
+                .collect();
+            out.insert(t, pts);
+        }
+        Ok(out)
+    }
+}
+
+fn classify(e: reqwest::Error) -> Problem {
+    if e.is_timeout() {
+        Problem::Timeout
+    } else if e.is_connect() {
+        Problem::Unreachable(root_cause(&e))
+    } else if e.is_decode() || e.is_body() {
+        Problem::Malformed(root_cause(&e))
+    } else {
+        Problem::Unreachable(root_cause(&e))
+    }
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s = format!("{s}: {c}");
+        cur = c.source();
+    }
+    s
+}
+
+/// One evaluation of a profile's queries: the output (values and unknown
+/// reasons) plus the age of every known signal and the reason label of
+/// every unknown one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Evaluation {
+    /// Evaluation time (Unix seconds).
+    pub at: i64,
+    /// Signals and unknown reasons, as a source returns them.
+    pub output: SourceOutput,
+    /// Age in seconds of the newest sample of every known signal.
+    pub ages: BTreeMap<String, f64>,
+    /// Short reason (metric label) of every unknown signal.
+    pub reasons: BTreeMap<String, String>,
+}
+
+/// What a value must pass to become a signal.
+fn check(p: &Point, at: i64, staleness: i64) -> Result<f64, (&'static str, String)> {
+    if p.value.is_nan() {
+        return Err(("nan", "nan: the value is NaN".into()));
+    }
+    if p.value.is_infinite() {
+        return Err(("inf", format!("inf: the value is {}", p.value)));
+    }
+    if p.value < 0.0 {
+        return Err(("negative", format!("negative: the value is {}", p.value)));
+    }
+    let age = at as f64 - p.sampled_at;
+    if age > staleness as f64 {
+        return Err((
+            "stale",
+            format!(
+                "stale: newest sample is {}s old (stalenessSeconds {staleness})",
+                age.round()
+            ),
+        ));
+    }
+    Ok(p.value)
+}
+
+fn age(p: &Point, at: i64) -> f64 {
+    (at as f64 - p.sampled_at).max(0.0)
+}
+
+fn set_unknown(e: &mut Evaluation, signal: &str, reason: &str, text: String) {
+    e.output.unknown.insert(signal.to_owned(), text);
+    e.reasons.insert(signal.to_owned(), reason.to_owned());
+}
+
+fn list(names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(5).map(String::as_str).collect();
+    if names.len() > shown.len() {
+        format!("{}, ... ({} in all)", shown.join(", "), names.len())
+    } else {
+        shown.join(", ")
+    }
+}
+
+/// Evaluates a profile's queries over a window with the given client.
+///
+/// `lanes` are the profile's lanes (their names are matched against the
+/// `laneLabel` values); `pods`, when given, limits per-pod evidence to those
+/// pods (the controller passes the pool's pods; `plan` passes none and keeps
+/// every pod the query names).
+pub async fn evaluate(
+    client: &PromClient,
+    cfg: &PrometheusSignals,
+    lanes: &[&LaneContract],
+    pods: Option<&[String]>,
+    window: &Window,
+) -> Vec<Evaluation> {
+    let q = &cfg.queries;
+    let configured = configured(q);
+    let results: Vec<Result<Points, Problem>> = join_all(
+        configured
+            .iter()
+            .map(|(_, query)| client.series(query, window)),
+    )
+    .await;
+    let times = window.times();
+    let staleness = cfg.staleness_seconds;
+    let mut evals = Vec::with_capacity(times.len());
+    for &at in &times {
+        let mut e = Evaluation {
+            at,
+            ..Default::default()
+        };
+        for ((signal, _), res) in configured.iter().zip(&results) {
+            let signal = *signal;
+            let pts = match res {
+                Err(p) => {
+                    set_unknown(&mut e, signal, p.reason(), p.to_string());
+                    continue;
+                }
+                Ok(by_time) => by_time.get(&at).map(Vec::as_slice).unwrap_or_default(),
+            };
+            if pts.is_empty() {
+                set_unknown(
+                    &mut e,
+                    signal,
+                    "empty",
+                    "empty: the query returned no series".into(),
+                );
+                continue;
+            }
+            match signal {
+                "laneRequestsPerSecond" => lane_values(&mut e, cfg, lanes, pts, at),
+                "podErrorRatio" => pod_values(&mut e, cfg, pods, pts, at),
+                _ => {
+                    if pts.len() > 1 {
+                        set_unknown(
+                            &mut e,
+                            signal,
+                            "ambiguous",
+                            format!(
+                                "ambiguous: the query returned {} series; aggregate it to one",
+                                pts.len()
+                            ),
+                        );
+                        continue;
+                    }
+                    match check(&pts[0], at, staleness) {
+                        Ok(v) => {
+                            let p = &mut e.output.profile;
+                            match signal {
+                                "availableUnitsPerSecond" => p.available_units_per_second = Some(v),
+                                "inFlight" => p.in_flight = Some(v),
+                                "queueDepth" => p.queue_depth = Some(v),
+                                "p95LatencySeconds" => p.p95_latency_seconds = Some(v),
+                                _ => p.error_ratio = Some(v),
+                            }
+                            e.ages.insert(signal.to_owned(), age(&pts[0], at));
+                        }
+                        Err((reason, text)) => set_unknown(&mut e, signal, reason, text),
+                    }
+                }
+            }
+        }
+        evals.push(e);
+    }
+    evals
+}
+
+fn lane_values(
+    e: &mut Evaluation,
+    cfg: &PrometheusSignals,
+    lanes: &[&LaneContract],
+    pts: &[Point],
+    at: i64,
+) {
+    let by_lane: HashMap<&str, &Point> = pts
+        .iter()
+        .filter_map(|p| p.labels.get(&cfg.lane_label).map(|l| (l.as_str(), p)))
+        .collect();
+    let mut missing = Vec::new();
+    let mut worst: Option<(&'static str, String)> = None;
+    let mut oldest: Option<f64> = None;
+    for lane in lanes {
+        let name = lane.name_any();
+        let k = key(&lane.namespace().unwrap_or_default(), &name);
+        match by_lane.get(name.as_str()) {
+            None => missing.push(name),
+            Some(p) => match check(p, at, cfg.staleness_seconds) {
+                Ok(v) => {
+                    e.output.lanes.entry(k).or_default().requests_per_second = Some(v);
+                    let a = age(p, at);
+                    oldest = Some(oldest.map_or(a, |o: f64| o.max(a)));
+                }
+                Err(r) => {
+                    missing.push(name);
+                    worst.get_or_insert(r);
+                }
+            },
+        }
+    }
+    if let Some(a) = oldest {
+        e.ages.insert("laneRequestsPerSecond".into(), a);
+    }
+    if !missing.is_empty() {
+        let (reason, why) = worst.unwrap_or((
+            "missing",
+            format!("missing: no series with {}=<lane name>", cfg.lane_label),
+        ));
+        set_unknown(
+            e,
+            "laneRequestsPerSecond",
+            reason,
+            format!(
+                "{why}; lanes without a usable rate use expectedRequestsPerSecond: {}",
+                list(&missing)
+            ),
+        );
+    }
+}
+
+fn pod_values(
+    e: &mut Evaluation,
+    cfg: &PrometheusSignals,
+    pods: Option<&[String]>,
+    pts: &[Point],
+    at: i64,
+) {
+    let mut bad = Vec::new();
+    let mut worst: Option<(&'static str, String)> = None;
+    let mut oldest: Option<f64> = None;
+    for p in pts {
+        let Some(pod) = p.labels.get(&cfg.pod_label) else {
+            continue;
+        };
+        if pods.is_some_and(|known| !known.iter().any(|k| k == pod)) {
+            continue;
+        }
+        match check(p, at, cfg.staleness_seconds) {
+            Ok(v) => {
+                e.output
+                    .profile
+                    .pods
+                    .entry(pod.clone())
+                    .or_default()
+                    .error_ratio = Some(v);
+                let a = age(p, at);
+                oldest = Some(oldest.map_or(a, |o: f64| o.max(a)));
+            }
+            Err(r) => {
+                bad.push(pod.clone());
+                worst.get_or_insert(r);
+            }
+        }
+    }
+    if let Some(a) = oldest {
+        e.ages.insert("podErrorRatio".into(), a);
+    }
+    if e.output.profile.pods.is_empty() && bad.is_empty() {
+        set_unknown(
+            e,
+            "podErrorRatio",
+            "missing",
+            format!(
+                "missing: no series with {}=<pod name> for the pool's pods",
+                cfg.pod_label
+            ),
+        );
+    } else if let Some((reason, why)) = worst {
+        set_unknown(
+            e,
+            "podErrorRatio",
+            reason,
+            format!("{why}; no evidence for pods: {}", list(&bad)),
+        );
+    }
+}
+
+/// The configured queries, in the order of [`SIGNALS`].
+pub fn configured(q: &PrometheusQueries) -> Vec<(&'static str, &str)> {
+    [
+        &q.available_units_per_second,
+        &q.in_flight,
+        &q.queue_depth,
+        &q.p95_latency_seconds,
+        &q.error_ratio,
+        &q.lane_requests_per_second,
+        &q.pod_error_ratio,
+    ]
+    .into_iter()
+    .zip(SIGNALS)
+    .filter_map(|(q, s)| q.as_deref().map(|q| (s, q)))
+    .collect()
+}
+
+/// The controller's Prometheus source. Profiles without
+/// `spec.signals.prometheus` (or without queries) get nothing from it.
+pub struct PrometheusSource {
+    kube: Option<kube::Client>,
+    metrics: Option<Metrics>,
+    clients: Mutex<HashMap<String, PromClient>>,
+}
+
+impl PrometheusSource {
+    /// A source that reads bearer tokens and CA bundles with `kube` and
+    /// reports ages and errors to `metrics`.
+    pub fn new(kube: Option<kube::Client>, metrics: Option<Metrics>) -> Self {
+        Self {
+            kube,
+            metrics,
+            clients: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn client_for(&self, ns: &str, cfg: &PrometheusSignals) -> Result<PromClient, Problem> {
+        let token = match &cfg.bearer_token_secret_ref {
+            Some(r) => Some(
+                String::from_utf8(self.secret_key(ns, &r.name, &r.key).await?)
+                    .map_err(|_| {
+                        Problem::Auth(format!(
+                            "Secret {}/{}: key {} is not UTF-8",
+                            ns, r.name, r.key
+                        ))
+                    })?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => None,
+        };
+        let ca = match &cfg.ca_bundle {
+            Some(b) => match (&b.config_map_key_ref, &b.secret_key_ref) {
+                (Some(r), _) => Some(self.config_map_key(ns, &r.name, &r.key).await?),
+                (None, Some(r)) => Some(self.secret_key(ns, &r.name, &r.key).await?),
+                (None, None) => None,
+            },
+            None => None,
+        };
+        let fp = format!("{}|{}|{:?}|{:?}", cfg.url, cfg.timeout_seconds, token, ca);
+        if let Some(c) = self.clients.lock().expect("not poisoned").get(&fp) {
+            return Ok(c.clone());
+        }
+        let c = PromClient::new(
+            &cfg.url,
+            Duration::from_secs(cfg.timeout_seconds.max(1) as u64),
+            token,
+            ca.as_deref(),
+        )
+        .map_err(Problem::Auth)?;
+        let mut cache = self.clients.lock().expect("not poisoned");
+        if cache.len() > 256 {
+            cache.clear();
+        }
+        cache.insert(fp, c.clone());
+        Ok(c)
+    }
+
+    async fn secret_key(&self, ns: &str, name: &str, key: &str) -> Result<Vec<u8>, Problem> {
+        let kube = self
+            .kube
+            .clone()
+            .ok_or_else(|| Problem::Auth("no Kubernetes client to read Secrets".into()))?;
+        let s = Api::<Secret>::namespaced(kube, ns)
+            .get(name)
+            .await
+            .map_err(|e| Problem::Auth(format!("Secret {ns}/{name}: {e}")))?;
+        s.data
+            .and_then(|mut d| d.remove(key))
+            .map(|b| b.0)
+            .ok_or_else(|| Problem::Auth(format!("Secret {ns}/{name} has no key {key}")))
+    }
+
+    async fn config_map_key(&self, ns: &str, name: &str, key: &str) -> Result<Vec<u8>, Problem> {
+        let kube = self
+            .kube
+            .clone()
+            .ok_or_else(|| Problem::Auth("no Kubernetes client to read ConfigMaps".into()))?;
+        let c = Api::<ConfigMap>::namespaced(kube, ns)
+            .get(name)
+            .await
+            .map_err(|e| Problem::Auth(format!("ConfigMap {ns}/{name}: {e}")))?;
+        c.data
+            .and_then(|mut d| d.remove(key))
+            .map(String::into_bytes)
+            .ok_or_else(|| Problem::Auth(format!("ConfigMap {ns}/{name} has no key {key}")))
+    }
+
+    /// Collects one profile's signals now.
+    pub async fn observe(&self, input: &SourceInput<'_>) -> SourceOutput {
+        let profile = input.profile;
+        let Some(cfg) = profile
+            .spec
+            .signals
+            .as_ref()
+            .and_then(|s| s.prometheus.as_ref())
+        else {
+            return SourceOutput::default();
+        };
+        if cfg.queries.is_empty() {
+            return SourceOutput::default();
+        }
+        let ns = profile.namespace().unwrap_or_default();
+        let pkey = key(&ns, &profile.name_any());
+        let eval = match self.client_for(&ns, cfg).await {
+            Ok(c) => {
+                let pods: Option<Vec<String>> = input
+                    .pods
+                    .map(|p| p.iter().map(|p| p.name.clone()).collect());
+                evaluate(
+                    &c,
+                    cfg,
+                    input.lanes,
+                    pods.as_deref(),
+                    &Window::At(input.now),
+                )
+                .await
+                .pop()
+                .unwrap_or_default()
+            }
+            Err(p) => {
+                let mut e = Evaluation::default();
+                for (s, _) in configured(&cfg.queries) {
+                    set_unknown(&mut e, s, p.reason(), p.to_string());
+                }
+                e
+            }
+        };
+        if let Some(m) = &self.metrics {
+            record(m, &pkey, &eval);
+        }
+        eval.output
+    }
+}
+
+/// Reports an evaluation's ages and unknown reasons as metrics.
+pub fn record(m: &Metrics, profile: &str, e: &Evaluation) {
+    for (s, a) in &e.ages {
+        m.signal_age.with_label_values(&[profile, s]).set(*a);
+    }
+    for (s, r) in &e.reasons {
+        if !e.ages.contains_key(s) {
+            let _ = m.signal_age.remove_label_values(&[profile, s]);
+        }
+        m.signal_errors.with_label_values(&[profile, s, r]).inc();
+    }
+}
+
+impl SignalSource for PrometheusSource {
+    fn name(&self) -> &'static str {
+        "prometheus"
+    }
+
+    fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput> {
+        Box::pin(self.observe(input))
+    }
+}
+
+/// The `plan --prometheus` timeline: for every profile with Prometheus
+/// queries, its signals at every time of the window; lanes' rates from
+/// `laneRequestsPerSecond`. `url` overrides the profiles' own URLs (and lets
+/// profiles with queries but no reachable URL be evaluated).
+///
+/// Profiles without queries have no entry in any step (their telemetry is
+/// Unknown); the returned notes say so, and name every signal that was
+/// Unknown with its first reason and how many steps it affected.
+pub async fn signals_file(
+    world: &World,
+    url: Option<&str>,
+    timeout: Duration,
+    window: &Window,
+) -> Result<(SignalsFile, Vec<String>), String> {
+    let times = window.times();
+    if times.is_empty() {
+        return Err("the window has no evaluation time (is --from after --to?)".into());
+    }
+    if times.len() > 11_000 {
+        return Err(format!(
+            "{} steps: Prometheus answers at most 11,000 points per series; use a larger --step",
+            times.len()
+        ));
+    }
+    let mut steps: Vec<Snapshot> = times
+        .iter()
+        .map(|&at| Snapshot {
+            at,
+            ..Default::default()
+        })
+        .collect();
+    let mut notes = Vec::new();
+    let mut clients: HashMap<String, PromClient> = HashMap::new();
+    for profile in &world.profiles {
+        let ns = profile.namespace().unwrap_or_default();
+        let pkey = key(&ns, &profile.name_any());
+        let Some(cfg) = prom_config(profile, url) else {
+            notes.push(format!(
+                "{pkey}: no spec.signals.prometheus.queries: telemetry is Unknown in every step"
+            ));
+            continue;
+        };
+        let c = match clients.get(&cfg.url) {
+            Some(c) => c.clone(),
+            None => {
+                let c = PromClient::new(&cfg.url, timeout, None, None)?;
+                clients.insert(cfg.url.clone(), c.clone());
+                c
+            }
+        };
+        let lanes: Vec<&LaneContract> = world
+            .lanes
+            .iter()
+            .filter(|l| {
+                l.spec.profile == profile.name_any() && l.namespace().unwrap_or_default() == ns
+            })
+            .collect();
+        let evals = evaluate(&c, &cfg, &lanes, None, window).await;
+        let mut unknown: BTreeMap<String, (usize, String)> = BTreeMap::new();
+        for (snap, e) in steps.iter_mut().zip(evals) {
+            for (s, why) in &e.output.unknown {
+                unknown.entry(s.clone()).or_insert((0, why.clone())).0 += 1;
+            }
+            snap.profiles.insert(pkey.clone(), e.output.profile);
+            snap.lanes.extend(e.output.lanes);
+        }
+        for (s, (n, why)) in unknown {
+            notes.push(format!(
+                "{pkey}: {s} Unknown in {n} of {} steps (first: {why})",
+                times.len()
+            ));
+        }
+    }
+    Ok((SignalsFile { steps }, notes))
+}
+
+/// The Prometheus settings `plan` uses for a profile: its own, with `url`
+/// overriding the URL; `None` when the profile has no queries.
+fn prom_config(profile: &CapacityProfile, url: Option<&str>) -> Option<PrometheusSignals> {
+    let mut cfg = profile.spec.signals.as_ref()?.prometheus.clone()?;
+    if cfg.queries.is_empty() {
+        return None;
+    }
+    if let Some(u) = url {
+        cfg.url = u.to_owned();
+    }
+    Some(cfg)
+}
