@@ -226,7 +226,11 @@ pub struct ProfileState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_since: Option<i64>,
     /// For levels that need approval: since when their trigger has held.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "level_keys"
+    )]
     pub gate_since: BTreeMap<u32, i64>,
     /// Last desired replicas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -276,4 +280,38 @@ pub struct Evaluation {
     /// Problems that belong to no single profile (unbound lanes, duplicate
     /// policies).
     pub warnings: Vec<String>,
+}
+
+/// A level number as a map key: JSON object keys are strings ("4"), and not
+/// every deserializer turns them into integers (kube's `DeserializeGuard`
+/// buffers the object first, after which `"4"` no longer reads as a `u32`),
+/// so accept both forms.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct LevelKey(u32);
+
+impl<'de> Deserialize<'de> for LevelKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = LevelKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a level number")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<LevelKey, E> {
+                u32::try_from(v).map(LevelKey).map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<LevelKey, E> {
+                u32::try_from(v).map(LevelKey).map_err(E::custom)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<LevelKey, E> {
+                v.trim().parse().map(LevelKey).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn level_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<u32, i64>, D::Error> {
+    let m = BTreeMap::<LevelKey, i64>::deserialize(d)?;
+    Ok(m.into_iter().map(|(k, v)| (k.0, v)).collect())
 }

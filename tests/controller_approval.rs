@@ -1,0 +1,308 @@
+//! Approving a gated level through the annotation, with the real controller
+//! against the in-process API double: pending → granted → consumed.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lanekeeper::controller::{self, Metrics, Readiness, Settings};
+use serde_json::{Value, json};
+use support::apiserver::ApiServer;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const NS: &str = "ai-platform";
+const LK: &str = "lanekeeper.dev/v1alpha1";
+const POLICY: &str = "agent-assist-ladder";
+const APPROVE: &str = "lanekeeper.dev/approve-level";
+const T: Duration = Duration::from_secs(20);
+
+fn inc47_objects() -> Vec<Value> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/inc-47/inc-47.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| {
+            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).unwrap();
+            serde_json::to_value(v).unwrap()
+        })
+        .collect()
+}
+
+fn deployment(name: &str, replicas: i64, ready: i64) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "vllm", "image": "vllm"}]}}
+        },
+        "status": {"replicas": replicas, "readyReplicas": ready}
+    })
+}
+
+fn set_ready(s: &ApiServer, ready: i64) {
+    s.merge_patch_direct(
+        "apps/v1",
+        "deployments",
+        Some(NS),
+        "vllm-agent-assist",
+        json!({"status": {"readyReplicas": ready}}),
+        Some("status"),
+    )
+    .unwrap();
+}
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), controller::Error>>,
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("controller stops on shutdown")
+            .expect("task joins")
+            .expect("controller ran without error");
+    }
+}
+
+fn start(s: &ApiServer) -> Running {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
+        )
+        .with_test_writer()
+        .try_init();
+    let settings = Settings {
+        namespaces: vec![NS.into()],
+        resync: Duration::from_millis(500),
+        leader_election: false,
+        identity: "a".into(),
+        ..Settings::default()
+    };
+    let (tx, rx) = oneshot::channel();
+    let client = s.client();
+    let task = tokio::spawn(async move {
+        controller::run(
+            client,
+            settings,
+            Metrics::new(),
+            Readiness::default(),
+            Vec::new(),
+            async move {
+                let _ = rx.await;
+            },
+        )
+        .await
+    });
+    Running { stop: tx, task }
+}
+
+fn lanes_json(s: &ApiServer) -> Option<Value> {
+    let cm = s.get_object("v1", "configmaps", Some(NS), "agent-assist-lanes")?;
+    serde_json::from_str(cm["data"]["lanes.json"].as_str()?).ok()
+}
+
+fn policy(s: &ApiServer) -> Value {
+    s.get_object(LK, "degradationpolicies", Some(NS), POLICY)
+        .unwrap_or(Value::Null)
+}
+
+fn events(s: &ApiServer, reason: &str) -> Vec<Value> {
+    let mut out = s.list_objects("events.k8s.io/v1", "events", Some(NS));
+    out.retain(|e| e["reason"] == reason);
+    out
+}
+
+/// How many times events of a reason were published (kube's recorder folds
+/// repeats into one Event with a series count).
+fn occurrences(s: &ApiServer, reason: &str) -> u64 {
+    events(s, reason)
+        .iter()
+        .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way_down() {
+    let s = ApiServer::start().await;
+    s.install_lanekeeper_crds();
+    // 2 ready replicas × 70 = 140 units/s: even after levels 1..3 the demand
+    // (373.6) exceeds capacity, so the ladder wants level 4 (continuity,
+    // Confirm). Its timeout is pushed far out so only the annotation can let
+    // the ladder in; a short stable window lets it come down within the test.
+    s.put_direct(deployment("vllm-agent-assist", 8, 2)).unwrap();
+    for mut o in inc47_objects() {
+        if o["kind"] == "DegradationPolicy" {
+            o["spec"]["hysteresis"]["stableForSeconds"] = json!(1);
+            o["spec"]["levels"][3]["approval"]["timeoutSeconds"] = json!(100_000);
+        }
+        s.put_direct(o).unwrap();
+    }
+    let c = start(&s);
+
+    // Held at level 3 with level 4 pending approval.
+    assert!(
+        s.wait_until(T, |s| lanes_json(s)
+            .is_some_and(|c| c["level"] == 3 && c["pendingApprovalLevel"] == 4))
+            .await,
+        "config at level 3 with level 4 pending: {:?}",
+        lanes_json(&s)
+    );
+    let cfg = lanes_json(&s).unwrap();
+    assert_eq!(cfg["levelName"], "protect");
+    assert_eq!(cfg["flags"]["readOnly"], false);
+    assert_eq!(cfg["flags"]["useFallbackRoutes"], true);
+    assert!(
+        s.wait_until(T, |s| policy(s)["status"]["pendingApprovalLevel"] == 4
+            && policy(s)["status"]["level"] == 3)
+            .await,
+        "policy status: {}",
+        policy(&s)["status"]
+    );
+    assert!(
+        s.wait_until(T, |s| !events(s, "ApprovalPending").is_empty())
+            .await,
+        "ApprovalPending event"
+    );
+    let pending = events(&s, "ApprovalPending");
+    assert_eq!(pending[0]["type"], "Warning");
+    let note = pending[0]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("level 4") && note.contains(APPROVE),
+        "the event says how to approve: {note}"
+    );
+    // It stays there: no timeout, no approval.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(lanes_json(&s).unwrap()["level"], 3);
+    assert!(policy(&s)["status"]["approvedLevel"].is_null());
+
+    // A human approves level 4.
+    s.merge_patch_direct(
+        LK,
+        "degradationpolicies",
+        Some(NS),
+        POLICY,
+        json!({"metadata": {"annotations": {APPROVE: "4"}}}),
+        None,
+    )
+    .unwrap();
+    assert!(
+        s.wait_until(T, |s| lanes_json(s).is_some_and(|c| c["level"] == 4
+            && c["flags"]["readOnly"] == true
+            && c["pendingApprovalLevel"].is_null()))
+            .await,
+        "config at level 4, read-only: {:?}",
+        lanes_json(&s)
+    );
+    assert_eq!(lanes_json(&s).unwrap()["levelName"], "continuity");
+    assert!(
+        s.wait_until(T, |s| {
+            let st = &policy(s)["status"];
+            st["approvedLevel"] == 4 && st["level"] == 4 && st["pendingApprovalLevel"].is_null()
+        })
+        .await,
+        "policy status: {}",
+        policy(&s)["status"]
+    );
+    assert!(
+        s.wait_until(T, |s| !events(s, "ApprovalGranted").is_empty())
+            .await,
+        "ApprovalGranted event"
+    );
+    assert!(
+        events(&s, "LevelRaised")
+            .iter()
+            .any(|e| e["note"].as_str().unwrap_or_default().contains("3 -> 4")),
+        "LevelRaised 3 -> 4: {:?}",
+        events(&s, "LevelRaised")
+    );
+    // The annotation stays while the level is at or above it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(policy(&s)["metadata"]["annotations"][APPROVE], "4");
+
+    // Capacity is back (8 × 70 = 560): the ladder steps down one level per
+    // stable window; once below 4 the approval is consumed.
+    set_ready(&s, 8);
+    assert!(
+        s.wait_until(T, |s| policy(s)["metadata"]["annotations"][APPROVE]
+            .is_null())
+            .await,
+        "annotation consumed; policy: {}",
+        policy(&s)
+    );
+    assert!(
+        s.wait_until(T, |s| !events(s, "ApprovalConsumed").is_empty())
+            .await,
+        "ApprovalConsumed event"
+    );
+    assert!(
+        s.wait_until(T, |s| policy(s)["status"]["approvedLevel"].is_null())
+            .await,
+        "approvedLevel cleared: {}",
+        policy(&s)["status"]
+    );
+    let level_now = lanes_json(&s).unwrap()["level"].as_u64().unwrap();
+    assert!(level_now < 4, "consumed only below the approved level");
+    // Level 3 (protect) is not left with the cluster-derived signals: its
+    // enterWhen also names inFlightAbove, and no in-flight signal is known,
+    // so the engine holds it (missing data is no evidence that it stopped
+    // holding). The approval is consumed all the same.
+    assert!(
+        s.wait_until(T, |s| lanes_json(s).is_some_and(|c| c["level"] == 3))
+            .await,
+        "stepped down to 3: {:?}",
+        lanes_json(&s)
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(lanes_json(&s).unwrap()["level"], 3);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Each approval event once.
+    assert_eq!(
+        occurrences(&s, "ApprovalGranted"),
+        1,
+        "{:#?}",
+        events(&s, "ApprovalGranted")
+    );
+    assert_eq!(
+        occurrences(&s, "ApprovalConsumed"),
+        1,
+        "{:#?}",
+        events(&s, "ApprovalConsumed")
+    );
+    assert_eq!(
+        occurrences(&s, "ApprovalPending"),
+        1,
+        "{:#?}",
+        events(&s, "ApprovalPending")
+    );
+    let transitions: Vec<(u64, u64)> = policy(&s)["status"]["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["from"].as_u64().unwrap(), t["to"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(transitions, vec![(0, 3), (3, 4), (4, 3)]);
+    c.stop().await;
+}
+
+/// The engine state in a profile's status keeps Confirm/Manual gate clocks
+/// keyed by level (`gateSince: {"4": …}`); the controller's watch reads
+/// profiles through `DeserializeGuard`, which must still accept them.
+#[test]
+fn a_profile_with_gate_clocks_in_status_stays_readable() {
+    let mut profile = inc47_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "CapacityProfile")
+        .unwrap();
+    profile["status"] = json!({"engine": {"level": 3, "gateSince": {"4": 1_785_542_400}}});
+    let guard: kube::core::DeserializeGuard<lanekeeper::api::CapacityProfile> =
+        serde_json::from_value(profile).unwrap();
+    let p = guard.0.expect("the profile reads back");
+    let engine = p.status.unwrap().engine.unwrap();
+    assert_eq!(engine.gate_since.get(&4), Some(&1_785_542_400));
+}
