@@ -56,7 +56,7 @@ VALUE_SETS: dict[str, dict] = {
         "leaderElection": {"enabled": False},
         "podDisruptionBudget": {"enabled": False},
         "topologySpread": {"enabled": False},
-        "rbac": {"hpaMinReplicas": False, "drain": False},
+        "rbac": {"hpaMinReplicas": False, "drain": False, "secrets": False},
         "serviceAccount": {"create": False, "name": "existing-sa"},
         "image": {"digest": "sha256:" + "a" * 64},
         "controller": {"logFormat": "text", "extraArgs": ["--resync-seconds=30"],

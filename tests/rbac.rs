@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use lanekeeper::controller::{self, Metrics, Readiness, Settings};
 use serde_json::{Value, json};
-use support::apiserver::{ApiServer, RecordedRequest};
+use support::apiserver::{ApiServer, RecordedRequest, ResourceDef};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -330,6 +330,62 @@ async fn scenario_statefulset_and_malformed(log: &mut Vec<RecordedRequest>) {
     log.extend(s.requests());
 }
 
+/// A profile whose Prometheus source authenticates with a bearer token from
+/// a Secret: the live source (as `lanekeeper run` wires it) reads the Secret.
+async fn scenario_prometheus_secret(log: &mut Vec<RecordedRequest>) {
+    let s = cluster().await;
+    s.register(ResourceDef::new("", "v1", "Secret", "secrets", true));
+    s.put_direct(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "prometheus-token", "namespace": NS},
+        "data": {"token": "c2VjcmV0"}
+    }))
+    .unwrap();
+    s.put_direct(deployment("vllm-agent-assist", 8, 8)).unwrap();
+    for mut o in inc47_objects() {
+        if o["kind"] == "CapacityProfile" {
+            o["spec"]["signals"] = json!({"prometheus": {
+                "url": "http://127.0.0.1:9",
+                "timeoutSeconds": 1,
+                "bearerTokenSecretRef": {"name": "prometheus-token", "key": "token"},
+                "queries": {"availableUnitsPerSecond": "sum(vllm_capacity)"}
+            }});
+        }
+        s.put_direct(o).unwrap();
+    }
+    let (tx, rx) = oneshot::channel::<()>();
+    let client = s.client();
+    let source: std::sync::Arc<dyn lanekeeper::signals::SignalSource> = std::sync::Arc::new(
+        lanekeeper::signals::prometheus::PrometheusSource::new(Some(client.clone()), None),
+    );
+    let task = tokio::spawn(async move {
+        controller::run(
+            client,
+            settings(false),
+            Metrics::new(),
+            Readiness::default(),
+            vec![source],
+            async move {
+                let _ = rx.await;
+            },
+        )
+        .await
+    });
+    let c = Running {
+        stop: Some(tx),
+        task,
+    };
+    assert!(
+        s.wait_until(T, |s| s.requests().iter().any(
+            |r| r.method == "GET" && r.path.ends_with("/secrets/prometheus-token")
+        ))
+        .await,
+        "the Prometheus source reads its bearer token"
+    );
+    c.stop().await;
+    log.extend(s.requests());
+}
+
 /// Maps a request to what RBAC authorizes; None for discovery.
 fn access(r: &RecordedRequest) -> Option<(Access, Option<String>)> {
     let segs: Vec<&str> = r
@@ -428,6 +484,7 @@ async fn chart_rbac_matches_the_controllers_api_calls() {
     let drain_active = scenario_inc47(&mut log).await;
     scenario_hpa(&mut log).await;
     scenario_statefulset_and_malformed(&mut log).await;
+    scenario_prometheus_secret(&mut log).await;
 
     let mut used: BTreeMap<Access, BTreeSet<String>> = BTreeMap::new();
     let mut denied = Vec::new();

@@ -78,6 +78,11 @@ src/controller (tests/rbac.rs compares them with the API double's log).
   resources: ["pods/status"]
   verbs: ["patch"]
 {{- end }}
+{{- if .Values.rbac.secrets }}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
   verbs: ["get"]
