@@ -101,6 +101,29 @@ struct PlanArgs {
     /// profile at its safe capacity and every lane at its expected rate.
     #[arg(long)]
     signals: Option<PathBuf>,
+    /// Read the signals from a live Prometheus at this base URL instead of a
+    /// file: each profile's `spec.signals.prometheus.queries` are evaluated
+    /// (this URL replaces the profile's own). Profiles without queries are
+    /// Unknown in every step (said on stderr).
+    #[arg(long, value_name = "URL", conflicts_with = "signals")]
+    prometheus: Option<String>,
+    /// With --prometheus: evaluate once at this time (RFC 3339 or Unix
+    /// seconds; default now).
+    #[arg(long, value_name = "TIME", requires = "prometheus", conflicts_with_all = ["from", "to"])]
+    at: Option<String>,
+    /// With --prometheus: evaluate a range from this time (RFC 3339 or Unix
+    /// seconds) ...
+    #[arg(long, value_name = "TIME", requires_all = ["prometheus", "to"])]
+    from: Option<String>,
+    /// ... to this time, inclusive ...
+    #[arg(long, value_name = "TIME", requires_all = ["prometheus", "from"])]
+    to: Option<String>,
+    /// ... every STEP (`60s`, `5m`, `1h` or seconds).
+    #[arg(long, value_name = "STEP", default_value = "60s")]
+    step: String,
+    /// With --prometheus: timeout of one query, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    prometheus_timeout: u64,
     /// Grant approval: NAMESPACE/PROFILE=LEVEL (repeatable).
     #[arg(long = "approve", value_name = "NAMESPACE/PROFILE=LEVEL")]
     approve: Vec<String>,
@@ -148,7 +171,10 @@ fn run_plan(args: &PlanArgs) -> Result<(), (u8, String)> {
             plan::check_timeline(&t).map_err(|e| (2, format!("{}: {e}", path.display())))?;
             t
         }
-        None => plan::default_timeline(&loaded.world),
+        None => match &args.prometheus {
+            Some(url) => prometheus_timeline(args, url, &loaded.world)?,
+            None => plan::default_timeline(&loaded.world),
+        },
     };
     if loaded.world.profiles.is_empty() {
         eprintln!("note: no CapacityProfile found: nothing to evaluate");
@@ -162,6 +188,74 @@ fn run_plan(args: &PlanArgs) -> Result<(), (u8, String)> {
         ),
     }
     Ok(())
+}
+
+/// Parses RFC 3339 or Unix seconds.
+fn parse_time(flag: &str, v: &str) -> Result<i64, (u8, String)> {
+    if let Ok(s) = v.parse::<i64>() {
+        return Ok(s);
+    }
+    v.parse::<k8s_openapi::jiff::Timestamp>()
+        .map(|t| t.as_second())
+        .map_err(|e| {
+            (
+                2,
+                format!("--{flag} {v:?}: expected RFC 3339 or Unix seconds: {e}"),
+            )
+        })
+}
+
+/// Parses `60s`, `5m`, `1h` or plain seconds.
+fn parse_step(v: &str) -> Result<i64, (u8, String)> {
+    let (n, unit) = match v.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return Err((2, format!("--step {v:?}: expected e.g. 60s, 5m or 1h"))),
+    };
+    match n.parse::<i64>() {
+        Ok(n) if n > 0 => Ok(n * mult),
+        _ => Err((2, format!("--step {v:?}: expected a positive duration"))),
+    }
+}
+
+/// `plan --prometheus`: the timeline read from Prometheus.
+fn prometheus_timeline(
+    args: &PlanArgs,
+    url: &str,
+    world: &lanekeeper::policy::World,
+) -> Result<SignalsFile, (u8, String)> {
+    use lanekeeper::signals::prometheus::{Window, signals_file};
+    let window = match (&args.from, &args.to) {
+        (Some(f), Some(t)) => Window::Range {
+            start: parse_time("from", f)?,
+            end: parse_time("to", t)?,
+            step: parse_step(&args.step)?,
+        },
+        _ => Window::At(match &args.at {
+            Some(a) => parse_time("at", a)?,
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64),
+        }),
+    };
+    let rt = tokio::runtime::Runtime::new().map_err(|e| (1, e.to_string()))?;
+    let (t, notes) = rt
+        .block_on(signals_file(
+            world,
+            Some(url),
+            std::time::Duration::from_secs(args.prometheus_timeout.max(1)),
+            &window,
+        ))
+        .map_err(|e| (2, format!("--prometheus {url}: {e}")))?;
+    for n in notes {
+        eprintln!("note: {n}");
+    }
+    Ok(t)
 }
 
 fn init_logging(format: LogFormat) {

@@ -1,0 +1,260 @@
+//! The Prometheus source's queries against a real Prometheus (and a few fake
+//! servers): every failure is Unknown with a reason, never zero.
+
+mod prometheus_support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use lanekeeper::api::LaneContract;
+use lanekeeper::api::profile::PrometheusSignals;
+use lanekeeper::signals::prometheus::{Evaluation, PromClient, Window, evaluate};
+use prometheus_support::{Prom, Series, free_port, minute_now};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn cfg(url: &str, queries: serde_json::Value) -> PrometheusSignals {
+    serde_json::from_value(json!({
+        "url": url, "timeoutSeconds": 2, "stalenessSeconds": 120, "queries": queries
+    }))
+    .unwrap()
+}
+
+fn lane(name: &str) -> LaneContract {
+    serde_json::from_value(json!({
+        "apiVersion": "lanekeeper.dev/v1alpha1", "kind": "LaneContract",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"profile": "pool", "priority": 1, "workUnitsPerRequest": "1", "expectedRequestsPerSecond": "5", "deadlineSeconds": 60,
+                 "queue": {"maxDepth": 100, "ttlSeconds": 60}, "retry": {"maxAttempts": 1, "budgetPercent": 5},
+                 "routes": {"primary": ["m"]}, "shedding": {"mode": "Throttle"}}
+    }))
+    .unwrap()
+}
+
+async fn eval_at(
+    url: &str,
+    queries: serde_json::Value,
+    lanes: &[&LaneContract],
+    at: i64,
+) -> Evaluation {
+    let c = cfg(url, queries);
+    let client = PromClient::new(url, Duration::from_secs(2), None, None).unwrap();
+    evaluate(&client, &c, lanes, None, &Window::At(at))
+        .await
+        .pop()
+        .unwrap()
+}
+
+/// Evaluation time, an hour back (the backfilled blocks lie before it).
+fn t0() -> i64 {
+    minute_now() - 3600
+}
+
+fn series(t: i64) -> String {
+    let mut s = Series::default();
+    for i in 0..10 {
+        let ts = t - 540 + i * 60;
+        s.add("fresh_units", "", ts, 420.0);
+        s.add("nan_units", "", ts, f64::NAN);
+        s.add("inf_units", "", ts, f64::INFINITY);
+        s.add("two_series", "a=\"1\"", ts, 1.0);
+        s.add("two_series", "a=\"2\"", ts, 2.0);
+    }
+    // Last sample 240 s before t: still inside Prometheus' 5-minute lookback,
+    // but older than stalenessSeconds (120).
+    for i in 0..5 {
+        s.add("old_units", "", t - 480 + i * 60, 560.0);
+    }
+    for l in 0..1000 {
+        s.add(
+            "lane_rps",
+            &format!("lane=\"lane-{l:04}\""),
+            t - 30,
+            f64::from(l),
+        );
+    }
+    s.render()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fresh_stale_nan_inf_empty_and_ambiguous() {
+    let t = t0();
+    let Some(prom) = Prom::start("fresh_stale_nan_inf_empty_and_ambiguous", &series(t)) else {
+        return;
+    };
+    let e = eval_at(
+        &prom.url(),
+        json!({
+            "availableUnitsPerSecond": "fresh_units",
+            "inFlight": "old_units",
+            "queueDepth": "nan_units",
+            "p95LatencySeconds": "missing_metric_nobody_has",
+            "errorRatio": "inf_units",
+        }),
+        &[],
+        t,
+    )
+    .await;
+    let p = &e.output.profile;
+    assert_eq!(p.available_units_per_second, Some(420.0));
+    assert!(e.ages["availableUnitsPerSecond"] <= 60.0);
+    assert_eq!(p.in_flight, None, "stale is unknown, not its last value");
+    assert_eq!(p.queue_depth, None, "NaN is unknown");
+    assert_eq!(p.p95_latency_seconds, None, "empty is unknown");
+    assert_eq!(p.error_ratio, None, "+Inf is unknown");
+    assert_eq!(e.reasons["inFlight"], "stale");
+    assert!(
+        e.output.unknown["inFlight"].contains("240s old"),
+        "{:?}",
+        e.output.unknown
+    );
+    assert_eq!(e.reasons["queueDepth"], "nan");
+    assert_eq!(e.reasons["p95LatencySeconds"], "empty");
+    assert_eq!(e.reasons["errorRatio"], "inf");
+    assert!(!e.output.unknown.contains_key("availableUnitsPerSecond"));
+
+    let e = eval_at(&prom.url(), json!({"inFlight": "two_series"}), &[], t).await;
+    assert_eq!(e.reasons["inFlight"], "ambiguous");
+    let e = eval_at(&prom.url(), json!({"inFlight": "sum(two_series)"}), &[], t).await;
+    assert_eq!(e.output.profile.in_flight, Some(3.0));
+    // A query Prometheus rejects.
+    let e = eval_at(&prom.url(), json!({"inFlight": "sum(("}), &[], t).await;
+    assert_eq!(e.output.profile.in_flight, None);
+    assert!(
+        e.output.unknown["inFlight"].contains("HTTP 400"),
+        "{:?}",
+        e.output.unknown
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vector_of_1000_lanes() {
+    let t = t0();
+    let Some(prom) = Prom::start("a_vector_of_1000_lanes", &series(t)) else {
+        return;
+    };
+    let owned: Vec<LaneContract> = (0..1001).map(|l| lane(&format!("lane-{l:04}"))).collect();
+    let lanes: Vec<&LaneContract> = owned.iter().collect();
+    let started = Instant::now();
+    let e = eval_at(
+        &prom.url(),
+        json!({"laneRequestsPerSecond": "lane_rps"}),
+        &lanes,
+        t,
+    )
+    .await;
+    assert_eq!(e.output.lanes.len(), 1000);
+    assert_eq!(
+        e.output.lanes["ns/lane-0999"].requests_per_second,
+        Some(999.0)
+    );
+    assert_eq!(
+        e.output.lanes["ns/lane-0000"].requests_per_second,
+        Some(0.0)
+    );
+    // lane-1000 has no series: reported, and left to its expected rate.
+    assert!(!e.output.lanes.contains_key("ns/lane-1000"));
+    assert!(e.output.unknown["laneRequestsPerSecond"].contains("lane-1000"));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_down_is_unknown() {
+    let Some(mut prom) = Prom::start("server_down_is_unknown", &series(t0())) else {
+        return;
+    };
+    prom.stop();
+    let e = eval_at(
+        &prom.url(),
+        json!({"availableUnitsPerSecond": "fresh_units"}),
+        &[],
+        t0(),
+    )
+    .await;
+    assert_eq!(e.output.profile.available_units_per_second, None);
+    assert_eq!(e.reasons["availableUnitsPerSecond"], "unreachable");
+    // Nothing listening at all.
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let e = eval_at(&url, json!({"inFlight": "x"}), &[], t0()).await;
+    assert_eq!(e.reasons["inFlight"], "unreachable");
+}
+
+/// A tiny fake HTTP server answering every request with `response` after
+/// `delay`.
+async fn fake_server(status: &str, body: &str, delay: Duration) -> String {
+    let response: &'static str = Box::leak(
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_boxed_str(),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                tokio::time::sleep(delay).await;
+                let _ = s.write_all(response.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test]
+async fn a_slow_server_times_out() {
+    let url = fake_server("200 OK", "{}", Duration::from_secs(10)).await;
+    let started = Instant::now();
+    let e = eval_at(&url, json!({"inFlight": "x", "queueDepth": "y"}), &[], 1000).await;
+    assert_eq!(e.reasons["inFlight"], "timeout");
+    assert_eq!(e.reasons["queueDepth"], "timeout");
+    assert_eq!(e.output.profile.in_flight, None);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_body_is_unknown() {
+    let url = fake_server("200 OK", "<html>oops</html>", Duration::ZERO).await;
+    let e = eval_at(&url, json!({"inFlight": "x"}), &[], 1000).await;
+    assert_eq!(e.reasons["inFlight"], "malformed");
+    assert_eq!(e.output.profile.in_flight, None);
+    // Valid JSON with a value that is not a number.
+    let url = fake_server(
+        "200 OK",
+        "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":[{\"metric\":{},\"value\":[1000,\"x\"]}]}}",
+        Duration::ZERO,
+    )
+    .await;
+    let e = eval_at(&url, json!({"inFlight": "x"}), &[], 1000).await;
+    assert_eq!(e.reasons["inFlight"], "malformed");
+}
+
+#[tokio::test]
+async fn an_http_error_is_unknown() {
+    let url = fake_server(
+        "503 Service Unavailable",
+        "{\"status\":\"error\",\"errorType\":\"unavailable\",\"error\":\"busy\"}",
+        Duration::ZERO,
+    )
+    .await;
+    let e = eval_at(&url, json!({"inFlight": "x"}), &[], 1000).await;
+    assert_eq!(e.reasons["inFlight"], "http_error");
+    assert!(e.output.unknown["inFlight"].contains("503"));
+    assert!(e.output.unknown["inFlight"].contains("busy"));
+    let _: BTreeMap<String, String> = e.reasons;
+}
