@@ -77,7 +77,7 @@ VALUE_SETS["single-no-election"].pop("podDisruptionBudget_unused")
 BAD_VALUES: list[tuple[str, dict]] = [
     ("unknown top-level key", {"replicas": 2}),
     ("unknown nested key", {"controller": {"resync": 5}}),
-    ("zero replicas", {"replicaCount": 0}),
+    ("negative replicas", {"replicaCount": -1}),
     ("replicas as a string", {"replicaCount": "2"}),
     ("bad log format", {"controller": {"logFormat": "yaml"}}),
     ("resync below 1", {"controller": {"resyncSeconds": 0}}),
