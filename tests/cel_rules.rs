@@ -23,7 +23,29 @@ fn profile() -> Value {
             },
             "replicas": {"min": 4, "max": 16, "maxScaleUpStep": 4, "scaleDownStabilizationSeconds": 300},
             "inFlight": {"conserveAt": 1350, "stopAt": 1500, "resumeBelow": 1200},
-            "drain": {"maxDrained": "25%", "minServing": 2, "errorRatioAbove": "0.20", "healthyForSeconds": 120}
+            "drain": {"maxDrained": "25%", "minServing": 2, "errorRatioAbove": "0.20", "healthyForSeconds": 120},
+            "signals": {
+                "prometheus": {
+                    "url": "https://prometheus.monitoring:9090", "timeoutSeconds": 5, "stalenessSeconds": 120,
+                    "bearerTokenSecretRef": {"name": "prom-token", "key": "token"},
+                    "caBundle": {"configMapKeyRef": {"name": "prom-ca", "key": "ca.crt"}},
+                    "laneLabel": "lane", "podLabel": "pod",
+                    "queries": {
+                        "availableUnitsPerSecond": "pool:available_units_per_second",
+                        "inFlight": "pool:in_flight", "queueDepth": "pool:queue_depth",
+                        "p95LatencySeconds": "pool:p95_latency_seconds", "errorRatio": "pool:error_ratio",
+                        "laneRequestsPerSecond": "lane:requests_per_second", "podErrorRatio": "pod:error_ratio"
+                    }
+                },
+                "scrape": {
+                    "port": 8000, "path": "/metrics", "intervalSeconds": 15, "timeoutSeconds": 2, "maxConcurrency": 16,
+                    "metrics": {
+                        "requestsRunning": "vllm:num_requests_running", "requestsWaiting": "vllm:num_requests_waiting",
+                        "kvCacheUsage": ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+                        "errorRatio": "model:error_ratio"
+                    }
+                }
+            }
         }
     })
 }
@@ -255,6 +277,127 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
             "healthyFor negative",
             with(p(), "/spec/drain/healthyForSeconds", Some(json!(-1))),
             "healthyForSeconds must be >= 0",
+        ),
+        // CapacityProfile: spec.signals
+        (
+            "prometheus url scheme",
+            with(p(), "/spec/signals/prometheus/url", Some(json!("prometheus.monitoring:9090"))),
+            "url must start with http:// or https://",
+        ),
+        (
+            "prometheus timeout 0",
+            with(p(), "/spec/signals/prometheus/timeoutSeconds", Some(json!(0))),
+            "timeoutSeconds must be > 0",
+        ),
+        (
+            "prometheus staleness 0",
+            with(p(), "/spec/signals/prometheus/stalenessSeconds", Some(json!(0))),
+            "stalenessSeconds must be > 0",
+        ),
+        (
+            "bearer token secret name empty",
+            with(p(), "/spec/signals/prometheus/bearerTokenSecretRef/name", Some(json!(""))),
+            "name must not be empty",
+        ),
+        (
+            "bearer token key empty",
+            with(p(), "/spec/signals/prometheus/bearerTokenSecretRef/key", Some(json!(""))),
+            "key must not be empty",
+        ),
+        (
+            "caBundle with both sources",
+            with(p(), "/spec/signals/prometheus/caBundle/secretKeyRef", Some(json!({"name": "s", "key": "ca.crt"}))),
+            "caBundle needs exactly one of configMapKeyRef and secretKeyRef",
+        ),
+        (
+            "laneLabel not a label name",
+            with(p(), "/spec/signals/prometheus/laneLabel", Some(json!("lane-name"))),
+            "laneLabel must be a Prometheus label name",
+        ),
+        (
+            "podLabel not a label name",
+            with(p(), "/spec/signals/prometheus/podLabel", Some(json!("1pod"))),
+            "podLabel must be a Prometheus label name",
+        ),
+        (
+            "empty query availableUnitsPerSecond",
+            with(p(), "/spec/signals/prometheus/queries/availableUnitsPerSecond", Some(json!("  "))),
+            "a query must not be empty",
+        ),
+        (
+            "empty query inFlight",
+            with(p(), "/spec/signals/prometheus/queries/inFlight", Some(json!("  "))),
+            "a query must not be empty",
+        ),
+        (
+            "empty query queueDepth",
+            with(p(), "/spec/signals/prometheus/queries/queueDepth", Some(json!("  "))),
+            "a query must not be empty",
+        ),
+        (
+            "empty query p95LatencySeconds",
+            with(p(), "/spec/signals/prometheus/queries/p95LatencySeconds", Some(json!("  "))),
+            "a query must not be empty",
+        ),
+        (
+            "empty query errorRatio",
+            with(p(), "/spec/signals/prometheus/queries/errorRatio", Some(json!("  "))),
+            "a query must not be empty",
+        ),
+        (
+            "empty query laneRequestsPerSecond",
+            with(p(), "/spec/signals/prometheus/queries/laneRequestsPerSecond", Some(json!("  "))),
+            "a query must not be empty",
+        ),
+        (
+            "empty query podErrorRatio",
+            with(p(), "/spec/signals/prometheus/queries/podErrorRatio", Some(json!("  "))),
+            "a query must not be empty",
+        ),
+        (
+            "scrape port 0",
+            with(p(), "/spec/signals/scrape/port", Some(json!(0))),
+            "port must be within 1..65535",
+        ),
+        (
+            "scrape port 65536",
+            with(p(), "/spec/signals/scrape/port", Some(json!(65536))),
+            "port must be within 1..65535",
+        ),
+        (
+            "scrape path relative",
+            with(p(), "/spec/signals/scrape/path", Some(json!("metrics"))),
+            "path must start with /",
+        ),
+        (
+            "scrape interval 0",
+            with(p(), "/spec/signals/scrape/intervalSeconds", Some(json!(0))),
+            "intervalSeconds must be > 0",
+        ),
+        (
+            "scrape timeout 0",
+            with(p(), "/spec/signals/scrape/timeoutSeconds", Some(json!(0))),
+            "timeoutSeconds must be > 0",
+        ),
+        (
+            "scrape concurrency 0",
+            with(p(), "/spec/signals/scrape/maxConcurrency", Some(json!(0))),
+            "maxConcurrency must be >= 1",
+        ),
+        (
+            "scrape running name empty",
+            with(p(), "/spec/signals/scrape/metrics/requestsRunning", Some(json!(""))),
+            "metric names must not be empty",
+        ),
+        (
+            "scrape waiting name empty",
+            with(p(), "/spec/signals/scrape/metrics/requestsWaiting", Some(json!(""))),
+            "metric names must not be empty",
+        ),
+        (
+            "scrape error ratio name empty",
+            with(p(), "/spec/signals/scrape/metrics/errorRatio", Some(json!(""))),
+            "metric names must not be empty",
         ),
         // LaneContract
         (
