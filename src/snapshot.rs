@@ -69,6 +69,10 @@ pub struct PodSignals {
     /// The pod's error ratio (0..1); absent means no evidence this step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_ratio: Option<f64>,
+    /// Someone asked for this pod to be drained (the pod annotation
+    /// `lanekeeper.dev/drain-request: "true"`). Honoured within the bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_requested: Option<bool>,
 }
 
 /// Lane-level signals.
@@ -101,6 +105,7 @@ impl ProfileSignals {
                         PodSignals {
                             ready: p.ready,
                             error_ratio: clean(p.error_ratio),
+                            drain_requested: p.drain_requested,
                         },
                     )
                 })

@@ -601,6 +601,7 @@ fn build_snapshots(c: &Case) -> Vec<(Snapshot, Restart)> {
                         PodSignals {
                             ready: p.ready,
                             error_ratio: p.err.map(|e| ERRS[e]),
+                            drain_requested: None,
                         },
                     );
                 }

@@ -129,6 +129,7 @@ fn pod(ready: Option<bool>, err: Option<f64>) -> PodSignals {
     PodSignals {
         ready,
         error_ratio: err,
+        drain_requested: None,
     }
 }
 

@@ -42,6 +42,22 @@ pub struct Metrics {
     pub signal_age: GaugeVec,
     /// Signals found Unknown, by reason (`profile` is `namespace/name`).
     pub signal_errors: IntCounterVec,
+    /// Pods carrying the drain label, per profile.
+    pub drained_pods: GaugeVec,
+    /// Drains by reason.
+    pub drains: IntCounterVec,
+    /// Undrains by reason.
+    pub undrains: IntCounterVec,
+    /// Drains the bound refused.
+    pub drains_refused: IntCounterVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("registers once");
+    c
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
@@ -181,6 +197,30 @@ impl Metrics {
                 &["profile", "signal"],
             ),
             signal_errors,
+            drained_pods: gauge(
+                &registry,
+                "lanekeeper_drained_pods",
+                "Pods of the pool carrying the drain label.",
+                p,
+            ),
+            drains: counter(
+                &registry,
+                "lanekeeper_drains_total",
+                "Pods drained, by reason.",
+                &["namespace", "profile", "reason"],
+            ),
+            undrains: counter(
+                &registry,
+                "lanekeeper_undrains_total",
+                "Pods undrained, by reason.",
+                &["namespace", "profile", "reason"],
+            ),
+            drains_refused: counter(
+                &registry,
+                "lanekeeper_drains_refused_total",
+                "Drain candidates the bound refused.",
+                p,
+            ),
             reconcile_duration,
             reconcile_errors,
             api_writes,
@@ -205,6 +245,7 @@ impl Metrics {
             &self.desired_replicas,
             &self.ready_replicas,
             &self.telemetry_known,
+            &self.drained_pods,
         ] {
             let _ = g.remove_label_values(&[namespace, profile]);
         }

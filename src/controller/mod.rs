@@ -8,6 +8,7 @@
 //! kept in status, so a restarted or newly elected controller continues where
 //! the last one stopped.
 
+pub mod drain;
 pub mod http;
 pub mod metrics;
 pub mod pods;
@@ -34,6 +35,9 @@ use crate::api::{CapacityProfile, DegradationPolicy, LaneContract};
 use crate::signals::{ClusterSource, SignalSource};
 
 pub use metrics::Metrics;
+
+/// How long in-flight reconciles may take to finish on shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "lanekeeper";
@@ -385,8 +389,18 @@ pub async fn run_controllers(
                     tracing::debug!(error = %e, "reconcile stream");
                 }
             });
+        let deadline = shutdown.clone();
         runs.push(async move {
-            run.await;
+            // In-flight reconciles get a grace period to finish their writes;
+            // a controller still waiting for its first list when asked to stop
+            // is not waited for forever.
+            tokio::select! {
+                _ = run => {},
+                _ = async {
+                    deadline.await;
+                    tokio::time::sleep(SHUTDOWN_GRACE).await;
+                } => tracing::warn!("controller did not stop within the grace period; stopping it"),
+            }
             reporter.abort();
             ready_task.abort();
             ctx_for_stop.pods.shutdown();

@@ -19,6 +19,17 @@ use tokio::task::JoinHandle;
 use crate::api::CapacityProfile;
 use crate::signals::PoolPod;
 
+/// The selector of a profile's pool, as a label selector string.
+pub fn selector_of(profile: &CapacityProfile) -> Result<Selector, String> {
+    profile
+        .spec
+        .pool
+        .pod_selector
+        .clone()
+        .try_into()
+        .map_err(|e| format!("spec.pool.podSelector: {e}"))
+}
+
 /// Label lanekeeper puts on drained pods.
 pub const DRAIN_LABEL: &str = "lanekeeper.dev/drain";
 /// Annotation with which a person or tool asks for a drain.
@@ -111,14 +122,8 @@ impl PodIndex {
 
     /// The pool's pods, once its watch has synced (None before). Starts or
     /// restarts the watch when the profile's selector is new or changed.
-    pub fn pods(&self, profile: &CapacityProfile) -> Result<Option<Vec<PoolPod>>, String> {
-        let selector: Selector = profile
-            .spec
-            .pool
-            .pod_selector
-            .clone()
-            .try_into()
-            .map_err(|e| format!("spec.pool.podSelector: {e}"))?;
+    pub fn pods(&self, profile: &CapacityProfile) -> Result<Option<Vec<Arc<Pod>>>, String> {
+        let selector = selector_of(profile)?;
         let sel = selector.to_string();
         if sel.is_empty() {
             return Err(
@@ -137,9 +142,7 @@ impl PodIndex {
         if !entry.synced.load(Ordering::Acquire) {
             return Ok(None);
         }
-        Ok(Some(
-            entry.store.state().iter().map(|p| pool_pod(p)).collect(),
-        ))
+        Ok(Some(entry.store.state()))
     }
 
     fn start(

@@ -257,13 +257,16 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
 
     // Index: pods and the scale target.
     let mut observed = Observed::default();
-    let pods = match ctx.pods.pods(profile) {
+    let raw_pods = match ctx.pods.pods(profile) {
         Ok(p) => p,
         Err(e) => {
             observed.unknown.insert("pods".into(), e);
             None
         }
     };
+    let pods: Option<Vec<crate::signals::PoolPod>> = raw_pods
+        .as_ref()
+        .map(|ps| ps.iter().map(|p| super::pods::pool_pod(p)).collect());
     let target_ref = &profile.spec.pool.scale_target_ref;
     let target = match scale::read(client, &ctx.resolver, &ns, target_ref).await {
         Ok(t) => Some(t),
@@ -308,11 +311,17 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
     observed.calibration_expired = status::calibration_expired(profile, now);
 
     // Decide.
-    let prev: ProfileState = profile
+    let mut prev: ProfileState = profile
         .status
         .as_ref()
         .and_then(|s| s.engine.clone())
         .unwrap_or_default();
+    // Who is drained is read from the cluster (the labels), never from memory.
+    if let Some(ps) = &raw_pods {
+        let owned: Vec<k8s_openapi::api::core::v1::Pod> =
+            ps.iter().map(|p| (**p).clone()).collect();
+        prev.drained = super::drain::drained_from_cluster(&owned, &prev.drained, now);
+    }
     let approved = g.policy.as_ref().and_then(approved_level);
     let binding = Binding {
         profile,
@@ -432,6 +441,70 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
                 }
             }
         }
+    }
+
+    // Actuate: the bounded drain (only with a synced pod index).
+    if let (Some(spec), Some(_)) = (&profile.spec.drain, &raw_pods) {
+        let selector = super::pods::selector_of(profile).map_err(Error::Invalid)?;
+        let metrics = &ctx.metrics;
+        let report = super::drain::actuate(
+            client,
+            &ns,
+            &selector,
+            spec,
+            &decision,
+            !observe,
+            now,
+            |kind| metrics.write(kind, "patch"),
+        )
+        .await?;
+        let reason_of = |r: &str| r.split(':').next().unwrap_or(r).to_owned();
+        for (pod, why) in &report.drained {
+            metrics
+                .drains
+                .with_label_values(&[&ns, &name, &reason_of(why)])
+                .inc();
+            publish_action(
+                ctx,
+                profile,
+                EventType::Warning,
+                "PodDrained",
+                &format!("Drain{pod}"),
+                format!("pod {pod} taken out of rotation: {why}"),
+            )
+            .await;
+        }
+        for (pod, why) in &report.undrained {
+            metrics
+                .undrains
+                .with_label_values(&[&ns, &name, &reason_of(why)])
+                .inc();
+            publish_action(
+                ctx,
+                profile,
+                EventType::Normal,
+                "PodUndrained",
+                &format!("Undrain{pod}"),
+                format!("pod {pod} back in rotation: {why}"),
+            )
+            .await;
+        }
+        let refused_by_bound: Vec<&(String, String)> = report
+            .refused
+            .iter()
+            .filter(|(_, why)| why.starts_with("DrainBudgetExhausted"))
+            .collect();
+        if !refused_by_bound.is_empty() {
+            metrics
+                .drains_refused
+                .with_label_values(&[&ns, &name])
+                .inc_by(refused_by_bound.len() as u64);
+        }
+        metrics
+            .drained_pods
+            .with_label_values(&[&ns, &name])
+            .set(f64::from(report.drained_count));
+        observed.drain = Some(report);
     }
 
     // Report: status of the profile, its lanes and its policy.
@@ -657,6 +730,27 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
             EventType::Warning,
             "ScalingConflict",
             observed.scaling_conflict.clone().unwrap_or_default(),
+        )
+        .await;
+    }
+
+    if let Some(c) = new_status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "DrainBudgetExhausted")
+        && c.status == "True"
+        && (was("DrainBudgetExhausted").as_deref() != Some("True")
+            || old_status
+                .conditions
+                .iter()
+                .any(|o| o.type_ == "DrainBudgetExhausted" && o.message != c.message))
+    {
+        publish(
+            ctx,
+            profile,
+            EventType::Warning,
+            "DrainBudgetExhausted",
+            c.message.clone(),
         )
         .await;
     }

@@ -78,6 +78,8 @@ pub struct Observed {
     pub unknown: std::collections::BTreeMap<String, String>,
     /// Whether the calibration has expired (None without calibration).
     pub calibration_expired: Option<bool>,
+    /// What the drain step did (None without a drain spec or pod index).
+    pub drain: Option<super::drain::DrainReport>,
 }
 
 /// Whether the calibration of a profile has expired at `now`.
@@ -192,6 +194,37 @@ pub fn profile_status(
             message: "no calibration measuredAt/validForSeconds given".into(),
         },
     });
+    if profile.spec.drain.is_some() {
+        let refused: Vec<String> = observed
+            .drain
+            .as_ref()
+            .map(|r| {
+                r.refused
+                    .iter()
+                    .filter(|(_, w)| w.starts_with("DrainBudgetExhausted"))
+                    .map(|(p, _)| p.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        wanted.push(if refused.is_empty() {
+            Cond {
+                type_: "DrainBudgetExhausted",
+                status: "False",
+                reason: "WithinBudget",
+                message: "every drain candidate fits within the bound".into(),
+            }
+        } else {
+            Cond {
+                type_: "DrainBudgetExhausted",
+                status: "True",
+                reason: "BoundReached",
+                message: format!(
+                    "drain refused by the bound (maxDrained/minServing): {}",
+                    refused.join(", ")
+                ),
+            }
+        });
+    }
     wanted.push(match &observed.scaling_conflict {
         Some(m) => Cond {
             type_: "ScalingConflict",
@@ -217,8 +250,17 @@ pub fn profile_status(
         utilization_percent: d.utilization_percent.map(|u| (u * 10.0).round() / 10.0),
         desired_replicas: d.desired_replicas,
         ready_replicas: observed.ready_replicas.map(|r| r as i32),
-        drained_pods: profile.spec.drain.as_ref().map(|_| d.drained_pods as i32),
-        drain_budget: profile.spec.drain.as_ref().map(|_| d.drain_budget as i32),
+        drained_pods: profile.spec.drain.as_ref().map(|_| {
+            observed
+                .drain
+                .as_ref()
+                .map_or(d.drained_pods, |r| r.drained_count) as i32
+        }),
+        drain_budget: profile
+            .spec
+            .drain
+            .as_ref()
+            .map(|_| observed.drain.as_ref().map_or(d.drain_budget, |r| r.budget) as i32),
         unknown_signals: observed.unknown.clone(),
         conditions: conditions(existing, wanted, generation, now),
         engine: Some(state.clone()),

@@ -15,6 +15,9 @@ use crate::snapshot::ProfileSignals;
 
 use super::decision::{DrainAction, DrainedPod, PodDrain};
 
+/// Reason prefix of drains asked for by annotation.
+pub const REQUESTED: &str = "DrainRequested";
+
 /// The drain result.
 #[derive(Debug, Default, PartialEq)]
 pub struct DrainOutcome {
@@ -97,6 +100,23 @@ pub fn decide(
         };
         let err = pod.error_ratio;
         let mut d = d.clone();
+        let requested = pod.drain_requested == Some(true);
+        if requested {
+            // Stays drained while the request stands.
+            d.healthy_since = None;
+            drained.insert(name.clone(), d);
+            continue;
+        }
+        if d.reason.starts_with(REQUESTED) && err.is_none_or(|e| e <= threshold) {
+            // The request was withdrawn and no evidence says the pod is bad.
+            actions.push(PodDrain {
+                pod: name.clone(),
+                action: DrainAction::Undrain,
+                error_ratio: err,
+                reason: "DrainRequestWithdrawn".into(),
+            });
+            continue;
+        }
         match err {
             Some(e) if e <= threshold => {
                 let since = d.healthy_since.unwrap_or(at);
@@ -154,18 +174,32 @@ pub fn decide(
             reason: d.reason.clone(),
         });
     }
-    // 3. New candidates, worst first, within the bound.
-    let mut candidates: Vec<(&String, f64)> = sig
+    // 3. New candidates within the bound: requested drains first, then the
+    //    worst error ratios, ties by name.
+    let mut candidates: Vec<(&String, bool, f64)> = sig
         .pods
         .iter()
         .filter(|(n, p)| {
             p.ready != Some(false) && !drained.contains_key(*n) && !prev.contains_key(*n)
         })
-        .filter_map(|(n, p)| p.error_ratio.filter(|e| *e > threshold).map(|e| (n, e)))
+        .filter_map(|(n, p)| {
+            let requested = p.drain_requested == Some(true);
+            let bad = p.error_ratio.filter(|e| *e > threshold);
+            (requested || bad.is_some()).then(|| (n, requested, p.error_ratio.unwrap_or(0.0)))
+        })
         .collect();
-    candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-    for (name, err) in candidates {
-        let reason = format!("ErrorRatio: {err} > {threshold}");
+    candidates.sort_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then_with(|| b.2.total_cmp(&a.2))
+            .then_with(|| a.0.cmp(b.0))
+    });
+    for (name, requested, err) in candidates {
+        let err_known = sig.pods.get(name).and_then(|p| p.error_ratio);
+        let reason = if requested {
+            format!("{REQUESTED}: annotation lanekeeper.dev/drain-request")
+        } else {
+            format!("ErrorRatio: {err} > {threshold}")
+        };
         if may_drain && (drained.len() as u32) < budget {
             drained.insert(
                 name.clone(),
@@ -178,14 +212,14 @@ pub fn decide(
             actions.push(PodDrain {
                 pod: name.clone(),
                 action: DrainAction::Drain,
-                error_ratio: Some(err),
+                error_ratio: err_known,
                 reason,
             });
         } else {
             actions.push(PodDrain {
                 pod: name.clone(),
                 action: DrainAction::Refused,
-                error_ratio: Some(err),
+                error_ratio: err_known,
                 reason: if may_drain {
                     format!(
                         "DrainBudgetExhausted: {} of {budget} drained",

@@ -87,6 +87,7 @@ impl ClusterSource {
                         PodSignals {
                             ready: Some(p.containers_ready),
                             error_ratio: None,
+                            drain_requested: p.drain_requested.then_some(true),
                         },
                     );
                 }
@@ -137,6 +138,7 @@ pub fn merge(base: &mut SourceOutput, overlay: SourceOutput) {
         let e = b.pods.entry(name).or_default();
         e.ready = pod.ready.or(e.ready);
         e.error_ratio = pod.error_ratio.or(e.error_ratio);
+        e.drain_requested = pod.drain_requested.or(e.drain_requested);
     }
     for (k, l) in overlay.lanes {
         let e = base.lanes.entry(k).or_default();
