@@ -1,0 +1,169 @@
+//! Scrapes of model-server pages (vLLM names) from fake pod endpoints on
+//! loopback addresses, including a pod that times out.
+
+mod prometheus_support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use lanekeeper::api::CapacityProfile;
+use lanekeeper::api::profile::ScrapeMetrics;
+use lanekeeper::signals::scrape::{ScrapeSource, parse_page};
+use lanekeeper::signals::{PoolPod, SourceInput};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const VLLM_PAGE: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="agent-large"} 41.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="agent-large"} 7.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="agent-large"} 0.83
+# HELP model:error_ratio Errors per request over the last minute.
+# TYPE model:error_ratio gauge
+model:error_ratio 0.02
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="agent-large"} 12345.0
+"#;
+
+const OLD_VLLM_PAGE: &str = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 1\n# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\n";
+
+#[test]
+fn parses_vllm_names_with_the_old_kv_cache_fallback() {
+    let names = ScrapeMetrics {
+        error_ratio: Some("model:error_ratio".into()),
+        ..Default::default()
+    };
+    let m = parse_page(VLLM_PAGE, &names).unwrap();
+    assert_eq!(m.running, Some(41.0));
+    assert_eq!(m.waiting, Some(7.0));
+    assert_eq!(m.kv_cache_usage, Some(0.83));
+    assert_eq!(m.error_ratio, Some(0.02));
+    let m = parse_page(OLD_VLLM_PAGE, &names).unwrap();
+    assert_eq!(m.kv_cache_usage, Some(0.5));
+    assert_eq!(m.error_ratio, None);
+    assert!(parse_page("<html>not metrics</html>", &names).is_err());
+    let nan = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running NaN\n";
+    assert_eq!(parse_page(nan, &names).unwrap().running, None);
+}
+
+/// A fake pod serving `page` on `ip:port` after `delay`.
+async fn fake_pod(ip: &str, port: u16, page: &'static str, delay: Duration) {
+    let l = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                tokio::time::sleep(delay).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+}
+
+fn profile(port: u16) -> CapacityProfile {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/inc-47/inc-47.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc = serde_yaml::Deserializer::from_str(&text).next().unwrap();
+    let mut v: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
+    v["spec"]["signals"] = serde_json::json!({"scrape": {
+        "port": port, "timeoutSeconds": 1, "intervalSeconds": 15, "maxConcurrency": 2,
+        "metrics": {"errorRatio": "model:error_ratio"}
+    }});
+    serde_json::from_value(v).unwrap()
+}
+
+fn pod(name: &str, ip: &str) -> PoolPod {
+    PoolPod {
+        name: name.into(),
+        containers_ready: true,
+        ip: Some(ip.into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scrapes_pods_and_a_slow_pod_makes_totals_unknown() {
+    let port = prometheus_support::free_port();
+    fake_pod("127.0.0.1", port, VLLM_PAGE, Duration::ZERO).await;
+    fake_pod("127.0.0.2", port, OLD_VLLM_PAGE, Duration::ZERO).await;
+    fake_pod("127.0.0.3", port, VLLM_PAGE, Duration::from_secs(10)).await;
+    let p = profile(port);
+    let source = ScrapeSource::new(None);
+
+    // Two answering pods (and one not ready, not scraped): totals known.
+    let pods = vec![
+        pod("vllm-0", "127.0.0.1"),
+        pod("vllm-1", "127.0.0.2"),
+        PoolPod {
+            containers_ready: false,
+            ..pod("vllm-2", "127.0.0.3")
+        },
+    ];
+    let input = SourceInput {
+        profile: &p,
+        lanes: &[],
+        target_ready_replicas: None,
+        pods: Some(&pods),
+        now: 1000,
+    };
+    let out = source.observe(&input).await;
+    assert_eq!(out.profile.in_flight, Some(44.0));
+    assert_eq!(out.profile.queue_depth, Some(8.0));
+    assert_eq!(out.profile.pods["vllm-0"].error_ratio, Some(0.02));
+    assert!(
+        !out.profile.pods.contains_key("vllm-1"),
+        "no error ratio on its page"
+    );
+    assert!(out.unknown.is_empty(), "{:?}", out.unknown);
+
+    // The third pod is ready but times out: per-pod evidence stays, totals
+    // are Unknown (a partial sum would understate the load), within the
+    // timeout.
+    let pods = vec![
+        pod("vllm-0", "127.0.0.1"),
+        pod("vllm-1", "127.0.0.2"),
+        pod("vllm-2", "127.0.0.3"),
+    ];
+    let input = SourceInput {
+        profile: &p,
+        lanes: &[],
+        target_ready_replicas: None,
+        pods: Some(&pods),
+        now: 1100,
+    };
+    let started = Instant::now();
+    let out = source.observe(&input).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(out.profile.in_flight, None);
+    assert_eq!(out.profile.queue_depth, None);
+    assert_eq!(out.profile.pods["vllm-0"].error_ratio, Some(0.02));
+    assert!(
+        out.unknown["scrape:inFlight"].contains("vllm-2: timeout"),
+        "{:?}",
+        out.unknown
+    );
+
+    // Within intervalSeconds the result is reused (no new scrape).
+    let input = SourceInput { now: 1105, ..input };
+    let started = Instant::now();
+    let again = source.observe(&input).await;
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert_eq!(again, out);
+}
