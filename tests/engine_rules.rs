@@ -1906,3 +1906,62 @@ fn inc47_timeline() {
     let last = run.state.profiles[INC47_PROFILE].level;
     assert_eq!(last, 0);
 }
+
+/// Drain requests by annotation are honoured within the bound, before
+/// error-ratio candidates, and released when withdrawn.
+#[test]
+fn drain_requests_go_first_within_the_bound_and_are_released_when_withdrawn() {
+    use lanekeeper::api::DrainSpec;
+    use lanekeeper::policy::DrainAction;
+    use lanekeeper::policy::drain::decide;
+    use std::collections::BTreeMap;
+    let spec: DrainSpec = serde_yaml::from_str(
+        "{maxDrained: \"25%\", minServing: 2, errorRatioAbove: \"0.20\", healthyForSeconds: 60}",
+    )
+    .unwrap();
+    let mut sig = lanekeeper::snapshot::ProfileSignals::default();
+    for i in 0..8 {
+        let name = format!("pod-{i}");
+        let err = if i < 3 { 0.9 - i as f64 * 0.1 } else { 0.01 };
+        sig.pods.insert(
+            name,
+            PodSignals {
+                ready: Some(true),
+                error_ratio: Some(err),
+                drain_requested: (i == 6).then_some(true),
+            },
+        );
+    }
+    let out = decide(Some(&spec), Some(&sig), 0, true, &BTreeMap::new());
+    let drained: Vec<&str> = out
+        .actions
+        .iter()
+        .filter(|a| a.action == DrainAction::Drain)
+        .map(|a| a.pod.as_str())
+        .collect();
+    // Bound 2: the request first, then the worst error ratio.
+    assert_eq!(drained, vec!["pod-0", "pod-6"]);
+    assert!(out.drained["pod-6"].reason.starts_with("DrainRequested"));
+    assert_eq!(
+        out.actions
+            .iter()
+            .filter(|a| a.action == DrainAction::Refused)
+            .count(),
+        2
+    );
+    // Still requested: kept. Withdrawn: undrained at once (its error ratio is fine).
+    let kept = decide(Some(&spec), Some(&sig), 10, true, &out.drained);
+    assert!(kept.drained.contains_key("pod-6"));
+    sig.pods.get_mut("pod-6").unwrap().drain_requested = None;
+    let released = decide(Some(&spec), Some(&sig), 20, true, &kept.drained);
+    assert!(!released.drained.contains_key("pod-6"));
+    assert!(released.actions.iter().any(|a| a.pod == "pod-6"
+        && a.action == DrainAction::Undrain
+        && a.reason == "DrainRequestWithdrawn"));
+    // A request on a pod that is not ready is not drained.
+    let mut sig2 = sig.clone();
+    sig2.pods.get_mut("pod-7").unwrap().drain_requested = Some(true);
+    sig2.pods.get_mut("pod-7").unwrap().ready = Some(false);
+    let out2 = decide(Some(&spec), Some(&sig2), 0, true, &BTreeMap::new());
+    assert!(!out2.drained.contains_key("pod-7"));
+}

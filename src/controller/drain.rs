@@ -18,9 +18,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::Selector;
-use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::pods::{DRAIN_LABEL, pool_pod};
@@ -136,8 +136,7 @@ async fn fresh_pods(api: &Api<Pod>, selector: &str) -> Result<Vec<Pod>, Error> {
 /// Carries out the decision's drains and undrains on the pool's pods.
 /// `enforce` is false in observe mode: then nothing is written.
 pub async fn actuate(
-    client: &Client,
-    ns: &str,
+    api: &Api<Pod>,
     pod_selector: &Selector,
     spec: &DrainSpec,
     decision: &ProfileDecision,
@@ -145,7 +144,6 @@ pub async fn actuate(
     now: i64,
     mut on_write: impl FnMut(&str),
 ) -> Result<DrainReport, Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let selector = pod_selector.to_string();
     let mut report = DrainReport::default();
     let wants_undrain: Vec<_> = decision
@@ -166,7 +164,7 @@ pub async fn actuate(
         report.refused.push((a.pod.clone(), a.reason.clone()));
     }
     if !enforce {
-        let pods = fresh_pods(&api, &selector).await?;
+        let pods = fresh_pods(api, &selector).await?;
         let c = count(&pods);
         report.drained_count = c.drained;
         report.budget = bound(spec, c.ready);
@@ -181,7 +179,7 @@ pub async fn actuate(
 
     // Undrains first: they only free slots.
     if !wants_undrain.is_empty() {
-        let pods = fresh_pods(&api, &selector).await?;
+        let pods = fresh_pods(api, &selector).await?;
         for a in wants_undrain {
             let Some(p) = pods.iter().find(|p| p.name_any() == a.pod) else {
                 continue;
@@ -216,7 +214,7 @@ pub async fn actuate(
 
     // Drains, each re-checking the bound against the newest state.
     for a in wants_drain {
-        let pods = fresh_pods(&api, &selector).await?;
+        let pods = fresh_pods(api, &selector).await?;
         let c = count(&pods);
         let budget = bound(spec, c.ready);
         let Some(p) = pods.iter().find(|p| p.name_any() == a.pod) else {
@@ -269,7 +267,7 @@ pub async fn actuate(
 
     // Readiness gates: True once the containers are ready and the pod is not
     // drained, False while drained.
-    let pods = fresh_pods(&api, &selector).await?;
+    let pods = fresh_pods(api, &selector).await?;
     for p in pods.iter().filter(|p| has_gate(p)) {
         let view = pool_pod(p);
         if view.terminating {

@@ -447,9 +447,9 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
     if let (Some(spec), Some(_)) = (&profile.spec.drain, &raw_pods) {
         let selector = super::pods::selector_of(profile).map_err(Error::Invalid)?;
         let metrics = &ctx.metrics;
+        let pod_api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
         let report = super::drain::actuate(
-            client,
-            &ns,
+            &pod_api,
             &selector,
             spec,
             &decision,
