@@ -134,6 +134,9 @@ pub struct Point {
 /// Series by evaluation time.
 pub type Points = BTreeMap<i64, Vec<Point>>;
 
+/// Raw values (labels, value) by evaluation time, without sample times.
+pub type RawPoints = BTreeMap<i64, Vec<(BTreeMap<String, String>, f64)>>;
+
 #[derive(Deserialize)]
 struct ApiResponse {
     status: String,
@@ -241,11 +244,7 @@ impl PromClient {
 
     /// Runs `query` over the window; the values by evaluation time, without
     /// sample times (see [`PromClient::series`]).
-    pub async fn raw(
-        &self,
-        query: &str,
-        w: &Window,
-    ) -> Result<BTreeMap<i64, Vec<(BTreeMap<String, String>, f64)>>, Problem> {
+    pub async fn raw(&self, query: &str, w: &Window) -> Result<RawPoints, Problem> {
         let data = match *w {
             Window::At(t) => {
                 self.get(
@@ -275,7 +274,7 @@ impl PromClient {
             m.remove("__name__");
             m
         };
-        let mut out: BTreeMap<i64, Vec<(BTreeMap<String, String>, f64)>> = BTreeMap::new();
+        let mut out = RawPoints::new();
         match data {
             ApiData::Vector(v) => {
                 for s in v {
