@@ -281,77 +281,137 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
         // CapacityProfile: spec.signals
         (
             "prometheus url scheme",
-            with(p(), "/spec/signals/prometheus/url", Some(json!("prometheus.monitoring:9090"))),
+            with(
+                p(),
+                "/spec/signals/prometheus/url",
+                Some(json!("prometheus.monitoring:9090")),
+            ),
             "url must start with http:// or https://",
         ),
         (
             "prometheus timeout 0",
-            with(p(), "/spec/signals/prometheus/timeoutSeconds", Some(json!(0))),
+            with(
+                p(),
+                "/spec/signals/prometheus/timeoutSeconds",
+                Some(json!(0)),
+            ),
             "timeoutSeconds must be > 0",
         ),
         (
             "prometheus staleness 0",
-            with(p(), "/spec/signals/prometheus/stalenessSeconds", Some(json!(0))),
+            with(
+                p(),
+                "/spec/signals/prometheus/stalenessSeconds",
+                Some(json!(0)),
+            ),
             "stalenessSeconds must be > 0",
         ),
         (
             "bearer token secret name empty",
-            with(p(), "/spec/signals/prometheus/bearerTokenSecretRef/name", Some(json!(""))),
+            with(
+                p(),
+                "/spec/signals/prometheus/bearerTokenSecretRef/name",
+                Some(json!("")),
+            ),
             "name must not be empty",
         ),
         (
             "bearer token key empty",
-            with(p(), "/spec/signals/prometheus/bearerTokenSecretRef/key", Some(json!(""))),
+            with(
+                p(),
+                "/spec/signals/prometheus/bearerTokenSecretRef/key",
+                Some(json!("")),
+            ),
             "key must not be empty",
         ),
         (
             "caBundle with both sources",
-            with(p(), "/spec/signals/prometheus/caBundle/secretKeyRef", Some(json!({"name": "s", "key": "ca.crt"}))),
+            with(
+                p(),
+                "/spec/signals/prometheus/caBundle/secretKeyRef",
+                Some(json!({"name": "s", "key": "ca.crt"})),
+            ),
             "caBundle needs exactly one of configMapKeyRef and secretKeyRef",
         ),
         (
             "laneLabel not a label name",
-            with(p(), "/spec/signals/prometheus/laneLabel", Some(json!("lane-name"))),
+            with(
+                p(),
+                "/spec/signals/prometheus/laneLabel",
+                Some(json!("lane-name")),
+            ),
             "laneLabel must be a Prometheus label name",
         ),
         (
             "podLabel not a label name",
-            with(p(), "/spec/signals/prometheus/podLabel", Some(json!("1pod"))),
+            with(
+                p(),
+                "/spec/signals/prometheus/podLabel",
+                Some(json!("1pod")),
+            ),
             "podLabel must be a Prometheus label name",
         ),
         (
             "empty query availableUnitsPerSecond",
-            with(p(), "/spec/signals/prometheus/queries/availableUnitsPerSecond", Some(json!("  "))),
+            with(
+                p(),
+                "/spec/signals/prometheus/queries/availableUnitsPerSecond",
+                Some(json!("  ")),
+            ),
             "a query must not be empty",
         ),
         (
             "empty query inFlight",
-            with(p(), "/spec/signals/prometheus/queries/inFlight", Some(json!("  "))),
+            with(
+                p(),
+                "/spec/signals/prometheus/queries/inFlight",
+                Some(json!("  ")),
+            ),
             "a query must not be empty",
         ),
         (
             "empty query queueDepth",
-            with(p(), "/spec/signals/prometheus/queries/queueDepth", Some(json!("  "))),
+            with(
+                p(),
+                "/spec/signals/prometheus/queries/queueDepth",
+                Some(json!("  ")),
+            ),
             "a query must not be empty",
         ),
         (
             "empty query p95LatencySeconds",
-            with(p(), "/spec/signals/prometheus/queries/p95LatencySeconds", Some(json!("  "))),
+            with(
+                p(),
+                "/spec/signals/prometheus/queries/p95LatencySeconds",
+                Some(json!("  ")),
+            ),
             "a query must not be empty",
         ),
         (
             "empty query errorRatio",
-            with(p(), "/spec/signals/prometheus/queries/errorRatio", Some(json!("  "))),
+            with(
+                p(),
+                "/spec/signals/prometheus/queries/errorRatio",
+                Some(json!("  ")),
+            ),
             "a query must not be empty",
         ),
         (
             "empty query laneRequestsPerSecond",
-            with(p(), "/spec/signals/prometheus/queries/laneRequestsPerSecond", Some(json!("  "))),
+            with(
+                p(),
+                "/spec/signals/prometheus/queries/laneRequestsPerSecond",
+                Some(json!("  ")),
+            ),
             "a query must not be empty",
         ),
         (
             "empty query podErrorRatio",
-            with(p(), "/spec/signals/prometheus/queries/podErrorRatio", Some(json!("  "))),
+            with(
+                p(),
+                "/spec/signals/prometheus/queries/podErrorRatio",
+                Some(json!("  ")),
+            ),
             "a query must not be empty",
         ),
         (
@@ -386,17 +446,29 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "scrape running name empty",
-            with(p(), "/spec/signals/scrape/metrics/requestsRunning", Some(json!(""))),
+            with(
+                p(),
+                "/spec/signals/scrape/metrics/requestsRunning",
+                Some(json!("")),
+            ),
             "metric names must not be empty",
         ),
         (
             "scrape waiting name empty",
-            with(p(), "/spec/signals/scrape/metrics/requestsWaiting", Some(json!(""))),
+            with(
+                p(),
+                "/spec/signals/scrape/metrics/requestsWaiting",
+                Some(json!("")),
+            ),
             "metric names must not be empty",
         ),
         (
             "scrape error ratio name empty",
-            with(p(), "/spec/signals/scrape/metrics/errorRatio", Some(json!(""))),
+            with(
+                p(),
+                "/spec/signals/scrape/metrics/errorRatio",
+                Some(json!("")),
+            ),
             "metric names must not be empty",
         ),
         // LaneContract
