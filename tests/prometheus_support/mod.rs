@@ -120,6 +120,39 @@ impl Prom {
         Some(p)
     }
 
+    /// Starts a server that scrapes `target` (`host:port`) every second.
+    pub fn start_scraping(test: &str, target: &str) -> Option<Prom> {
+        let (prometheus, _) = binaries(test)?;
+        let dir = TempDir::new("prom");
+        let data = dir.0.join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        let config = dir.0.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n- job_name: exporter\n  static_configs:\n  - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let child = Command::new(prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", data.display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts prometheus");
+        let p = Prom {
+            child,
+            port,
+            _dir: dir,
+        };
+        p.wait_ready();
+        Some(p)
+    }
+
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr = format!("127.0.0.1:{}", self.port);
