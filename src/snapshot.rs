@@ -57,6 +57,14 @@ pub struct ProfileSignals {
     /// Per-pod evidence, keyed by pod name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pods: BTreeMap<String, PodSignals>,
+    /// Signals that a configured source failed to give, with the reason
+    /// (signal name → reason). A configured capacity signal
+    /// (`availableUnitsPerSecond`) listed here makes the capacity Unknown:
+    /// lanekeeper does not fall back to ready replicas when the measurement
+    /// it was told to trust is missing (in an incident like INC-47 every
+    /// replica is ready while the provider is degraded).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 /// Per-pod evidence.
@@ -96,6 +104,7 @@ impl ProfileSignals {
             queue_depth: clean(self.queue_depth),
             p95_latency_seconds: clean(self.p95_latency_seconds),
             error_ratio: clean(self.error_ratio),
+            unknown: self.unknown.clone(),
             pods: self
                 .pods
                 .iter()

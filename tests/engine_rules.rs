@@ -1965,3 +1965,52 @@ fn drain_requests_go_first_within_the_bound_and_are_released_when_withdrawn() {
     let out2 = decide(Some(&spec), Some(&sig2), 0, true, &BTreeMap::new());
     assert!(!out2.drained.contains_key("pod-7"));
 }
+
+/// A configured capacity measurement that is missing makes capacity Unknown:
+/// no fallback to ready replicas (every replica can be ready while the
+/// provider is degraded).
+#[test]
+fn a_missing_capacity_measurement_is_not_replaced_by_replica_counts() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/inc-47/inc-47.yaml"
+    ))
+    .unwrap();
+    let mut loaded = lanekeeper::manifest::Loaded::default();
+    lanekeeper::manifest::load_str(std::path::Path::new("inc-47.yaml"), &text, &mut loaded)
+        .unwrap();
+    let mut snap = lanekeeper::snapshot::Snapshot::default();
+    let mut sig = lanekeeper::snapshot::ProfileSignals {
+        ready_replicas: Some(8),
+        ..Default::default()
+    };
+    snap.profiles
+        .insert("ai-platform/agent-assist".into(), sig.clone());
+    let (known, _) = lanekeeper::policy::evaluate(
+        &loaded.world,
+        &snap,
+        &Default::default(),
+        &Default::default(),
+    );
+    assert_eq!(
+        known.profiles[0].capacity_units_per_second,
+        Some(560.0),
+        "ready replicas give capacity when nothing is measured"
+    );
+    sig.unknown.insert(
+        "availableUnitsPerSecond".into(),
+        "unreachable: connection refused".into(),
+    );
+    snap.profiles.insert("ai-platform/agent-assist".into(), sig);
+    let (unknown, _) = lanekeeper::policy::evaluate(
+        &loaded.world,
+        &snap,
+        &Default::default(),
+        &Default::default(),
+    );
+    assert_eq!(unknown.profiles[0].capacity_units_per_second, None);
+    assert_eq!(
+        unknown.profiles[0].telemetry,
+        lanekeeper::policy::Telemetry::Unknown
+    );
+}

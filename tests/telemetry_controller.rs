@@ -78,14 +78,11 @@ async fn capacity_loss_raises_the_level_and_an_outage_is_reported() {
     scenario(false).await;
 }
 
-/// KNOWN GAP: when the configured `availableUnitsPerSecond` query goes
-/// Unknown, the engine falls back to ready replicas x unitsPerReplica (here
-/// the scale target reports 0 ready, so capacity becomes a Known 0 and the
-/// level rises to 3) instead of treating capacity as Unknown and holding.
-/// Needs an engine rule: a configured capacity query that is Unknown makes
-/// capacity Unknown.
+/// A Prometheus outage makes the configured capacity signal Unknown, and with
+/// it the capacity: no fallback to ready replicas (which in an incident like
+/// INC-47 are all ready while the provider is degraded). `TelemetryKnown`
+/// turns False and the level is held.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "known gap: ready-replica fallback hides a Prometheus outage (see doc comment)"]
 async fn an_outage_turns_telemetry_unknown_and_holds_the_level() {
     scenario(true).await;
 }

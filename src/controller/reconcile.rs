@@ -298,7 +298,9 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
         at: now,
         ..Default::default()
     };
-    snapshot.profiles.insert(pkey.clone(), out.profile.clone());
+    let mut profile_signals = out.profile.clone();
+    profile_signals.unknown = out.unknown.clone();
+    snapshot.profiles.insert(pkey.clone(), profile_signals);
     snapshot.lanes = out.lanes.clone();
     observed.unknown.extend(out.unknown.clone());
     observed.ready_replicas = out.profile.ready_replicas.or_else(|| {

@@ -22,6 +22,9 @@ pub use decision::*;
 use admission::{AdmissionLane, EPS};
 use ladder::LevelInputs;
 
+/// The name of the measured-capacity signal.
+pub const CAPACITY_SIGNAL: &str = "availableUnitsPerSecond";
+
 /// Namespace/name key of an object.
 pub fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
@@ -99,12 +102,17 @@ fn capacity_of(
         return (None, None, None);
     };
     let upr = profile.spec.capacity.units_per_replica.value();
+    let measured_capacity_missing =
+        sig.available_units_per_second.is_none() && sig.unknown.contains_key(CAPACITY_SIGNAL);
     let ready_pods = sig.pods.values().filter(|p| p.ready != Some(false)).count() as u32;
     let ready = sig.ready_replicas.or(if sig.pods.is_empty() {
         None
     } else {
         Some(ready_pods)
     });
+    if measured_capacity_missing {
+        return (None, None, ready);
+    }
     if let Some(a) = sig.available_units_per_second {
         return (Some(a), Some("availableUnitsPerSecond".into()), ready);
     }
