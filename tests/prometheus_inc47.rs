@@ -180,3 +180,71 @@ fn strip(v: &mut serde_json::Value, key: &str) {
         _ => {}
     }
 }
+
+/// The command, on the shipped example (whose profile configures no
+/// queries): `plan -f examples/inc-47 --prometheus URL --from --to --step
+/// 60s` reads the conventional recording rules of docs/telemetry.md and
+/// decides like the signals file.
+#[tokio::test(flavor = "multi_thread")]
+async fn plan_cli_on_the_shipped_example_uses_the_conventional_recording_rules() {
+    let base = minute_now() - 3 * 3600;
+    let sig = signals();
+    let Some(prom) = Prom::start(
+        "plan_cli_on_the_shipped_example_uses_the_conventional_recording_rules",
+        &series_of(&sig, &world(), base).render(),
+    ) else {
+        return;
+    };
+    let end = base + sig.steps.last().unwrap().at;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .current_dir(root())
+        .args(["plan", "-f", "examples/inc-47", "--prometheus", &prom.url()])
+        .args([
+            "--from",
+            &base.to_string(),
+            "--to",
+            &end.to_string(),
+            "--step",
+            "60s",
+            "-o",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let live: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shipped = lanekeeper::manifest::load(&[root().join("examples/inc-47/inc-47.yaml")])
+        .unwrap()
+        .world;
+    let mut shifted = sig.clone();
+    for s in &mut shifted.steps {
+        s.at += base;
+    }
+    let from_file =
+        serde_json::to_value(plan::plan(&shipped, &shifted, &Approvals::new())).unwrap();
+    let levels = |p: &serde_json::Value| -> Vec<(i64, u64, f64)> {
+        p["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let d = &s["profiles"][0];
+                (
+                    s["at"].as_i64().unwrap(),
+                    d["level"].as_u64().unwrap(),
+                    d["admittedUnitsPerSecond"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(levels(&live), levels(&from_file));
+    assert!(
+        levels(&live)
+            .iter()
+            .any(|(_, l, a)| *l == 2 && (a - 400.1).abs() < 1e-6)
+    );
+}

@@ -867,14 +867,59 @@ pub async fn signals_file(
 }
 
 /// The Prometheus settings `plan` uses for a profile: its own, with `url`
-/// overriding the URL; `None` when the profile has no queries.
+/// overriding the URL. A profile without queries gets the conventional
+/// recording-rule queries (see [`conventional_queries`]) when `plan` was given
+/// a URL; `None` when there is neither.
 fn prom_config(profile: &CapacityProfile, url: Option<&str>) -> Option<PrometheusSignals> {
-    let mut cfg = profile.spec.signals.as_ref()?.prometheus.clone()?;
-    if cfg.queries.is_empty() {
-        return None;
-    }
+    let own = profile
+        .spec
+        .signals
+        .as_ref()
+        .and_then(|s| s.prometheus.clone());
+    let mut cfg = match own {
+        Some(c) if !c.queries.is_empty() => c,
+        Some(mut c) => {
+            url?;
+            c.queries = conventional_queries(profile);
+            c
+        }
+        None => {
+            let u = url?;
+            let mut c: PrometheusSignals =
+                serde_json::from_value(serde_json::json!({"url": u})).ok()?;
+            c.queries = conventional_queries(profile);
+            c
+        }
+    };
     if let Some(u) = url {
         cfg.url = u.to_owned();
     }
     Some(cfg)
+}
+
+/// The queries of the recording rules docs/telemetry.md recommends, for a
+/// profile that configures none: `pool:*{namespace,profile}` for the pool
+/// signals, `lane:requests_per_second{namespace}` by `lane`, and
+/// `pod:error_ratio{namespace}` by `pod` restricted to pods named after the
+/// scale target (`<name>-...`, as Deployments and StatefulSets name them).
+pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
+    let ns = profile.namespace().unwrap_or_default();
+    let name = profile.name_any();
+    let pool = |metric: &str| {
+        Some(format!(
+            "pool:{metric}{{namespace=\"{ns}\",profile=\"{name}\"}}"
+        ))
+    };
+    let target = &profile.spec.pool.scale_target_ref.name;
+    PrometheusQueries {
+        available_units_per_second: pool("available_units_per_second"),
+        in_flight: pool("in_flight"),
+        queue_depth: pool("queue_depth"),
+        p95_latency_seconds: pool("p95_latency_seconds"),
+        error_ratio: pool("error_ratio"),
+        lane_requests_per_second: Some(format!("lane:requests_per_second{{namespace=\"{ns}\"}}")),
+        pod_error_ratio: Some(format!(
+            "pod:error_ratio{{namespace=\"{ns}\",pod=~\"{target}-.*\"}}"
+        )),
+    }
 }
