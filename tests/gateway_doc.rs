@@ -61,7 +61,6 @@ fn build(world: &World, ready: u32, lane_rps: &[(&str, f64)]) -> GatewayConfig {
             format!("ai-platform/{lane}"),
             LaneSignals {
                 requests_per_second: Some(*rps),
-                ..Default::default()
             },
         );
     }
