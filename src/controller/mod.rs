@@ -224,6 +224,18 @@ pub async fn check_crds(client: &Client) -> Result<(), Error> {
     }
 }
 
+/// Whether the lane and policy stores have synced (without waiting: kube's
+/// `Store::wait_until_ready` wakes only the last of several waiting tasks, so
+/// callers poll this instead).
+pub(crate) fn stores_ready(
+    lanes: &Store<DeserializeGuard<LaneContract>>,
+    policies: &Store<DeserializeGuard<DegradationPolicy>>,
+) -> bool {
+    use futures::FutureExt;
+    lanes.wait_until_ready().now_or_never().is_some()
+        && policies.wait_until_ready().now_or_never().is_some()
+}
+
 /// Whether an API error is worth retrying.
 pub fn transient(e: &kube::Error) -> bool {
     match e {
@@ -335,9 +347,13 @@ pub async fn run_controllers(
             policy_store.clone(),
         );
         let ready_task = tokio::spawn(async move {
-            let _ = stores.0.wait_until_ready().await;
-            let _ = stores.1.wait_until_ready().await;
-            let _ = stores.2.wait_until_ready().await;
+            // Polled: reconciles poll the same stores' readiness, and
+            // `wait_until_ready` wakes only the last task that polled it.
+            while !(stores_ready(&stores.1, &stores.2)
+                && futures::FutureExt::now_or_never(stores.0.wait_until_ready()).is_some())
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             ready_flag.set(true);
         });
         let pod_trigger = trigger_rx.map(|r: ObjectRef<CapacityProfile>| {

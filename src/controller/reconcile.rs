@@ -94,15 +94,15 @@ pub async fn reconcile(
     let ns = profile.namespace().unwrap_or_default();
     let name = profile.name_any();
     // Never decide on a partial index: lanes and policies must have synced.
-    let synced = async {
-        let _ = ctx.lanes.wait_until_ready().await;
-        let _ = ctx.policies.wait_until_ready().await;
-    };
-    if tokio::time::timeout(Duration::from_secs(30), synced)
-        .await
-        .is_err()
-    {
-        return Err(Error::IndexNotSynced);
+    // kube's `Store::wait_until_ready` wakes only the task that polled it
+    // last, so when many profiles reconcile at start-up, awaiting it left all
+    // but one asleep until the timeout (30 s); poll the readiness instead.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !super::stores_ready(&ctx.lanes, &ctx.policies) {
+        if Instant::now() >= deadline {
+            return Err(Error::IndexNotSynced);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let result = reconcile_profile(profile, &ctx).await;
     ctx.metrics
