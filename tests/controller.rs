@@ -750,9 +750,13 @@ async fn restart_mid_incident_continues_the_hysteresis() {
         .map(|t| (t["from"].as_u64().unwrap(), t["to"].as_u64().unwrap()))
         .collect();
     assert_eq!(t, vec![(0, 2), (2, 1)], "no repeated or skipped transition");
+    assert!(
+        s.wait_until(T, |s| events(s, "LevelLowered").len() == 1)
+            .await
+    );
     assert_eq!(events(&s, "LevelRaised").len(), 1);
-    assert_eq!(events(&s, "LevelLowered").len(), 1);
     b.stop().await;
+    assert_eq!(events(&s, "LevelLowered").len(), 1, "no repeated event");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
