@@ -161,10 +161,12 @@ fn written_is_newer(written_rv: &str, store_rv: Option<&str>) -> bool {
     }
 }
 
-/// The object with the freshest status we know: the store's, unless this
-/// leader wrote a newer one that the watch has not delivered yet. Statuses
-/// accumulate (transitions, condition times), so building on a stale copy
-/// would lose what was just written.
+/// The object with the freshest status and annotations we know: the
+/// store's, unless this leader wrote a newer one that the watch has not
+/// delivered yet. Statuses accumulate (transitions, condition times), so
+/// building on a stale copy would lose what was just written; and an
+/// approval annotation this leader just consumed must not be read back from
+/// a stale copy and consumed again.
 pub(crate) fn freshen<K>(ctx: &Context, obj: &K) -> K
 where
     K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned,
@@ -174,19 +176,20 @@ where
     };
     let cached = ctx.statuses.lock().expect("not poisoned").get(uid).cloned();
     match cached {
-        Some((rv, status)) if written_is_newer(&rv, obj.meta().resource_version.as_deref()) => {
+        Some((rv, written)) if written_is_newer(&rv, obj.meta().resource_version.as_deref()) => {
             let mut v = match serde_json::to_value(obj) {
                 Ok(v) => v,
                 Err(_) => return obj.clone(),
             };
-            v["status"] = status;
+            v["status"] = written["status"].clone();
+            v["metadata"]["annotations"] = written["annotations"].clone();
             serde_json::from_value(v).unwrap_or_else(|_| obj.clone())
         }
         _ => obj.clone(),
     }
 }
 
-/// Remembers the status an API write returned.
+/// Remembers the status and annotations an API write returned.
 pub(crate) fn remember<K: Resource + serde::Serialize>(ctx: &Context, written: &K) {
     let (Some(uid), Some(rv)) = (
         written.meta().uid.clone(),
@@ -195,11 +198,51 @@ pub(crate) fn remember<K: Resource + serde::Serialize>(ctx: &Context, written: &
         return;
     };
     if let Ok(v) = serde_json::to_value(written) {
+        let kept = json!({"status": v["status"], "annotations": v["metadata"]["annotations"]});
         ctx.statuses
             .lock()
             .expect("not poisoned")
-            .insert(uid, (rv, v["status"].clone()));
+            .insert(uid, (rv, kept));
     }
+}
+
+/// Server-side applies `status` to an object's status subresource as the
+/// `lanekeeper` field manager, unless it equals the freshest status known
+/// (`current`); remembers what the write returned. Returns whether it wrote.
+async fn apply_status<K, S>(
+    ctx: &Context,
+    obj: &K,
+    current: Option<&S>,
+    status: &S,
+) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+    S: serde::Serialize + PartialEq,
+{
+    if current == Some(status) {
+        return Ok(false);
+    }
+    let api: Api<K> = Api::namespaced(
+        ctx.client.clone(),
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+    );
+    let kind = K::kind(&());
+    let patch = json!({"apiVersion": K::api_version(&()), "kind": kind, "status": status});
+    let written = api
+        .patch_status(
+            obj.meta().name.as_deref().unwrap_or_default(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(|e| Error::kube("apply status", e))?;
+    ctx.metrics.write(&kind, "apply-status");
+    remember(ctx, &written);
+    Ok(true)
 }
 
 fn gather(profile: &CapacityProfile, ctx: &Context) -> Gathered {
@@ -512,19 +555,7 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
     // Report: status of the profile, its lanes and its policy.
     let old_status = profile.status.clone().unwrap_or_default();
     let new_status = status::profile_status(profile, &decision, &next, &observed, now);
-    if profile.status.as_ref() != Some(&new_status) {
-        let api: Api<CapacityProfile> = Api::namespaced(client.clone(), &ns);
-        let patch = json!({"apiVersion": "lanekeeper.dev/v1alpha1", "kind": "CapacityProfile", "status": new_status});
-        api.patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(|e| Error::kube("apply CapacityProfile status", e))
-        .map(|o| remember(ctx, &o))?;
-        ctx.metrics.write("CapacityProfile", "apply-status");
-    }
+    apply_status(ctx, profile, profile.status.as_ref(), &new_status).await?;
     ctx.written.lock().expect("not poisoned").insert(
         profile.uid().unwrap_or_default(),
         Written {
@@ -534,7 +565,6 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
         },
     );
 
-    let lane_api: Api<LaneContract> = Api::namespaced(client.clone(), &ns);
     for lane in &g.lanes {
         let d = decision.lanes.iter().find(|d| d.name == lane.name_any());
         let floor = lane
@@ -543,19 +573,7 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
             .as_ref()
             .map_or(0.0, |f| f.value());
         let st = status::lane_status(lane, d, None, floor, now);
-        if lane.status.as_ref() != Some(&st) {
-            let patch = json!({"apiVersion": "lanekeeper.dev/v1alpha1", "kind": "LaneContract", "status": st});
-            lane_api
-                .patch_status(
-                    &lane.name_any(),
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&patch),
-                )
-                .await
-                .map_err(|e| Error::kube("apply LaneContract status", e))
-                .map(|o| remember(ctx, &o))?;
-            ctx.metrics.write("LaneContract", "apply-status");
-        }
+        apply_status(ctx, lane, lane.status.as_ref(), &st).await?;
     }
 
     let policy_api: Api<DegradationPolicy> = Api::namespaced(client.clone(), &ns);
@@ -563,19 +581,7 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
         let overrides = static_overrides(p, &lane_refs);
         let st = status::policy_status(p, Some(&decision), None, approved, &overrides, now);
         let old = p.status.clone().unwrap_or_default();
-        if p.status.as_ref() != Some(&st) {
-            let patch = json!({"apiVersion": "lanekeeper.dev/v1alpha1", "kind": "DegradationPolicy", "status": st});
-            policy_api
-                .patch_status(
-                    &p.name_any(),
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&patch),
-                )
-                .await
-                .map_err(|e| Error::kube("apply DegradationPolicy status", e))
-                .map(|o| remember(ctx, &o))?;
-            ctx.metrics.write("DegradationPolicy", "apply-status");
-        }
+        apply_status(ctx, p, p.status.as_ref(), &st).await?;
         // Events about the policy.
         if old.approved_level != approved
             && let Some(a) = approved
@@ -633,7 +639,8 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
                     &Patch::Merge(&patch),
                 )
                 .await
-                .map_err(|e| Error::kube("consume approval", e))?;
+                .map_err(|e| Error::kube("consume approval", e))
+                .map(|o| remember(ctx, &o))?;
             ctx.metrics.write("DegradationPolicy", "merge");
             publish(
                 ctx,
@@ -650,18 +657,7 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
             "ignored: DegradationPolicy {winner} already governs profile {name} (the older policy wins)"
         );
         let st = status::policy_status(loser, None, Some(msg.clone()), None, &[], now);
-        if loser.status.as_ref() != Some(&st) {
-            let patch = json!({"apiVersion": "lanekeeper.dev/v1alpha1", "kind": "DegradationPolicy", "status": st});
-            policy_api
-                .patch_status(
-                    &loser.name_any(),
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&patch),
-                )
-                .await
-                .map_err(|e| Error::kube("apply DegradationPolicy status", e))
-                .map(|o| remember(ctx, &o))?;
-            ctx.metrics.write("DegradationPolicy", "apply-status");
+        if apply_status(ctx, loser, loser.status.as_ref(), &st).await? {
             publish(ctx, loser, EventType::Warning, "DuplicatePolicy", msg).await;
         }
     }
@@ -965,31 +961,13 @@ pub async fn report_orphans(
             Ok(lane) => {
                 let lane = &freshen(ctx, lane);
                 let ns = lane.namespace().unwrap_or_default();
-                if profile_names.contains(&(ns.clone(), lane.spec.profile.clone())) {
-                    continue;
-                }
-                let msg = format!(
-                    "CapacityProfile {ns}/{} does not exist: the lane takes no part",
-                    lane.spec.profile
-                );
-                let st = status::lane_status(lane, None, Some(msg.clone()), 0.0, now);
-                if lane.status.as_ref() != Some(&st) {
-                    let api: Api<LaneContract> = Api::namespaced(ctx.client.clone(), &ns);
-                    let patch = json!({"apiVersion": "lanekeeper.dev/v1alpha1", "kind": "LaneContract", "status": st});
-                    match api
-                        .patch_status(
-                            &lane.name_any(),
-                            &PatchParams::apply(FIELD_MANAGER).force(),
-                            &Patch::Apply(&patch),
-                        )
-                        .await
-                    {
-                        Ok(_) => {
-                            ctx.metrics.write("LaneContract", "apply-status");
-                            publish(ctx, lane, EventType::Warning, "ProfileNotFound", msg).await;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "failed to report an unbound lane"),
-                    }
+                if !profile_names.contains(&(ns.clone(), lane.spec.profile.clone())) {
+                    let msg = format!(
+                        "CapacityProfile {ns}/{} does not exist: the lane takes no part",
+                        lane.spec.profile
+                    );
+                    let st = status::lane_status(lane, None, Some(msg.clone()), 0.0, now);
+                    report_orphan(ctx, lane, lane.status.as_ref(), &st, msg).await;
                 }
             }
         }
@@ -1000,31 +978,13 @@ pub async fn report_orphans(
             Ok(policy) => {
                 let policy = &freshen(ctx, policy);
                 let ns = policy.namespace().unwrap_or_default();
-                if profile_names.contains(&(ns.clone(), policy.spec.profile.clone())) {
-                    continue;
-                }
-                let msg = format!(
-                    "CapacityProfile {ns}/{} does not exist",
-                    policy.spec.profile
-                );
-                let st = status::policy_status(policy, None, Some(msg.clone()), None, &[], now);
-                if policy.status.as_ref() != Some(&st) {
-                    let api: Api<DegradationPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-                    let patch = json!({"apiVersion": "lanekeeper.dev/v1alpha1", "kind": "DegradationPolicy", "status": st});
-                    match api
-                        .patch_status(
-                            &policy.name_any(),
-                            &PatchParams::apply(FIELD_MANAGER).force(),
-                            &Patch::Apply(&patch),
-                        )
-                        .await
-                    {
-                        Ok(_) => {
-                            ctx.metrics.write("DegradationPolicy", "apply-status");
-                            publish(ctx, policy, EventType::Warning, "ProfileNotFound", msg).await;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "failed to report an orphan policy"),
-                    }
+                if !profile_names.contains(&(ns.clone(), policy.spec.profile.clone())) {
+                    let msg = format!(
+                        "CapacityProfile {ns}/{} does not exist",
+                        policy.spec.profile
+                    );
+                    let st = status::policy_status(policy, None, Some(msg.clone()), None, &[], now);
+                    report_orphan(ctx, policy, policy.status.as_ref(), &st, msg).await;
                 }
             }
         }
@@ -1049,6 +1009,26 @@ pub async fn report_orphans(
         let mut r = kube::runtime::reflector::ObjectRef::<CapacityProfile>::new(&w.name);
         r.namespace = Some(w.namespace.clone());
         ctx.pods.forget(&r);
+    }
+}
+
+/// Writes the status of an object whose profile does not exist, with a
+/// `ProfileNotFound` event when it changes.
+async fn report_orphan<K, S>(ctx: &Context, obj: &K, current: Option<&S>, status: &S, msg: String)
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+    S: serde::Serialize + PartialEq,
+{
+    match apply_status(ctx, obj, current, status).await {
+        Ok(true) => publish(ctx, obj, EventType::Warning, "ProfileNotFound", msg).await,
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "failed to report an object whose profile does not exist")
+        }
     }
 }
 
