@@ -146,24 +146,37 @@ fn lane_statuses_written(s: &ApiServer) -> usize {
         .count()
 }
 
-fn writes_by_kind(s: &ApiServer) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for r in s.requests().iter().filter(|r| r.is_write()) {
-        let parts: Vec<&str> = r.path.split('/').collect();
-        // …/namespaces/<ns>/<plural>/<name>[/<sub>]
-        let key = match parts.iter().position(|p| *p == "namespaces") {
-            Some(i) if parts.len() > i + 2 => {
-                let plural = parts[i + 2];
-                match parts.get(i + 4) {
-                    Some(sub) => format!("{} {plural}/{sub}", r.method),
-                    None => format!("{} {plural}", r.method),
-                }
+/// `METHOD plural[/subresource]` of a request to a namespaced object or
+/// collection.
+fn kind_of(r: &support::apiserver::RecordedRequest) -> String {
+    let parts: Vec<&str> = r.path.split('/').collect();
+    // …/namespaces/<ns>/<plural>[/<name>[/<sub>]]
+    match parts.iter().position(|p| *p == "namespaces") {
+        Some(i) if parts.len() > i + 2 => {
+            let plural = parts[i + 2];
+            match (parts.get(i + 3), parts.get(i + 4)) {
+                (_, Some(sub)) => format!("{} {plural}/{sub}", r.method),
+                (Some(_), None) => format!("{} {plural}", r.method),
+                (None, None) => format!("{} {plural} (list)", r.method),
             }
-            _ => format!("{} {}", r.method, r.path),
-        };
-        *out.entry(key).or_insert(0) += 1;
+        }
+        _ => format!("{} {}", r.method, r.path),
+    }
+}
+
+fn count_by_kind(
+    s: &ApiServer,
+    keep: impl Fn(&support::apiserver::RecordedRequest) -> bool,
+) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in s.requests().iter().filter(|r| keep(r)) {
+        *out.entry(kind_of(r)).or_insert(0) += 1;
     }
     out
+}
+
+fn writes_by_kind(s: &ApiServer) -> BTreeMap<String, usize> {
+    count_by_kind(s, |r| r.is_write())
 }
 
 /// Set in the child process that runs the controller against the double.
@@ -390,18 +403,8 @@ async fn run() {
     if writes > 0 {
         println!("steady-state writes by kind: {:?}", writes_by_kind(&s));
     }
-    let mut by_path: BTreeMap<String, usize> = BTreeMap::new();
-    for r in reqs.iter().filter(|r| !r.is_write() && !r.watch) {
-        let key = r
-            .path
-            .split('/')
-            .enumerate()
-            .map(|(i, p)| if i == 4 || i == 6 { "*" } else { p })
-            .collect::<Vec<_>>()
-            .join("/");
-        *by_path.entry(key).or_insert(0) += 1;
-    }
-    println!("steady-state reads by path: {by_path:?}");
+    let by_kind = count_by_kind(&s, |r| !r.is_write() && !r.watch);
+    println!("steady-state reads by kind: {by_kind:?}");
     let rss_steady = rss_kib();
     println!(
         "double's process: VmRSS {:.1} MiB after convergence, {:.1} MiB at steady state; growth since the controller started: {:.1} MiB (request and write logs, watch events)",
