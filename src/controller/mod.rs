@@ -165,8 +165,9 @@ pub struct Context {
     pub written: Mutex<HashMap<String, reconcile::Written>>,
     /// Failures in a row per object, for backoff.
     pub failures: Mutex<HashMap<String, u32>>,
-    /// The last status this leader wrote per object uid, with the resource
-    /// version the write returned (bridges the watch lag after our writes).
+    /// The last status (and annotations) this leader wrote per object uid,
+    /// with the resource version the write returned (bridges the watch lag
+    /// after our writes): `{"status": …, "annotations": …}`.
     pub statuses: Mutex<HashMap<String, (String, serde_json::Value)>>,
     /// Invalid objects already reported (uid → resourceVersion).
     pub reported_invalid: Mutex<HashMap<String, String>>,
