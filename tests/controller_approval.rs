@@ -214,10 +214,12 @@ async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way
             .await,
         "ApprovalGranted event"
     );
+    // Published at the end of the same reconcile, after the policy's events.
     assert!(
-        events(&s, "LevelRaised")
+        s.wait_until(T, |s| events(s, "LevelRaised")
             .iter()
-            .any(|e| e["note"].as_str().unwrap_or_default().contains("3 -> 4")),
+            .any(|e| e["note"].as_str().unwrap_or_default().contains("3 -> 4")))
+            .await,
         "LevelRaised 3 -> 4: {:?}",
         events(&s, "LevelRaised")
     );
