@@ -594,6 +594,16 @@ fn build_snapshots(c: &Case) -> Vec<(Snapshot, Restart)> {
                 queue_depth: s.queue.map(f64::from),
                 ..Default::default()
             };
+            // A signal missing from a step is one its configured source
+            // failed to give (live sources say so in `unknown`).
+            if s.in_flight.is_none() {
+                sig.unknown
+                    .insert("inFlight".into(), "source failed".into());
+            }
+            if s.queue.is_none() {
+                sig.unknown
+                    .insert("queueDepth".into(), "source failed".into());
+            }
             for (k, p) in pods.iter().enumerate() {
                 if p.present {
                     sig.pods.insert(
@@ -906,8 +916,8 @@ fn check_ladder(
                 "stepped down at {at} with unknown telemetry at {u}, inside the window"
             );
         }
-        // Missing data is no evidence: every enter trigger of the level left
-        // could be evaluated.
+        // Missing data is no evidence: no enter trigger of the level left
+        // reads a signal its source reported Unknown.
         let l = &p.levels[prev.level as usize - 1];
         let sig = snap.profiles.get(PKEY);
         prop_assert!(d.capacity_units_per_second.is_some());

@@ -580,12 +580,16 @@ fn exit_when_with_an_unknown_signal_blocks_the_step_down() {
 #[test]
 fn a_level_is_not_left_while_its_trigger_cannot_be_evaluated() {
     // No exitWhen: the level is left when its trigger no longer holds. A
-    // missing queue-depth signal is no evidence of that (capacity is known,
-    // so this is not the Hold rule).
+    // queue-depth signal its source reported Unknown is no evidence of that
+    // (capacity is known, so this is not the Hold rule).
     let mut run = queue_ladder(300);
     assert_eq!(run.step(&snap(0, Some(queue(15.0)), &[])).level, 1);
+    let mut failed = avail(1000.0);
+    failed
+        .unknown
+        .insert("queueDepth".into(), "timeout after 5s".into());
     for at in (60..=1200).step_by(60) {
-        let d = run.step(&snap(at, Some(avail(1000.0)), &[]));
+        let d = run.step(&snap(at, Some(failed.clone()), &[]));
         assert_eq!(d.telemetry, Telemetry::Known);
         assert_eq!((d.level, d.exit_holding_since), (1, None), "at {at}");
     }
@@ -2013,4 +2017,17 @@ fn a_missing_capacity_measurement_is_not_replaced_by_replica_counts() {
         unknown.profiles[0].telemetry,
         lanekeeper::policy::Telemetry::Unknown
     );
+}
+
+/// A trigger on a signal nobody provides (no source configured, nothing
+/// reported Unknown) never holds and does not pin its level: INC-47's
+/// `protect` level (overCapacity or inFlightAbove) is left with cluster-only
+/// signals once capacity is back.
+#[test]
+fn a_trigger_on_a_signal_nobody_provides_does_not_pin_the_level() {
+    let mut run = queue_ladder(300);
+    assert_eq!(run.step(&snap(0, Some(queue(15.0)), &[])).level, 1);
+    let d = run.step(&snap(60, Some(avail(1000.0)), &[]));
+    assert_eq!(d.exit_holding_since, Some(60));
+    assert_eq!(run.step(&snap(360, Some(avail(1000.0)), &[])).level, 0);
 }

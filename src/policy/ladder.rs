@@ -100,21 +100,24 @@ pub fn enter_reason(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Option<St
     })
 }
 
-/// Whether every enter trigger of a level can be evaluated (its signal is
-/// known). A level whose triggers cannot be evaluated is never left: missing
-/// data is no evidence that the trigger stopped holding.
+/// Whether no enter trigger of a level reads a signal that its source
+/// reported Unknown (listed in the snapshot's `unknown`). A level is never
+/// left on such missing data: it is no evidence that the trigger stopped
+/// holding. A signal nobody provides at all (no source configured for it) is
+/// not missing data: a trigger on it simply never holds, and it does not pin
+/// the level. Unknown capacity is covered by the Hold rule (it holds the
+/// whole ladder).
 pub fn enter_triggers_known(e: &EnterWhen, i: &LevelInputs<'_>) -> bool {
-    let s = i.signals;
-    let known = |set: bool, v: Option<f64>| !set || v.is_some();
-    known(e.over_capacity == Some(true), i.capacity)
-        && known(e.utilization_percent_above.is_some(), i.utilization)
-        && known(e.in_flight_above.is_some(), s.and_then(|s| s.in_flight))
-        && known(e.queue_depth_above.is_some(), s.and_then(|s| s.queue_depth))
-        && known(
-            e.p95_latency_seconds_above.is_some(),
-            s.and_then(|s| s.p95_latency_seconds),
-        )
-        && known(e.error_ratio_above.is_some(), s.and_then(|s| s.error_ratio))
+    // Utilization is undefined while capacity is 0: no evidence either way.
+    if e.utilization_percent_above.is_some() && i.utilization.is_none() {
+        return false;
+    }
+    let Some(s) = i.signals else { return true };
+    let failed = |set: bool, name: &str| set && s.unknown.contains_key(name);
+    !(failed(e.in_flight_above.is_some(), "inFlight")
+        || failed(e.queue_depth_above.is_some(), "queueDepth")
+        || failed(e.p95_latency_seconds_above.is_some(), "p95LatencySeconds")
+        || failed(e.error_ratio_above.is_some(), "errorRatio"))
 }
 
 /// Whether every `exitWhen` condition holds (an unknown signal does not hold).
