@@ -2,154 +2,13 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use lanekeeper::controller::{self, Metrics, Readiness, Settings};
+use lanekeeper::controller::{self, Metrics, Readiness};
 use prometheus::core::Collector;
 use serde_json::{Value, json};
 use support::apiserver::{ApiServer, Fault};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-
-const NS: &str = "ai-platform";
-const LK: &str = "lanekeeper.dev/v1alpha1";
-
-/// The INC-47 example objects, as JSON.
-fn inc47_objects() -> Vec<Value> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/inc-47/inc-47.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| {
-            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).unwrap();
-            serde_json::to_value(v).unwrap()
-        })
-        .collect()
-}
-
-fn deployment(name: &str, replicas: i64, ready: i64) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "vllm", "image": "vllm"}]}}
-        },
-        "status": {"replicas": replicas, "readyReplicas": ready}
-    })
-}
-
-async fn cluster() -> ApiServer {
-    let s = ApiServer::start().await;
-    s.install_lanekeeper_crds();
-    s
-}
-
-fn apply_inc47(s: &ApiServer, stable_for: Option<i64>) {
-    s.put_direct(deployment("vllm-agent-assist", 8, 8)).unwrap();
-    for mut o in inc47_objects() {
-        if let Some(sf) = stable_for
-            && o["kind"] == "DegradationPolicy"
-        {
-            o["spec"]["hysteresis"]["stableForSeconds"] = json!(sf);
-        }
-        s.put_direct(o).unwrap();
-    }
-}
-
-fn set_ready(s: &ApiServer, ready: i64) {
-    s.merge_patch_direct(
-        "apps/v1",
-        "deployments",
-        Some(NS),
-        "vllm-agent-assist",
-        json!({"status": {"readyReplicas": ready}}),
-        Some("status"),
-    )
-    .unwrap();
-}
-
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), controller::Error>>,
-    metrics: Metrics,
-}
-
-impl Running {
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(20), &mut self.task)
-            .await
-            .expect("controller stops on shutdown")
-            .expect("task joins")
-            .expect("controller ran without error");
-    }
-
-    fn writes(&self) -> u64 {
-        self.metrics
-            .api_writes
-            .collect()
-            .iter()
-            .flat_map(|f| f.get_metric())
-            .map(|m| m.get_counter().get_value() as u64)
-            .sum()
-    }
-
-    fn leader(&self) -> bool {
-        self.metrics.leader.get() == 1
-    }
-}
-
-fn settings(leader: bool, identity: &str) -> Settings {
-    Settings {
-        namespaces: vec![NS.into()],
-        resync: Duration::from_millis(500),
-        leader_election: leader,
-        lease_name: "lanekeeper".into(),
-        lease_namespace: "lanekeeper-system".into(),
-        lease_duration_seconds: 3,
-        identity: identity.into(),
-    }
-}
-
-fn start(s: &ApiServer, settings: Settings) -> Running {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
-        )
-        .with_test_writer()
-        .try_init();
-    let (tx, rx) = oneshot::channel();
-    let metrics = Metrics::new();
-    let client = s.client();
-    let m = metrics.clone();
-    let task = tokio::spawn(async move {
-        controller::run(
-            client,
-            settings,
-            m,
-            Readiness::default(),
-            Vec::new(),
-            async move {
-                let _ = rx.await;
-            },
-        )
-        .await
-    });
-    Running {
-        stop: Some(tx),
-        task,
-        metrics,
-    }
-}
-
-fn lanes_json(s: &ApiServer, name: &str) -> Option<Value> {
-    let cm = s.get_object("v1", "configmaps", Some(NS), name)?;
-    serde_json::from_str(cm["data"]["lanes.json"].as_str()?).ok()
-}
+use support::operator::*;
 
 fn lane<'a>(cfg: &'a Value, name: &str) -> Option<&'a Value> {
     cfg["lanes"].as_array()?.iter().find(|l| l["name"] == name)
@@ -158,20 +17,6 @@ fn lane<'a>(cfg: &'a Value, name: &str) -> Option<&'a Value> {
 fn close(v: &Value, want: f64) -> bool {
     v.as_f64().is_some_and(|x| (x - want).abs() < 1e-6)
 }
-
-fn events(s: &ApiServer, reason: &str) -> Vec<Value> {
-    let mut out = s.list_objects("events.k8s.io/v1", "events", Some(NS));
-    out.retain(|e| e["reason"] == reason);
-    out
-}
-
-fn profile_status(s: &ApiServer) -> Value {
-    s.get_object(LK, "capacityprofiles", Some(NS), "agent-assist")
-        .map(|o| o["status"].clone())
-        .unwrap_or(Value::Null)
-}
-
-const T: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_to_start_without_crds() {

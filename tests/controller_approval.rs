@@ -3,128 +3,18 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use lanekeeper::controller::{self, Metrics, Readiness, Settings};
 use serde_json::{Value, json};
 use support::apiserver::ApiServer;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use support::operator::*;
 
-const NS: &str = "ai-platform";
-const LK: &str = "lanekeeper.dev/v1alpha1";
 const POLICY: &str = "agent-assist-ladder";
 const APPROVE: &str = "lanekeeper.dev/approve-level";
-const T: Duration = Duration::from_secs(20);
-
-fn inc47_objects() -> Vec<Value> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/inc-47/inc-47.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| {
-            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).unwrap();
-            serde_json::to_value(v).unwrap()
-        })
-        .collect()
-}
-
-fn deployment(name: &str, replicas: i64, ready: i64) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "vllm", "image": "vllm"}]}}
-        },
-        "status": {"replicas": replicas, "readyReplicas": ready}
-    })
-}
-
-fn set_ready(s: &ApiServer, ready: i64) {
-    s.merge_patch_direct(
-        "apps/v1",
-        "deployments",
-        Some(NS),
-        "vllm-agent-assist",
-        json!({"status": {"readyReplicas": ready}}),
-        Some("status"),
-    )
-    .unwrap();
-}
-
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<Result<(), controller::Error>>,
-}
-
-impl Running {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("controller stops on shutdown")
-            .expect("task joins")
-            .expect("controller ran without error");
-    }
-}
-
-fn start(s: &ApiServer) -> Running {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
-        )
-        .with_test_writer()
-        .try_init();
-    let settings = Settings {
-        namespaces: vec![NS.into()],
-        resync: Duration::from_millis(500),
-        leader_election: false,
-        identity: "a".into(),
-        ..Settings::default()
-    };
-    let (tx, rx) = oneshot::channel();
-    let client = s.client();
-    let task = tokio::spawn(async move {
-        controller::run(
-            client,
-            settings,
-            Metrics::new(),
-            Readiness::default(),
-            Vec::new(),
-            async move {
-                let _ = rx.await;
-            },
-        )
-        .await
-    });
-    Running { stop: tx, task }
-}
-
-fn lanes_json(s: &ApiServer) -> Option<Value> {
-    let cm = s.get_object("v1", "configmaps", Some(NS), "agent-assist-lanes")?;
-    serde_json::from_str(cm["data"]["lanes.json"].as_str()?).ok()
-}
 
 fn policy(s: &ApiServer) -> Value {
     s.get_object(LK, "degradationpolicies", Some(NS), POLICY)
         .unwrap_or(Value::Null)
-}
-
-fn events(s: &ApiServer, reason: &str) -> Vec<Value> {
-    let mut out = s.list_objects("events.k8s.io/v1", "events", Some(NS));
-    out.retain(|e| e["reason"] == reason);
-    out
-}
-
-/// How many times events of a reason were published (kube's recorder folds
-/// repeats into one Event with a series count).
-fn occurrences(s: &ApiServer, reason: &str) -> u64 {
-    events(s, reason)
-        .iter()
-        .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,17 +33,17 @@ async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way
         }
         s.put_direct(o).unwrap();
     }
-    let c = start(&s);
+    let c = start(&s, settings(false, "a"));
 
     // Held at level 3 with level 4 pending approval.
     assert!(
-        s.wait_until(T, |s| lanes_json(s)
+        s.wait_until(T, |s| lanes_json(s, "agent-assist-lanes")
             .is_some_and(|c| c["level"] == 3 && c["pendingApprovalLevel"] == 4))
             .await,
         "config at level 3 with level 4 pending: {:?}",
-        lanes_json(&s)
+        lanes_json(&s, "agent-assist-lanes")
     );
-    let cfg = lanes_json(&s).unwrap();
+    let cfg = lanes_json(&s, "agent-assist-lanes").unwrap();
     assert_eq!(cfg["levelName"], "protect");
     assert_eq!(cfg["flags"]["readOnly"], false);
     assert_eq!(cfg["flags"]["useFallbackRoutes"], true);
@@ -178,7 +68,7 @@ async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way
     );
     // It stays there: no timeout, no approval.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(lanes_json(&s).unwrap()["level"], 3);
+    assert_eq!(lanes_json(&s, "agent-assist-lanes").unwrap()["level"], 3);
     assert!(policy(&s)["status"]["approvedLevel"].is_null());
 
     // A human approves level 4.
@@ -192,14 +82,19 @@ async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way
     )
     .unwrap();
     assert!(
-        s.wait_until(T, |s| lanes_json(s).is_some_and(|c| c["level"] == 4
-            && c["flags"]["readOnly"] == true
-            && c["pendingApprovalLevel"].is_null()))
-            .await,
+        s.wait_until(T, |s| lanes_json(s, "agent-assist-lanes").is_some_and(
+            |c| c["level"] == 4
+                && c["flags"]["readOnly"] == true
+                && c["pendingApprovalLevel"].is_null()
+        ))
+        .await,
         "config at level 4, read-only: {:?}",
-        lanes_json(&s)
+        lanes_json(&s, "agent-assist-lanes")
     );
-    assert_eq!(lanes_json(&s).unwrap()["levelName"], "continuity");
+    assert_eq!(
+        lanes_json(&s, "agent-assist-lanes").unwrap()["levelName"],
+        "continuity"
+    );
     assert!(
         s.wait_until(T, |s| {
             let st = &policy(s)["status"];
@@ -248,7 +143,9 @@ async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way
         "approvedLevel cleared: {}",
         policy(&s)["status"]
     );
-    let level_now = lanes_json(&s).unwrap()["level"].as_u64().unwrap();
+    let level_now = lanes_json(&s, "agent-assist-lanes").unwrap()["level"]
+        .as_u64()
+        .unwrap();
     assert!(level_now < 4, "consumed only below the approved level");
     // The ladder keeps stepping down one level per window. No source gives
     // an in-flight signal here, so `protect`'s inFlightAbove simply never
@@ -256,13 +153,14 @@ async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way
     // its exitWhen needs inFlightBelow, which an absent signal never
     // satisfies.
     assert!(
-        s.wait_until(T, |s| lanes_json(s).is_some_and(|c| c["level"] == 1))
+        s.wait_until(T, |s| lanes_json(s, "agent-assist-lanes")
+            .is_some_and(|c| c["level"] == 1))
             .await,
         "stepped down to 1: {:?}",
-        lanes_json(&s)
+        lanes_json(&s, "agent-assist-lanes")
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(lanes_json(&s).unwrap()["level"], 1);
+    assert_eq!(lanes_json(&s, "agent-assist-lanes").unwrap()["level"], 1);
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Each approval event once.
     assert_eq!(

@@ -6,24 +6,19 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use lanekeeper::controller::{self, Metrics, Readiness, Settings};
+use lanekeeper::controller::Settings;
 use lanekeeper::signals::{SignalSource, SourceInput, SourceOutput};
 use lanekeeper::snapshot::PodSignals;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use support::apiserver::{ApiServer, Fault};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use support::operator::*;
 
-const NS: &str = "ai-platform";
-const LK: &str = "lanekeeper.dev/v1alpha1";
 const APP: &str = "vllm-agent-assist";
-const T: Duration = Duration::from_secs(20);
 
 /// Per-pod error ratios set by the test.
 #[derive(Clone, Default)]
@@ -58,17 +53,6 @@ impl SignalSource for PodErrors {
             out
         })
     }
-}
-
-fn inc47_objects() -> Vec<Value> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/inc-47/inc-47.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| {
-            serde_json::to_value(<serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
-                .unwrap()
-        })
-        .collect()
 }
 
 fn pod_name(i: usize) -> String {
@@ -120,55 +104,13 @@ fn setup(s: &ApiServer, n: usize, healthy_for: i64, observe: bool, gate: bool) {
     }
 }
 
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), controller::Error>>,
-}
-
-impl Running {
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(T, &mut self.task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-    }
-}
-
 fn start(s: &ApiServer, errors: &PodErrors) -> Running {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
-        )
-        .with_test_writer()
-        .try_init();
-    let (tx, rx) = oneshot::channel();
-    let client = s.client();
     let source: Arc<dyn SignalSource> = Arc::new(errors.clone());
     let settings = Settings {
-        namespaces: vec![NS.into()],
         resync: Duration::from_millis(300),
-        leader_election: false,
-        ..Settings::default()
+        ..settings(false, "a")
     };
-    let task = tokio::spawn(async move {
-        controller::run(
-            client,
-            settings,
-            Metrics::new(),
-            Readiness::default(),
-            vec![source],
-            async move {
-                let _ = rx.await;
-            },
-        )
-        .await
-    });
-    Running {
-        stop: Some(tx),
-        task,
-    }
+    start_with(s, settings, vec![source])
 }
 
 fn drained(s: &ApiServer) -> Vec<String> {
@@ -180,18 +122,6 @@ fn drained(s: &ApiServer) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-fn events(s: &ApiServer, reason: &str) -> Vec<Value> {
-    let mut out = s.list_objects("events.k8s.io/v1", "events", Some(NS));
-    out.retain(|e| e["reason"] == reason);
-    out
-}
-
-fn profile_status(s: &ApiServer) -> Value {
-    s.get_object(LK, "capacityprofiles", Some(NS), "agent-assist")
-        .map(|o| o["status"].clone())
-        .unwrap_or(Value::Null)
 }
 
 fn set_pod_ready(s: &ApiServer, i: usize, ready: bool) {

@@ -23,47 +23,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lanekeeper::controller::{self, Metrics, Readiness, Settings};
+use lanekeeper::controller::Settings;
 use serde_json::{Value, json};
 use support::apiserver::{ApiServer, RecordedRequest, ResourceDef};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use support::operator::{
+    LK, NS, T, cluster, deployment, inc47_objects, lanes_json, start, start_with,
+};
 
-const NS: &str = "ai-platform";
-const LK: &str = "lanekeeper.dev/v1alpha1";
-const T: Duration = Duration::from_secs(20);
 /// Release namespace and Lease name of the default render.
 const RELEASE_NS: &str = "lanekeeper-system";
 const LEASE: &str = "lanekeeper";
 
 /// (apiGroup, resource[/subresource], verb)
 type Access = (String, String, String);
-
-fn inc47_objects() -> Vec<Value> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/inc-47/inc-47.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| {
-            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).unwrap();
-            serde_json::to_value(v).unwrap()
-        })
-        .collect()
-}
-
-fn deployment(name: &str, replicas: i64, ready: i64) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {
-                "readinessGates": [{"conditionType": "lanekeeper.dev/serving"}],
-                "containers": [{"name": "vllm", "image": "vllm"}]}}
-        },
-        "status": {"replicas": replicas, "readyReplicas": ready}
-    })
-}
 
 /// A Ready pod of the pool, with the serving readiness gate.
 fn pod(i: usize, drain_request: bool) -> Value {
@@ -84,24 +56,6 @@ fn pod(i: usize, drain_request: bool) -> Value {
     })
 }
 
-struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), controller::Error>>,
-}
-
-impl Running {
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(20), &mut self.task)
-            .await
-            .expect("controller stops on shutdown")
-            .expect("task joins")
-            .expect("controller ran without error");
-    }
-}
-
 fn settings(leader: bool) -> Settings {
     Settings {
         namespaces: vec![NS.into()],
@@ -114,44 +68,11 @@ fn settings(leader: bool) -> Settings {
     }
 }
 
-fn start(s: &ApiServer, settings: Settings) -> Running {
-    let (tx, rx) = oneshot::channel();
-    let client = s.client();
-    let task = tokio::spawn(async move {
-        controller::run(
-            client,
-            settings,
-            Metrics::new(),
-            Readiness::default(),
-            Vec::new(),
-            async move {
-                let _ = rx.await;
-            },
-        )
-        .await
-    });
-    Running {
-        stop: Some(tx),
-        task,
-    }
-}
-
-fn lanes_json(s: &ApiServer, name: &str) -> Option<Value> {
-    let cm = s.get_object("v1", "configmaps", Some(NS), name)?;
-    serde_json::from_str(cm["data"]["lanes.json"].as_str()?).ok()
-}
-
 fn events(s: &ApiServer, reason: &str) -> usize {
     s.list_objects("events.k8s.io/v1", "events", Some(NS))
         .iter()
         .filter(|e| e["reason"] == reason)
         .count()
-}
-
-async fn cluster() -> ApiServer {
-    let s = ApiServer::start().await;
-    s.install_lanekeeper_crds();
-    s
 }
 
 fn apply_inc47(s: &ApiServer) {
@@ -353,28 +274,10 @@ async fn scenario_prometheus_secret(log: &mut Vec<RecordedRequest>) {
         }
         s.put_direct(o).unwrap();
     }
-    let (tx, rx) = oneshot::channel::<()>();
-    let client = s.client();
     let source: std::sync::Arc<dyn lanekeeper::signals::SignalSource> = std::sync::Arc::new(
-        lanekeeper::signals::prometheus::PrometheusSource::new(Some(client.clone()), None),
+        lanekeeper::signals::prometheus::PrometheusSource::new(Some(s.client()), None),
     );
-    let task = tokio::spawn(async move {
-        controller::run(
-            client,
-            settings(false),
-            Metrics::new(),
-            Readiness::default(),
-            vec![source],
-            async move {
-                let _ = rx.await;
-            },
-        )
-        .await
-    });
-    let c = Running {
-        stop: Some(tx),
-        task,
-    };
+    let c = start_with(&s, settings(false), vec![source]);
     assert!(
         s.wait_until(T, |s| s.requests().iter().any(
             |r| r.method == "GET" && r.path.ends_with("/secrets/prometheus-token")
