@@ -245,31 +245,39 @@ where
     Ok(true)
 }
 
-fn gather(profile: &CapacityProfile, ctx: &Context) -> Gathered {
+/// The valid objects of a store that name `profile` (same namespace, not
+/// being deleted), freshened and sorted by name.
+fn naming<K>(
+    ctx: &Context,
+    store: &Store<DeserializeGuard<K>>,
+    profile: &CapacityProfile,
+    target: impl Fn(&K) -> &str,
+) -> Vec<K>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::Serialize + serde::de::DeserializeOwned,
+{
     let ns = profile.namespace();
     let name = profile.name_any();
-    let mut lanes: Vec<LaneContract> = ctx
-        .lanes
+    let mut out: Vec<K> = store
         .state()
         .iter()
         .filter_map(|g| g.0.as_ref().ok())
-        .filter(|l| {
-            l.namespace() == ns && l.spec.profile == name && l.metadata.deletion_timestamp.is_none()
+        .filter(|o| {
+            o.namespace() == ns && target(o) == name && o.meta().deletion_timestamp.is_none()
         })
-        .map(|l| freshen(ctx, l))
+        .map(|o| freshen(ctx, o))
         .collect();
-    lanes.sort_by_key(|l| l.name_any());
-    let mut policies: Vec<DegradationPolicy> = ctx
-        .policies
-        .state()
-        .iter()
-        .filter_map(|g| g.0.as_ref().ok())
-        .filter(|p| {
-            p.namespace() == ns && p.spec.profile == name && p.metadata.deletion_timestamp.is_none()
-        })
-        .map(|p| freshen(ctx, p))
-        .collect();
-    policies.sort_by_key(|p| p.name_any());
+    out.sort_by_key(|o| o.name_any());
+    out
+}
+
+fn gather(profile: &CapacityProfile, ctx: &Context) -> Gathered {
+    let lanes = naming(ctx, &ctx.lanes, profile, |l: &LaneContract| {
+        l.spec.profile.as_str()
+    });
+    let policies = naming(ctx, &ctx.policies, profile, |p: &DegradationPolicy| {
+        p.spec.profile.as_str()
+    });
     let losers: Vec<(DegradationPolicy, String)> = policy::bind::losing_policies(&policies)
         .into_iter()
         .map(|(l, w)| (l.clone(), w.name_any()))
