@@ -2031,3 +2031,48 @@ fn a_trigger_on_a_signal_nobody_provides_does_not_pin_the_level() {
     assert_eq!(d.exit_holding_since, Some(60));
     assert_eq!(run.step(&snap(360, Some(avail(1000.0)), &[])).level, 0);
 }
+
+/// The policy's `Valid` condition lists every overridden action of the whole
+/// ladder, active or not, with the engine's own rule.
+#[test]
+fn contract_overrides_cover_every_level() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/inc-47/inc-47.yaml"
+    ))
+    .unwrap()
+    .replace(
+        "cap: [{lanes: [p2-email-extract], unitsPerSecond: \"40\"}]",
+        "cap: [{lanes: [p0-disruption-assist], unitsPerSecond: \"40\"}]",
+    )
+    .replace(
+        "pause: [{priorityAtLeast: 4}]",
+        "pause: [{priorityAtLeast: 3}]",
+    );
+    let mut loaded = lanekeeper::manifest::Loaded::default();
+    lanekeeper::manifest::load_str(std::path::Path::new("inc-47.yaml"), &text, &mut loaded)
+        .unwrap();
+    let lanes: Vec<&lanekeeper::api::LaneContract> = loaded.world.lanes.iter().collect();
+    let o = lanekeeper::policy::contract_overrides(&loaded.world.policies[0], &lanes);
+    assert_eq!(o.len(), 2, "{o:#?}");
+    assert!(
+        o.iter()
+            .any(|w| w.contains("level 2 (shed) would pause lane p3-shift-batch")),
+        "{o:#?}"
+    );
+    assert!(
+        o.iter()
+            .any(|w| w.contains("level 3 (protect) would cap lane p0-disruption-assist")),
+        "{o:#?}"
+    );
+    // The unmodified example overrides nothing.
+    let mut plain = lanekeeper::manifest::Loaded::default();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/inc-47/inc-47.yaml"
+    ))
+    .unwrap();
+    lanekeeper::manifest::load_str(std::path::Path::new("inc-47.yaml"), &text, &mut plain).unwrap();
+    let lanes: Vec<&lanekeeper::api::LaneContract> = plain.world.lanes.iter().collect();
+    assert!(lanekeeper::policy::contract_overrides(&plain.world.policies[0], &lanes).is_empty());
+}

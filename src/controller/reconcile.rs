@@ -586,7 +586,7 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
 
     let policy_api: Api<DegradationPolicy> = Api::namespaced(client.clone(), &ns);
     if let Some(p) = &g.policy {
-        let overrides = static_overrides(p, &lane_refs);
+        let overrides = policy::contract_overrides(p, &lane_refs);
         let st = status::policy_status(p, Some(&decision), None, approved, &overrides, now);
         let old = p.status.clone().unwrap_or_default();
         apply_status(ctx, p, p.status.as_ref(), &st).await?;
@@ -803,61 +803,6 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
             .set(lane.admitted_units_per_second);
     }
     Ok(())
-}
-
-/// Actions of the policy that lane contracts override, at any level (for the
-/// policy's `Valid` condition).
-pub fn static_overrides(policy: &DegradationPolicy, lanes: &[&LaneContract]) -> Vec<String> {
-    // The engine reports overrides only for active levels; evaluate the full
-    // ladder against an idle snapshot to list them all.
-    let mut all = Vec::new();
-    let n = policy.spec.levels.len();
-    for lane in lanes {
-        for (i, level) in policy.spec.levels.iter().enumerate().take(n) {
-            let lname = lane.name_any();
-            let sel = |p: Option<i32>, names: &[String]| {
-                p.is_some_and(|p| lane.spec.priority >= p) || names.contains(&lname)
-            };
-            for s in &level.actions.pause {
-                if sel(s.priority_at_least, &s.lanes)
-                    && lane.spec.shedding.mode != crate::api::SheddingMode::Pause
-                {
-                    all.push(format!(
-                        "level {} ({}) pause of lane {lname} (shedding {:?})",
-                        i + 1,
-                        level.name,
-                        lane.spec.shedding.mode
-                    ));
-                }
-            }
-            for c in &level.actions.cap {
-                if !sel(c.priority_at_least, &c.lanes) {
-                    continue;
-                }
-                match lane.spec.shedding.mode {
-                    crate::api::SheddingMode::Never => all.push(format!(
-                        "level {} ({}) cap of lane {lname} (shedding Never)",
-                        i + 1,
-                        level.name
-                    )),
-                    crate::api::SheddingMode::Defer => {
-                        let min = lane
-                            .spec
-                            .shedding
-                            .min_units_per_second
-                            .as_ref()
-                            .map_or(0.0, |d| d.value());
-                        if c.units_per_second.value() + 1e-9 < min {
-                            all.push(format!("level {} ({}) cap of lane {lname} at {} below its minUnitsPerSecond {min}", i + 1, level.name, c.units_per_second));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-    all.sort();
-    all
 }
 
 /// Reports an invalid object once per resourceVersion: an event and a

@@ -329,16 +329,6 @@ pub fn lane_status(
     }
 }
 
-/// Warnings of a decision that concern a policy's actions being overridden
-/// by lane contracts.
-pub fn override_warnings(d: &ProfileDecision) -> Vec<String> {
-    d.warnings
-        .iter()
-        .filter(|w| w.starts_with("policy ") && w.ends_with("not applied"))
-        .cloned()
-        .collect()
-}
-
 /// The DegradationPolicy status for a decision. `approved` is the level the
 /// annotation approves.
 pub fn policy_status(

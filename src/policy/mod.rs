@@ -136,6 +136,16 @@ struct LaneLimits {
     level_cap: Option<f64>,
 }
 
+/// Every action of the policy, at any level, that a lane contract overrides
+/// (for the policy's `Valid` condition): the rule the engine applies, run
+/// over the whole ladder.
+pub fn contract_overrides(policy: &DegradationPolicy, lanes: &[&LaneContract]) -> Vec<String> {
+    let (_, mut warnings) = apply_actions(Some(policy), policy.spec.levels.len() as u32, lanes);
+    warnings.sort();
+    warnings.dedup();
+    warnings
+}
+
 /// Applies the actions of `levels` (1-based levels 1..=n) to each lane,
 /// honouring contracts. Returns the limits and the overrides (warnings).
 fn apply_actions(
