@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::api::common::{parse_rfc3339, rfc3339};
 use crate::api::{DegradationPolicy, LaneContract, PolicyMode};
 use crate::policy::{LaneState, ProfileDecision, Telemetry};
 
@@ -176,17 +177,6 @@ pub struct Borrow {
     pub expires_at: String,
     /// How quickly the capacity must be given back when withdrawn, seconds.
     pub release_within_seconds: i64,
-}
-
-fn rfc3339(secs: i64) -> String {
-    k8s_openapi::jiff::Timestamp::from_second(secs)
-        .map_or_else(|_| secs.to_string(), |t| t.to_string())
-}
-
-fn parse_rfc3339(s: &str) -> Option<i64> {
-    s.parse::<k8s_openapi::jiff::Timestamp>()
-        .ok()
-        .map(|t| t.as_second())
 }
 
 /// Builds the config for a decision. `prev` is the config currently

@@ -68,6 +68,20 @@ impl Decimal {
     }
 }
 
+/// Unix seconds as an RFC 3339 timestamp (falls back to the number when out
+/// of range).
+pub fn rfc3339(secs: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(secs)
+        .map_or_else(|_| secs.to_string(), |t| t.to_string())
+}
+
+/// An RFC 3339 timestamp as Unix seconds.
+pub fn parse_rfc3339(s: &str) -> Option<i64> {
+    s.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_second())
+}
+
 /// Formats a number with at most six decimals and no trailing zeros.
 pub fn format_number(value: f64) -> String {
     let s = format!("{value:.6}");

@@ -71,8 +71,7 @@ pub fn drained_from_cluster(
             let since = p
                 .annotations()
                 .get(DRAINED_AT_ANNOTATION)
-                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-                .map(|t| t.as_second())
+                .and_then(|t| crate::api::common::parse_rfc3339(t))
                 .or(prev.map(|d| d.since))
                 .unwrap_or(now);
             let reason = p

@@ -12,10 +12,7 @@ use crate::policy::{LaneDecision, ProfileDecision, ProfileState, Telemetry};
 /// Most transitions kept in a policy's status.
 pub const MAX_TRANSITIONS: usize = 10;
 
-/// Unix seconds as an RFC 3339 string.
-pub fn rfc3339(secs: i64) -> String {
-    Timestamp::from_second(secs).map_or_else(|_| secs.to_string(), |t| t.to_string())
-}
+pub use crate::api::common::rfc3339;
 
 fn time(secs: i64) -> Time {
     Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
@@ -85,12 +82,7 @@ pub struct Observed {
 /// Whether the calibration of a profile has expired at `now`.
 pub fn calibration_expired(profile: &CapacityProfile, now: i64) -> Option<bool> {
     let cal = profile.spec.capacity.calibration.as_ref()?;
-    let measured = cal
-        .measured_at
-        .as_deref()?
-        .parse::<Timestamp>()
-        .ok()?
-        .as_second();
+    let measured = crate::api::common::parse_rfc3339(cal.measured_at.as_deref()?)?;
     let valid = cal.valid_for_seconds?;
     Some(now > measured.saturating_add(valid))
 }
