@@ -331,10 +331,7 @@ pub async fn run_controllers(
             reported_invalid: Mutex::new(HashMap::new()),
             statuses: Mutex::new(HashMap::new()),
         });
-        let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> = match &ns {
-            Some(n) => Api::namespaced(client.clone(), n),
-            None => Api::all(client.clone()),
-        };
+        let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> = scoped_api(&client, &ns);
         let profile_store = controller.store();
         let resync = settings.resync;
         let ticker = futures::stream::unfold((), move |()| async move {
