@@ -202,14 +202,4 @@ impl PodIndex {
             e.task.abort();
         }
     }
-
-    /// Number of pods stored across all pools (for tests and metrics).
-    pub fn stored(&self) -> usize {
-        self.entries
-            .lock()
-            .expect("not poisoned")
-            .values()
-            .map(|e| e.store.state().len())
-            .sum()
-    }
 }
