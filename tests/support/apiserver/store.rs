@@ -861,6 +861,29 @@ impl State {
         Ok(self.commit(rd, key, body, managers))
     }
 
+    /// Commits an update (PUT or patch) of `cur` to `new`: the updater owns
+    /// what changed; a scale write answers with the Scale view.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_update(
+        &mut self,
+        rd: &ResourceDef,
+        ns: &str,
+        name: &str,
+        cur: &Stored,
+        new: Value,
+        manager: Option<&str>,
+        sub: Sub,
+    ) -> Value {
+        let manager = Self::default_manager(manager);
+        let managers = Self::update_managers(rd, Some(cur), &new, &manager, sub);
+        let out = self.commit(rd, Self::key(rd, ns, name), new, managers);
+        if sub == Sub::Scale {
+            self.scale_view(rd, &out)
+        } else {
+            out
+        }
+    }
+
     fn current(&self, rd: &ResourceDef, ns: &str, name: &str) -> Result<Stored, ApiError> {
         self.objects
             .get(&Self::key(rd, ns, name))
@@ -888,14 +911,7 @@ impl State {
             _ if raw => body,
             _ => project(rd, sub, Some(&cur.obj), body),
         };
-        let manager = Self::default_manager(manager);
-        let managers = Self::update_managers(rd, Some(&cur), &new, &manager, sub);
-        let out = self.commit(rd, Self::key(rd, ns, name), new, managers);
-        Ok(if sub == Sub::Scale {
-            self.scale_view(rd, &out)
-        } else {
-            out
-        })
+        Ok(self.commit_update(rd, ns, name, &cur, new, manager, sub))
     }
 
     /// Merge, strategic merge or JSON patch.
@@ -963,14 +979,7 @@ impl State {
             Sub::Scale => self.scale_into(rd, &cur.obj, &doc)?,
             _ => project(rd, sub, Some(&cur.obj), doc),
         };
-        let manager = Self::default_manager(manager);
-        let managers = Self::update_managers(rd, Some(&cur), &new, &manager, sub);
-        let out = self.commit(rd, Self::key(rd, ns, name), new, managers);
-        Ok(if sub == Sub::Scale {
-            self.scale_view(rd, &out)
-        } else {
-            out
-        })
+        Ok(self.commit_update(rd, ns, name, &cur, new, manager, sub))
     }
 
     /// Server-side apply.
