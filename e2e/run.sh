@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end suite on a kind cluster. Needs docker, kind, kubectl, helm and
-# cargo. Creates the cluster (e2e/kind-config.yaml), gives the GPU node an
-# nvidia.com/gpu extended resource, builds and loads the image, installs the
-# fake model servers and lanekeeper (Helm), runs tests/e2e_kind.rs, collects
+# cargo. Creates the cluster (e2e/kind-config.yaml), gives the two GPU nodes
+# an nvidia.com/gpu extended resource, builds and loads the image, runs the
+# e2e suite (tests/e2e.rs and the server half of tests/cel_rules.rs: the
+# same suite CI runs on the local control plane of e2e/cluster.sh), collects
 # logs and events on failure, and deletes the cluster.
 #
 #   bash e2e/run.sh                 # everything
@@ -18,9 +19,7 @@ cd "$(dirname "$0")/.."
 CLUSTER="${CLUSTER:-lanekeeper-e2e}"
 IMAGE="${IMAGE:-lanekeeper:e2e}"
 ARTIFACTS="${ARTIFACTS:-e2e/artifacts}"
-RELEASE=lanekeeper
 RELEASE_NS=lanekeeper-system
-POOL_NS=ai-platform
 KUBECONFIG_FILE="$(mktemp)"
 export KUBECONFIG="${KUBECONFIG_FILE}"
 
@@ -38,7 +37,8 @@ collect() {
   kubectl get all,leases,configmaps -A -o wide >"${ARTIFACTS}/objects.txt" 2>&1 || true
   kubectl get capacityprofiles,lanecontracts,degradationpolicies -A -o yaml >"${ARTIFACTS}/lanekeeper-objects.yaml" 2>&1 || true
   kubectl get events -A --sort-by=.lastTimestamp >"${ARTIFACTS}/events.txt" 2>&1 || true
-  kubectl -n "${POOL_NS}" get pods -o yaml >"${ARTIFACTS}/pool-pods.yaml" 2>&1 || true
+  kubectl get pods -A -l app=vllm-agent-assist -o yaml >"${ARTIFACTS}/pool-pods.yaml" 2>&1 || true
+  cp -r target/e2e "${ARTIFACTS}/controller-logs" 2>/dev/null || true
   local pod
   for pod in $(kubectl -n "${RELEASE_NS}" get pods -o name 2>/dev/null); do
     kubectl -n "${RELEASE_NS}" logs "${pod}" --all-containers --prefix >"${ARTIFACTS}/$(basename "${pod}").log" 2>&1 || true
@@ -67,40 +67,26 @@ trap finish EXIT
 echo "== creating kind cluster ${CLUSTER}"
 kind create cluster --name "${CLUSTER}" --config e2e/kind-config.yaml --kubeconfig "${KUBECONFIG_FILE}" --wait 120s
 
-echo "== advertising nvidia.com/gpu on the GPU node"
-gpu_node="$(kubectl get nodes -l nvidia.com/gpu.present=true -o jsonpath='{.items[0].metadata.name}')"
-kubectl patch node "${gpu_node}" --subresource=status --type=json -p '[
-  {"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "8"},
-  {"op": "add", "path": "/status/allocatable/nvidia.com~1gpu", "value": "8"}
-]'
+echo "== advertising nvidia.com/gpu: 8 on the GPU nodes"
+for gpu_node in $(kubectl get nodes -l nvidia.com/gpu.present=true -o jsonpath='{.items[*].metadata.name}'); do
+  kubectl patch node "${gpu_node}" --subresource=status --type=json -p '[
+    {"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "8"},
+    {"op": "add", "path": "/status/allocatable/nvidia.com~1gpu", "value": "8"}
+  ]'
+done
 
 echo "== building and loading ${IMAGE}"
 docker build -t "${IMAGE}" .
 kind load docker-image "${IMAGE}" --name "${CLUSTER}"
 
-echo "== installing lanekeeper with Helm"
-helm install "${RELEASE}" charts/lanekeeper \
-  --namespace "${RELEASE_NS}" --create-namespace \
-  --set image.repository="${IMAGE%%:*}" \
-  --set image.tag="${IMAGE##*:}" \
-  --set image.pullPolicy=Never \
-  --set controller.resyncSeconds=2 \
-  --set controller.logLevel=info \
-  --set leaderElection.leaseDurationSeconds=6 \
-  --wait --timeout 3m
-
-echo "== installing the fake model servers"
-kubectl apply -f e2e/fake-pool.yaml
-# The pods carry the lanekeeper.dev/serving readiness gate: they turn Ready
-# only once a CapacityProfile selects them (the suite applies it), so wait
-# for their containers, not for the rollout.
-kubectl -n "${POOL_NS}" wait pod -l app=vllm-agent-assist \
-  --for=condition=ContainersReady --timeout=3m
-
-echo "== running the suite"
+echo "== running the suite (the same one CI runs on e2e/cluster.sh)"
+# The suite installs the chart itself (its ServiceAccount and RBAC, and a
+# second release for the install test, with the image loaded above), runs
+# the controller out of cluster with that ServiceAccount's token, and creates
+# its pool Deployments on the GPU nodes.
 LANEKEEPER_E2E=1 \
-LANEKEEPER_E2E_RELEASE="${RELEASE}" \
-LANEKEEPER_E2E_RELEASE_NAMESPACE="${RELEASE_NS}" \
-  cargo test --locked --test e2e_kind -- --test-threads=1 --nocapture
+LANEKEEPER_REQUIRE_CLUSTER=1 \
+LANEKEEPER_E2E_IMAGE="${IMAGE}" \
+  cargo test --locked --test e2e --test cel_rules
 
 echo "== e2e passed"

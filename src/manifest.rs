@@ -2,9 +2,11 @@
 //!
 //! Multi-document YAML; objects of other kinds and documents that are not
 //! Kubernetes objects are skipped with a note. An invalid lanekeeper object is
-//! an error naming the file, the object and the field. Validation runs the
-//! CRDs' own CEL rules (the ones the API server runs), so an object that
-//! `plan` accepts is one `kubectl apply` accepts too.
+//! an error naming the file, the object and the field. Validation refuses
+//! fields the CRD does not declare (the API server's strict field
+//! validation, kubectl's default) and runs the CRDs' own CEL rules (the ones
+//! the API server runs), so an object that `plan` accepts is one
+//! `kubectl apply` accepts too.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -208,6 +210,9 @@ fn invalid(path: &Path, json: &Value, kind: &str, field: &str, message: String) 
 /// The compiled CEL rules of each CRD (compiled once).
 struct Schemas {
     validator: kube_cel::Validator,
+    raw_profile: Value,
+    raw_lane: Value,
+    raw_policy: Value,
     profile: kube_cel::CompiledSchema,
     lane: kube_cel::CompiledSchema,
     policy: kube_cel::CompiledSchema,
@@ -227,6 +232,9 @@ fn schemas() -> &'static Schemas {
     static S: OnceLock<Schemas> = OnceLock::new();
     S.get_or_init(|| Schemas {
         validator: kube_cel::Validator::new(),
+        raw_profile: openapi_schema::<CapacityProfile>(),
+        raw_lane: openapi_schema::<LaneContract>(),
+        raw_policy: openapi_schema::<DegradationPolicy>(),
         profile: kube_cel::compile_schema(&openapi_schema::<CapacityProfile>()),
         lane: kube_cel::compile_schema(&openapi_schema::<LaneContract>()),
         policy: kube_cel::compile_schema(&openapi_schema::<DegradationPolicy>()),
@@ -287,10 +295,109 @@ fn parse<K: DeserializeOwned + kube::Resource>(
     check::<K>(kind, &json).map_err(|(field, message)| invalid(path, &json, kind, &field, message))
 }
 
-/// Reads an object as the API server and the controller would: its shape
-/// (types, required fields, quantities) and then the CRD's CEL rules. The
-/// error is `(field path, message)`.
+/// The fields of ObjectMeta a manifest may carry (the API server's strict
+/// field validation knows these; the CRD schema leaves `metadata` open).
+const OBJECT_META_FIELDS: &[&str] = &[
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+];
+
+/// The first field of `json` that the CRD's schema of `kind` does not
+/// declare, as the API server's strict field validation (kubectl's default)
+/// finds it: `spec.flooorUnitsPerSecond`. None when every field is declared
+/// (or the kind is not lanekeeper's).
+pub fn unknown_field(kind: &str, json: &Value) -> Option<String> {
+    let s = schemas();
+    let schema = match kind {
+        "CapacityProfile" => &s.raw_profile,
+        "LaneContract" => &s.raw_lane,
+        "DegradationPolicy" => &s.raw_policy,
+        _ => return None,
+    };
+    let obj = json.as_object()?;
+    for (k, v) in obj {
+        let path = k.clone();
+        if k == "metadata" {
+            if let Some(m) = v.as_object()
+                && let Some(bad) = m.keys().find(|f| !OBJECT_META_FIELDS.contains(&f.as_str()))
+            {
+                return Some(format!("metadata.{bad}"));
+            }
+            continue;
+        }
+        match schema["properties"].get(k) {
+            Some(sub) => {
+                if let Some(bad) = undeclared(sub, v, &path) {
+                    return Some(bad);
+                }
+            }
+            None => return Some(path),
+        }
+    }
+    None
+}
+
+/// Walks `value` against a structural schema: object properties,
+/// additionalProperties and array items; a node marked
+/// `x-kubernetes-preserve-unknown-fields` keeps whatever it holds.
+fn undeclared(schema: &Value, value: &Value, path: &str) -> Option<String> {
+    if schema["x-kubernetes-preserve-unknown-fields"] == Value::Bool(true) {
+        return None;
+    }
+    match value {
+        Value::Object(obj) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            for (k, v) in obj {
+                let sub = format!("{path}.{k}");
+                match (props.and_then(|p| p.get(k)), additional) {
+                    (Some(s), _) | (None, Some(s)) => {
+                        if let Some(bad) = undeclared(s, v, &sub) {
+                            return Some(bad);
+                        }
+                    }
+                    (None, None) if props.is_some() => return Some(sub),
+                    (None, None) => {}
+                }
+            }
+            None
+        }
+        Value::Array(items) => {
+            let item = schema.get("items")?;
+            items
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| undeclared(item, v, &format!("{path}[{i}]")))
+        }
+        _ => None,
+    }
+}
+
+/// Reads an object as the API server and the controller would: every field
+/// declared by the CRD (strict field validation, kubectl's default), its
+/// shape (types, required fields, quantities) and then the CRD's CEL rules.
+/// The error is `(field path, message)`.
 pub fn check<K: DeserializeOwned>(kind: &str, json: &Value) -> Result<K, (String, String)> {
+    if let Some(field) = unknown_field(kind, json) {
+        return Err((
+            field,
+            "unknown field: the CRD does not declare it (the API server refuses it; check the spelling)"
+                .into(),
+        ));
+    }
     let obj: K = serde_path_to_error::deserialize(json)
         .map_err(|e| (e.path().to_string(), e.inner().to_string()))?;
     if let Some(err) = cel_errors(kind, json).into_iter().next() {

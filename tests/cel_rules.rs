@@ -3,6 +3,8 @@
 //! rejected with the rule's own message, the good ones must pass, and every
 //! rule in the generated schemas must be exercised by at least one bad case.
 
+mod support;
+
 use std::collections::BTreeSet;
 
 use lanekeeper::manifest::cel_errors;
@@ -837,4 +839,66 @@ fn the_issues_examples_are_rejected_offline_too() {
         "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/priority/type",
     );
     assert_eq!(ty, Some(&json!("integer")));
+}
+
+/// Every case above, sent to a real API server (server-side dry run, so
+/// nothing is stored): the server and the offline evaluator agree on accept
+/// or reject for every one, and a rejection carries the rule's message.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_api_server_agrees_with_the_offline_evaluator() {
+    use kube::api::{DynamicObject, PostParams};
+    let Some(c) =
+        support::cluster::connect("the_real_api_server_agrees_with_the_offline_evaluator").await
+    else {
+        return;
+    };
+    c.operator_release(); // installs the CRDs with the chart
+    let ns = c.namespace("cel").await;
+    let mut cases: Vec<(String, Value, Option<&'static str>)> = [profile(), lane(), policy()]
+        .into_iter()
+        .map(|o| (format!("good {}", kind_of(&o)), o, None))
+        .collect();
+    cases.extend(
+        bad_cases()
+            .into_iter()
+            .map(|(what, o, m)| (what.to_owned(), o, Some(m))),
+    );
+    let dry_run = PostParams {
+        dry_run: true,
+        field_manager: None,
+    };
+    let mut disagreements = Vec::new();
+    for (what, mut obj, message) in cases {
+        obj["metadata"]["namespace"] = json!(ns.name);
+        let offline = cel_errors(&kind_of(&obj), &obj);
+        let api = support::cluster::dynamic(&c.client, &obj);
+        let dynobj: DynamicObject = serde_json::from_value(obj.clone()).unwrap();
+        let server = api.create(&dry_run, &dynobj).await;
+        match (message, server) {
+            (None, Ok(_)) if offline.is_empty() => {}
+            (None, Ok(_)) => disagreements.push(format!(
+                "{what}: offline rejects {offline:?}, the server accepts"
+            )),
+            (None, Err(e)) => {
+                disagreements.push(format!("{what}: the server rejects a good object: {e}"))
+            }
+            (Some(m), Ok(_)) => {
+                disagreements.push(format!("{what}: the server accepts (offline: {m:?})"))
+            }
+            (Some(m), Err(kube::Error::Api(s))) => {
+                if s.code != 422 || !s.message.contains(m) {
+                    disagreements.push(format!(
+                        "{what}: the server rejects with {} {:?}, offline with {m:?}",
+                        s.code, s.message
+                    ));
+                }
+            }
+            (Some(_), Err(e)) => disagreements.push(format!("{what}: {e}")),
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "the real API server and the offline evaluator disagree:\n{}",
+        disagreements.join("\n")
+    );
 }

@@ -536,7 +536,9 @@ pub struct CapacityProfileStatus {
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub unknown_signals: std::collections::BTreeMap<String, String>,
     /// Standard conditions: `Ready`, `Degraded`, `TelemetryKnown`,
-    /// `Overcommitted`, `CalibrationExpired`, `ScalingConflict`.
+    /// `Overcommitted`, `CalibrationExpired`, `DrainBudgetExhausted`,
+    /// `PoolGrowthBlocked` (pods of the pool the scheduler cannot place),
+    /// `ScalingConflict`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The decision engine's state (hysteresis windows, approval gates,

@@ -87,6 +87,44 @@ pub fn strip(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
 }
 
+/// Pods of the pool that the scheduler could not place (Pending with
+/// `PodScheduled` False), with the scheduler's message for one of them. They
+/// add no capacity: `None` when every pod is placed.
+pub fn unschedulable(pods: &[Arc<Pod>]) -> Option<(usize, String)> {
+    let mut count = 0;
+    let mut message = None;
+    for p in pods {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(status) = p.status.as_ref() else {
+            continue;
+        };
+        if status.phase.as_deref().is_some_and(|ph| ph != "Pending") {
+            continue;
+        }
+        let refused = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+        if let Some(c) = refused {
+            count += 1;
+            message.get_or_insert_with(|| {
+                format!(
+                    "{}: {}",
+                    p.name_any(),
+                    c.message
+                        .as_deref()
+                        .or(c.reason.as_deref())
+                        .unwrap_or("not scheduled")
+                )
+            });
+        }
+    }
+    message.map(|m| (count, m))
+}
+
 /// The pool's view of a pod.
 pub fn pool_pod(p: &Pod) -> PoolPod {
     let cond = |t: &str| {

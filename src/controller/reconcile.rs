@@ -315,6 +315,7 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
             None
         }
     };
+    observed.unschedulable = raw_pods.as_deref().and_then(super::pods::unschedulable);
     let pods: Option<Vec<crate::signals::PoolPod>> = raw_pods
         .as_ref()
         .map(|ps| ps.iter().map(|p| super::pods::pool_pod(p)).collect());

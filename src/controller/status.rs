@@ -77,6 +77,9 @@ pub struct Observed {
     pub calibration_expired: Option<bool>,
     /// What the drain step did (None without a drain spec or pod index).
     pub drain: Option<super::drain::DrainReport>,
+    /// Pods of the pool the scheduler could not place, with its message for
+    /// one of them (None when every pod is placed or pods are not watched).
+    pub unschedulable: Option<(usize, String)>,
 }
 
 /// Whether the calibration of a profile has expired at `now`.
@@ -217,6 +220,25 @@ pub fn profile_status(
             }
         });
     }
+    wanted.push(match &observed.unschedulable {
+        Some((n, why)) => Cond {
+            type_: "PoolGrowthBlocked",
+            status: "True",
+            reason: "PodsUnschedulable",
+            message: format!(
+                "{n} pod(s) of the pool cannot be placed and add no capacity (ready replicas stay {}); {why}",
+                observed
+                    .ready_replicas
+                    .map_or_else(|| "unknown".to_owned(), |r| r.to_string())
+            ),
+        },
+        None => Cond {
+            type_: "PoolGrowthBlocked",
+            status: "False",
+            reason: "AllPodsPlaced",
+            message: "every pod of the pool is placed on a node".into(),
+        },
+    });
     wanted.push(match &observed.scaling_conflict {
         Some(m) => Cond {
             type_: "ScalingConflict",
