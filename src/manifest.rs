@@ -338,6 +338,9 @@ pub fn unknown_field(kind: &str, json: &Value) -> Option<String> {
             }
             continue;
         }
+        if k == "apiVersion" || k == "kind" {
+            continue; // checked by the loader; the CRD schema leaves them out
+        }
         match schema["properties"].get(k) {
             Some(sub) => {
                 if let Some(bad) = undeclared(sub, v, &path) {

@@ -6,7 +6,9 @@
 //! HPAMinReplicas mode, a StatefulSet pool, malformed objects). Every request
 //! in the double's log becomes (apiGroup, resource[/subresource], verb) — GET
 //! on a name → get, GET on a collection → list, `?watch` → watch, POST →
-//! create, PATCH → patch, PUT → update, DELETE → delete — and the set is
+//! create, PATCH → patch (and create too for a server-side apply that
+//! creates its object, as the real server checks), PUT → update, DELETE →
+//! delete — and the set is
 //! compared with the rules of the ClusterRoles and Roles in
 //! `manifests/install.yaml` (the chart rendered with default values; kept in
 //! sync by `.ci/chart-check.py`): nothing missing, nothing extra. Discovery
@@ -396,6 +398,18 @@ async fn chart_rbac_matches_the_controllers_api_calls() {
             denied.push(format!("{} {}", r.method, r.path));
         }
         if let Some((a, name)) = access(r) {
+            // A server-side apply that creates its object needs create as
+            // well as patch (the real API server checks both; found on it).
+            let created = r.method == "PATCH"
+                && r.status == 201
+                && r.content_type.as_deref() == Some("application/apply-patch+yaml");
+            if created {
+                let c = (a.0.clone(), a.1.clone(), "create".to_owned());
+                let names = used.entry(c).or_default();
+                if let Some(n) = &name {
+                    names.insert(n.clone());
+                }
+            }
             let names = used.entry(a).or_default();
             if let Some(n) = name {
                 names.insert(n);

@@ -231,6 +231,9 @@ pub struct ProfileState {
         skip_serializing_if = "BTreeMap::is_empty",
         deserialize_with = "level_keys"
     )]
+    // Level numbers are map keys, so JSON strings: a plain string-keyed map
+    // in the schema (the API server refuses schemars' patternProperties).
+    #[schemars(with = "BTreeMap<String, i64>")]
     pub gate_since: BTreeMap<u32, i64>,
     /// Last desired replicas.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -69,7 +69,9 @@ src/controller (tests/rbac.rs compares them with the API double's log).
   verbs: ["patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "patch"]
+  # create: a server-side apply of a ConfigMap that does not exist yet is
+  # authorized as patch and create.
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: [{{ if .Values.rbac.drain }}"list", "watch", "patch"{{ else }}"list", "watch"{{ end }}]
