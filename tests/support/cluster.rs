@@ -234,7 +234,7 @@ impl Cluster {
         let sa: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &name);
         eventually(
             "the default ServiceAccount",
-            Duration::from_secs(30),
+            Duration::from_secs(90),
             || {
                 let sa = sa.clone();
                 async move { sa.get_opt("default").await.ok().flatten() }
