@@ -39,6 +39,11 @@ running() { # running NAME: its pid is alive
 start_one() { # start_one NAME: runs $state/run/NAME.cmd in the background
   local name=$1
   running "$name" && return 0
+  if [ "$name" = kwok ] && [ -f "$state/kubeconfig" ] && running kube-apiserver; then
+    # A new kwok process has a new holder identity and will not take over
+    # the node Leases its predecessor held: drop them, it creates its own.
+    kctl -n kube-node-lease delete leases --all >/dev/null 2>&1 || true
+  fi
   setsid bash "$state/run/$name.cmd" >>"$state/logs/$name.log" 2>&1 </dev/null &
   echo $! >"$state/run/$name.pid"
 }

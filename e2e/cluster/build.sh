@@ -4,8 +4,8 @@
 #
 #   ${LANEKEEPER_CLUSTER_CACHE:-${XDG_CACHE_HOME:-~/.cache}/lanekeeper/cluster}/<key>/bin
 #
-# where <key> is derived from versions.env and this script, so a changed pin
-# builds a new entry and an unchanged one is reused. Prints the bin directory
+# where <key> is derived from versions.env and the build recipe number below,
+# so a changed pin builds a new entry and an unchanged one is reused. Prints the bin directory
 # on its last line of stdout (progress goes to stderr).
 #
 #   etcd                      go.etcd.io/etcd/server/v3
@@ -22,11 +22,14 @@
 # module proxy; nothing else.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=e2e/cluster/versions.env
+# shellcheck disable=SC1091 # the pin file, read at run time
 . "$here/versions.env"
 
 root=${LANEKEEPER_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lanekeeper/cluster}
-key=$(cat "$here/versions.env" "$here/build.sh" | sha256sum | cut -c1-12)
+# Bump when the way the components are built changes (flags, ldflags), so
+# caches built the old way are not reused; comments need no bump.
+recipe=1
+key=$( { cat "$here/versions.env"; echo "recipe=$recipe"; } | sha256sum | cut -c1-12)
 entry="$root/${KUBERNETES_VERSION}-$key"
 bin="$entry/bin"
 tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
