@@ -125,7 +125,8 @@ async fn install_with_helm_then_upgrade_and_uninstall() {
     // The shipped example applies as it is (in a namespace of its own).
     let example = std::fs::read_to_string(repo().join("manifests/examples/inc-47.yaml"))
         .unwrap()
-        .replace("namespace: ai-platform", &format!("namespace: {}", ns.name));
+        .replace("namespace: ai-platform", &format!("namespace: {}", ns.name))
+        .replace("name: ai-platform", &format!("name: {}", ns.name));
     let o = c.kubectl_stdin(&["apply", "-f", "-"], &example);
     assert!(
         o.ok,
@@ -445,7 +446,15 @@ async fn inc47_on_gpu_nodes() {
         w.lanes_json().await.filter(|v| v["level"] == 1)
     })
     .await;
+    assert_eq!(cfg["schemaVersion"], 1);
     assert_eq!(cfg["levelName"], "conserve");
+    assert_eq!(cfg["flags"]["rejectOptionalContext"], true);
+    assert_eq!(cfg["inFlight"]["stopAt"], 1500);
+    assert_eq!(
+        lane(&cfg, "p1-agent-assist")["optionalContext"]["historyTurns"],
+        8,
+        "degraded history at conserve"
+    );
     for (name, admitted) in [
         ("p0-disruption-assist", 93.6),
         ("p1-agent-assist", 180.0),
@@ -508,6 +517,21 @@ async fn inc47_on_gpu_nodes() {
     })
     .await;
     assert_eq!(lane(&cfg, "p4-eval-backfill")["state"], "Paused");
+    assert_eq!(lane(&cfg, "p4-eval-backfill")["burst"], 0);
+    // Retry after one stable window (the e2e policy's, shortened).
+    assert_eq!(
+        lane(&cfg, "p4-eval-backfill")["retryAfterSeconds"],
+        STABLE_FOR
+    );
+    assert_eq!(lane(&cfg, "p3-shift-batch")["state"], "Capped");
+    let raised = eventually("a LevelRaised 1 -> 2 event", T, || async {
+        let ev = w.events("LevelRaised").await;
+        ev.iter()
+            .any(|(e, _)| e["note"].as_str().unwrap_or_default().contains("1 -> 2"))
+            .then_some(ev)
+    })
+    .await;
+    assert!(raised.iter().all(|(e, _)| e["type"] == "Warning"));
     assert!(close(
         &lane(&cfg, "p3-shift-batch")["admittedUnitsPerSecond"],
         60.0
@@ -553,9 +577,10 @@ async fn inc47_on_gpu_nodes() {
         .take(3)
         .map(|p| p.name_any())
         .collect();
+    // Error ratios 0.9, 0.6 and 0.3: the two worst are the ones drained.
     w.set(|t| {
-        for p in &bad {
-            t.errors.insert(p.clone(), 0.5);
+        for (p, e) in bad.iter().zip([0.9, 0.6, 0.3]) {
+            t.errors.insert(p.clone(), e);
         }
     });
     let start = Instant::now();
@@ -577,6 +602,17 @@ async fn inc47_on_gpu_nodes() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(most, 2, "two pods drained (budget {budget_seen:?})");
+    let mut worst: Vec<String> = w
+        .pods()
+        .await
+        .iter()
+        .filter(|p| drained(p))
+        .map(|p| p.name_any())
+        .collect();
+    worst.sort();
+    let mut want = bad[..2].to_vec();
+    want.sort();
+    assert_eq!(worst, want, "the two worst pods drained");
     for p in w.pods().await.iter().filter(|p| drained(p)) {
         assert!(
             bad.contains(&p.name_any()),
@@ -621,6 +657,28 @@ async fn inc47_on_gpu_nodes() {
             .then_some(())
         },
     )
+    .await;
+    // A lane changes: the config follows. A lane is deleted: it leaves.
+    let mut p1 = inc47_objects(w.name(), &w.prom.url())
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == "p1-agent-assist")
+        .unwrap();
+    p1["spec"]["ceilingUnitsPerSecond"] = json!("150");
+    c.apply(&p1).await.unwrap();
+    eventually("the config follows a lane change", T, || async {
+        let cfg = w.lanes_json().await?;
+        close(
+            &lane(&cfg, "p1-agent-assist")["admittedUnitsPerSecond"],
+            150.0,
+        )
+        .then_some(())
+    })
+    .await;
+    c.kubectl_ok(&["-n", w.name(), "delete", "lanecontract", "p4-eval-backfill"]);
+    eventually("a deleted lane leaves the config", T, || async {
+        let cfg = w.lanes_json().await?;
+        (cfg["lanes"].as_array()?.len() == 4).then_some(())
+    })
     .await;
     assert!(ctl.running(), "controller exited:\n{}", ctl.log_text());
 
@@ -692,6 +750,15 @@ async fn leader_failover_within_one_lease_duration() {
     })
     .await;
     assert_eq!(lease_holder(&c).await.as_deref(), Some(first.as_str()));
+    // Only the leader writes; the standby waits.
+    assert_eq!(a.metric_sum("lanekeeper_leader").await, 1.0);
+    assert_eq!(b.metric_sum("lanekeeper_leader").await, 0.0);
+    assert!(a.metric_sum("lanekeeper_api_writes_total").await > 0.0);
+    assert_eq!(
+        b.metric_sum("lanekeeper_api_writes_total").await,
+        0.0,
+        "the standby never writes"
+    );
 
     // The leader dies without releasing the Lease.
     a.kill();

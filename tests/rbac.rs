@@ -378,6 +378,48 @@ fn chart_rules() -> BTreeMap<Access, Option<BTreeSet<String>>> {
     out
 }
 
+/// A Confirm level approved with the annotation, entered, then left: the
+/// approval is consumed (the annotation removed from the policy).
+async fn scenario_approval(log: &mut Vec<RecordedRequest>) {
+    let s = cluster().await;
+    s.put_direct(deployment("vllm-agent-assist", 8, 2)).unwrap();
+    for mut o in inc47_objects() {
+        if o["kind"] == "DegradationPolicy" {
+            o["spec"]["hysteresis"]["stableForSeconds"] = json!(1);
+            o["spec"]["levels"][3]["approval"]["timeoutSeconds"] = json!(100_000);
+            o["metadata"]["annotations"] = json!({"lanekeeper.dev/approve-level": "4"});
+        }
+        s.put_direct(o).unwrap();
+    }
+    let c = start(&s, settings(false));
+    assert!(
+        s.wait_until(T, |s| lanes_json(s, "agent-assist-lanes")
+            .is_some_and(|c| c["level"] == 4))
+            .await,
+        "the approved level is entered"
+    );
+    s.merge_patch_direct(
+        "apps/v1",
+        "deployments",
+        Some(NS),
+        "vllm-agent-assist",
+        json!({"status": {"readyReplicas": 8}}),
+        Some("status"),
+    )
+    .unwrap();
+    assert!(
+        s.wait_until(T, |s| s
+            .get_object(LK, "degradationpolicies", Some(NS), "agent-assist-ladder")
+            .is_some_and(|p| {
+                p["metadata"]["annotations"]["lanekeeper.dev/approve-level"].is_null()
+            }))
+        .await,
+        "the approval is consumed"
+    );
+    c.stop().await;
+    log.extend(s.requests());
+}
+
 fn show(a: &Access) -> String {
     let g = if a.0.is_empty() { "core" } else { &a.0 };
     format!("{g} {} {}", a.1, a.2)
@@ -390,6 +432,7 @@ async fn chart_rbac_matches_the_controllers_api_calls() {
     scenario_hpa(&mut log).await;
     scenario_statefulset_and_malformed(&mut log).await;
     scenario_prometheus_secret(&mut log).await;
+    scenario_approval(&mut log).await;
 
     let mut used: BTreeMap<Access, BTreeSet<String>> = BTreeMap::new();
     let mut denied = Vec::new();

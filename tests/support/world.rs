@@ -106,9 +106,12 @@ pub fn pool_deployment(ns: &str, replicas: i32, gpus: u32) -> Value {
                         "image": "registry.k8s.io/pause:3.10",
                         "args": ["--model=/models/agent-large", "--port=8000", "--max-num-seqs=256"],
                         "ports": [{"name": "http", "containerPort": 8000}],
+                        // Small CPU and memory requests: tests run side by
+                        // side on the same nodes, and only the GPUs should
+                        // run out.
                         "resources": {
-                            "requests": {"cpu": "8", "memory": "48Gi", "nvidia.com/gpu": gpus.to_string()},
-                            "limits": {"memory": "48Gi", "nvidia.com/gpu": gpus.to_string()}
+                            "requests": {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": gpus.to_string()},
+                            "limits": {"memory": "4Gi", "nvidia.com/gpu": gpus.to_string()}
                         }
                     }]
                 }
@@ -297,6 +300,27 @@ impl World {
         f(&mut self.telemetry.lock().unwrap());
     }
 
+    /// Waits until Prometheus answers the capacity the exporter serves now
+    /// (and that sample is a whole second old), so the controller's next
+    /// evaluation sees it.
+    pub async fn until_scraped(&self) {
+        let want = self.telemetry.lock().unwrap().available;
+        let query = format!(
+            "{}/api/v1/query?query=pool:available_units_per_second",
+            self.prom.url()
+        );
+        eventually("Prometheus has the exporter's capacity", T, || {
+            let query = query.clone();
+            async move {
+                let v: Value = reqwest::get(&query).await.ok()?.json().await.ok()?;
+                let got: f64 = v["data"]["result"][0]["value"][1].as_str()?.parse().ok()?;
+                ((got - want).abs() < 1e-9).then_some(())
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+
     pub async fn lanes_json(&self) -> Option<Value> {
         let cm = Api::<ConfigMap>::namespaced(self.client.clone(), self.name())
             .get_opt(CONFIG)
@@ -316,6 +340,25 @@ impl World {
             .flatten()
             .map(|o| o.data["status"].clone())
             .unwrap_or(Value::Null)
+    }
+
+    /// Events of a reason in the world's namespace, each with how many times
+    /// it was published (the recorder folds repeats into a series).
+    pub async fn events(&self, reason: &str) -> Vec<(Value, u64)> {
+        let probe = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"namespace": self.name()}});
+        cluster::dynamic(&self.client, &probe)
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| serde_json::to_value(e).unwrap())
+            .filter(|e| e["reason"] == reason)
+            .map(|e| {
+                let n = e["series"]["count"].as_u64().unwrap_or(1);
+                (e, n)
+            })
+            .collect()
     }
 
     pub async fn pods(&self) -> Vec<Pod> {

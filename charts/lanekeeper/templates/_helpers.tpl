@@ -67,6 +67,11 @@ src/controller (tests/rbac.rs compares them with the API double's log).
 - apiGroups: ["lanekeeper.dev"]
   resources: ["capacityprofiles/status", "lanecontracts/status", "degradationpolicies/status"]
   verbs: ["patch"]
+# Consuming an approval removes the lanekeeper.dev/approve-level annotation
+# from the DegradationPolicy (metadata, not status).
+- apiGroups: ["lanekeeper.dev"]
+  resources: ["degradationpolicies"]
+  verbs: ["patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
   # create: a server-side apply of a ConfigMap that does not exist yet is

@@ -1,0 +1,618 @@
+//! The controller's behaviours on a real API server (`LANEKEEPER_E2E=1`,
+//! see tests/e2e.rs and docs/development.md): approvals, a Prometheus
+//! outage, steady state, restarts, observe mode, an HPA on the pool,
+//! unbound and duplicate objects, manual drain requests and unready pods.
+//! Each test has a namespace, a Prometheus and a controller process of its
+//! own, with the chart ServiceAccount's token.
+//!
+//! What stays on the API double (tests/controller.rs, tests/drain.rs):
+//! injected 500s, 409s, delays and dropped watches, objects that the real
+//! server's validation would never let in, and starting without the CRDs.
+
+mod prometheus_support;
+mod support;
+#[path = "support/world.rs"]
+mod world;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use support::cluster::{Cluster, Controller, LK, connect, dynamic, eventually};
+use world::*;
+
+const POLICY: &str = "agent-assist-ladder";
+const APPROVE: &str = "lanekeeper.dev/approve-level";
+
+/// The INC-47 world with no GPUs asked (these tests need none) and a
+/// controller running on it.
+async fn world(c: &Cluster, test: &str) -> Option<World> {
+    World::new(c, test, 8, 0, None).await
+}
+
+fn start(kc: &std::path::Path, w: &World, identity: &str) -> Controller {
+    Controller::start(kc, w.name(), identity, &["--leader-elect=false"])
+}
+
+/// One of the world's objects, by kind and name, as applied.
+fn object(w: &World, kind: &str, name: &str) -> Value {
+    inc47_objects(w.name(), &w.prom.url())
+        .into_iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap()
+}
+
+async fn get(c: &Cluster, w: &World, kind: &str, name: &str) -> Value {
+    let probe = json!({"apiVersion": LK, "kind": kind, "metadata": {"namespace": w.name()}});
+    dynamic(&c.client, &probe)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .map(|o| serde_json::to_value(o).unwrap())
+        .unwrap_or(Value::Null)
+}
+
+/// No call of the controller in the world's namespace was refused by the
+/// real server's RBAC (the local control plane's audit log).
+fn assert_no_refusals(c: &Cluster, w: &World) {
+    if c.local.is_none() {
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(1500)); // the audit batch
+    let refused: Vec<String> = c
+        .audit("system:serviceaccount:lanekeeper-system:lanekeeper")
+        .into_iter()
+        .filter(|e| e["objectRef"]["namespace"] == w.name() && e["responseStatus"]["code"] == 403)
+        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "calls refused by the chart's RBAC: {refused:#?}"
+    );
+}
+
+fn has_condition(v: &Value, t: &str, status: &str) -> bool {
+    v["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == t && c["status"] == status))
+}
+
+/// The controller's writes in the world's namespace so far (audit log).
+fn writes(c: &Cluster, w: &World) -> Vec<String> {
+    c.audit("system:serviceaccount:lanekeeper-system:lanekeeper")
+        .into_iter()
+        .filter(|e| e["objectRef"]["namespace"] == w.name())
+        .filter(|e| !matches!(e["verb"].as_str(), Some("get" | "list" | "watch")))
+        .map(|e| {
+            format!(
+                "{} {}/{} {}",
+                e["verb"].as_str().unwrap_or_default(),
+                e["objectRef"]["resource"].as_str().unwrap_or_default(),
+                e["objectRef"]["subresource"].as_str().unwrap_or_default(),
+                e["objectRef"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way_down() {
+    let Some(c) = connect("a_confirmed_level_waits_for_the_annotation").await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = world(&c, "approval").await else {
+        return;
+    };
+    // 140 units/s: even after levels 1..3 the demand exceeds capacity, so
+    // the ladder wants level 4 (continuity, Confirm). Its timeout is pushed
+    // far out so only the annotation lets the ladder in; a short stable
+    // window lets it come down within the test.
+    w.set(|t| t.available = 140.0);
+    w.until_scraped().await;
+    let mut policy = object(&w, "DegradationPolicy", POLICY);
+    policy["spec"]["hysteresis"]["stableForSeconds"] = json!(1);
+    policy["spec"]["levels"][3]["approval"]["timeoutSeconds"] = json!(100_000);
+    c.apply(&policy).await.unwrap();
+    let mut ctl = start(&kc, &w, "approval");
+
+    let cfg = eventually("level 3 with level 4 pending", T, || async {
+        w.lanes_json()
+            .await
+            .filter(|c| c["level"] == 3 && c["pendingApprovalLevel"] == 4)
+    })
+    .await;
+    assert_eq!(cfg["levelName"], "protect");
+    assert_eq!(cfg["flags"]["readOnly"], false);
+    assert_eq!(cfg["flags"]["useFallbackRoutes"], true);
+    eventually("policy status: level 3, 4 pending", T, || async {
+        let p = get(&c, &w, "DegradationPolicy", POLICY).await;
+        (p["status"]["pendingApprovalLevel"] == 4 && p["status"]["level"] == 3).then_some(())
+    })
+    .await;
+    let pending = eventually("an ApprovalPending event", T, || async {
+        let e = w.events("ApprovalPending").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert_eq!(pending[0].0["type"], "Warning");
+    let note = pending[0].0["note"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        note.contains("level 4") && note.contains(APPROVE),
+        "the event says how to approve: {note}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        w.lanes_json().await.unwrap()["level"],
+        3,
+        "no approval, no entry"
+    );
+
+    // A human approves level 4, the way they would: kubectl annotate.
+    c.kubectl_ok(&[
+        "-n",
+        w.name(),
+        "annotate",
+        "degradationpolicy",
+        POLICY,
+        &format!("{APPROVE}=4"),
+    ]);
+    let cfg = eventually("level 4, read-only", T, || async {
+        w.lanes_json().await.filter(|c| {
+            c["level"] == 4 && c["flags"]["readOnly"] == true && c["pendingApprovalLevel"].is_null()
+        })
+    })
+    .await;
+    assert_eq!(cfg["levelName"], "continuity");
+    eventually("an ApprovalGranted event", T, || async {
+        (!w.events("ApprovalGranted").await.is_empty()).then_some(())
+    })
+    .await;
+
+    // Capacity is back: the ladder steps down; once below 4 the approval is
+    // consumed (the annotation removed).
+    w.set(|t| t.available = 560.0);
+    eventually("the annotation consumed", T, || async {
+        let p = get(&c, &w, "DegradationPolicy", POLICY).await;
+        p["metadata"]["annotations"][APPROVE]
+            .is_null()
+            .then_some(())
+    })
+    .await;
+    eventually("an ApprovalConsumed event", T, || async {
+        (!w.events("ApprovalConsumed").await.is_empty()).then_some(())
+    })
+    .await;
+    eventually("stepped down to level 1", T, || async {
+        w.lanes_json().await.filter(|c| c["level"] == 1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for reason in ["ApprovalPending", "ApprovalGranted", "ApprovalConsumed"] {
+        let n: u64 = w.events(reason).await.iter().map(|e| e.1).sum();
+        assert_eq!(n, 1, "{reason} published once");
+    }
+    let p = get(&c, &w, "DegradationPolicy", POLICY).await;
+    let transitions: Vec<(u64, u64)> = p["status"]["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["from"].as_u64().unwrap(), t["to"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(transitions, vec![(0, 3), (3, 4), (4, 3), (3, 2), (2, 1)]);
+    assert!(ctl.running(), "{}", ctl.log_text());
+    assert_no_refusals(&c, &w);
+}
+
+/// A Prometheus outage makes the configured capacity signal Unknown, and
+/// with it the capacity: no fallback to ready replicas. `TelemetryKnown`
+/// turns False and the level is held.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prometheus_outage_turns_telemetry_unknown_and_holds_the_level() {
+    let Some(c) = connect("a_prometheus_outage_turns_telemetry_unknown").await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(mut w) = world(&c, "outage").await else {
+        return;
+    };
+    let (_, degraded) = inc47_capacities();
+    let ctl = start(&kc, &w, "outage");
+    eventually("level 1, capacity known", T, || async {
+        let st = w.status().await;
+        (st["level"] == 1 && condition(&st, "TelemetryKnown").is_some_and(|c| c.0 == "True"))
+            .then_some(())
+    })
+    .await;
+    w.set(|t| t.available = degraded);
+    eventually("level 2 at 420", T, || async {
+        let st = w.status().await;
+        (st["level"] == 2 && close(&st["capacityUnitsPerSecond"], degraded)).then_some(())
+    })
+    .await;
+
+    w.prom.stop();
+    let st = eventually(
+        "availableUnitsPerSecond unknown: unreachable",
+        T,
+        || async {
+            let st = w.status().await;
+            st["unknownSignals"]["availableUnitsPerSecond"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("unreachable"))
+                .then_some(st)
+        },
+    )
+    .await;
+    let known = condition(&st, "TelemetryKnown").unwrap();
+    assert_eq!(
+        (known.0.as_str(), known.1.as_str()),
+        ("False", "CapacityUnknown"),
+        "{st}"
+    );
+    assert_eq!(st["level"], 2, "held: {st}");
+    let metrics = ctl.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("lanekeeper_signal_errors_total")
+                && l.contains("reason=\"unreachable\"")
+                && l.contains("signal=\"availableUnitsPerSecond\"")),
+        "{metrics}"
+    );
+    // Still held several resyncs later.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(w.status().await["level"], 2);
+    assert_no_refusals(&c, &w);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn steady_state_makes_no_writes() {
+    let Some(c) = connect("steady_state_makes_no_writes").await else {
+        return;
+    };
+    if c.local.is_none() {
+        eprintln!(
+            "steady_state_makes_no_writes: counts writes in the local control plane's audit log; not run on this cluster"
+        );
+        return;
+    }
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = world(&c, "steady").await else {
+        return;
+    };
+    let ctl = start(&kc, &w, "steady");
+    eventually("level 1, 9 replicas, 9 Ready pods", T, || async {
+        let st = w.status().await;
+        (st["level"] == 1 && st["readyReplicas"] == 9 && st["desiredReplicas"] == 9).then_some(())
+    })
+    .await;
+    // Settle, then count the controller's writes over ten resync ticks (1 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = writes(&c, &w).len();
+    let metric_before = ctl.metric_sum("lanekeeper_api_writes_total").await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = writes(&c, &w);
+    assert_eq!(
+        after.len(),
+        before,
+        "writes at steady state: {:#?}",
+        &after[before..]
+    );
+    assert_eq!(
+        ctl.metric_sum("lanekeeper_api_writes_total").await,
+        metric_before
+    );
+    assert_no_refusals(&c, &w);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_controller_continues_mid_incident() {
+    let Some(c) = connect("a_restarted_controller_continues_mid_incident").await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = world(&c, "restart").await else {
+        return;
+    };
+    let (normal, degraded) = inc47_capacities();
+    w.set(|t| t.available = degraded);
+    w.until_scraped().await;
+    let mut first = start(&kc, &w, "restart-1");
+    eventually("level 2", T, || async {
+        w.lanes_json().await.filter(is_inc47_level2)
+    })
+    .await;
+    // The incident ends; the controller dies inside the stable window.
+    w.set(|t| t.available = normal);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let exit_since = w.status().await["engine"]["exitSince"].clone();
+    assert!(
+        exit_since.is_i64(),
+        "the stable window started: {}",
+        w.status().await
+    );
+    first.kill();
+    let _second = start(&kc, &w, "restart-2");
+    // The new process continues the window it finds in status: level 1 no
+    // sooner than exitSince + stableForSeconds, and not a full window later.
+    let at = eventually("level 1 after the restart", T, || async {
+        w.lanes_json().await.filter(|c| c["level"] == 1)?;
+        Some(std::time::SystemTime::now())
+    })
+    .await;
+    let t = at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let window_end = exit_since.as_i64().unwrap() + STABLE_FOR;
+    assert!(
+        t >= window_end,
+        "stepped down at {t}, before the window ended at {window_end}"
+    );
+    assert!(
+        t < window_end + STABLE_FOR,
+        "stepped down at {t}: the restart started the window again (it ended at {window_end})"
+    );
+    // No repeated or skipped transition, each event once.
+    let p = get(&c, &w, "DegradationPolicy", POLICY).await;
+    let transitions: Vec<(u64, u64)> = p["status"]["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["from"].as_u64().unwrap(), t["to"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(transitions, vec![(0, 2), (2, 1)]);
+    eventually("one LevelLowered event", T, || async {
+        (w.events("LevelLowered").await.len() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(w.events("LevelRaised").await.len(), 1);
+    assert_no_refusals(&c, &w);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn observe_mode_writes_no_scale_and_no_enforced_config() {
+    let Some(c) = connect("observe_mode_writes_no_scale_and_no_enforced_config").await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = world(&c, "observe").await else {
+        return;
+    };
+    let (_, degraded) = inc47_capacities();
+    w.set(|t| t.available = degraded);
+    let mut policy = object(&w, "DegradationPolicy", POLICY);
+    policy["spec"]["mode"] = json!("Observe");
+    c.apply(&policy).await.unwrap();
+    let _ctl = start(&kc, &w, "observe");
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.client.clone(), w.name());
+    eventually("the observe config at level 2", T, || async {
+        let o = cm.get_opt("agent-assist-lanes-observe").await.ok()??;
+        let v: Value = serde_json::from_str(o.data?.get("lanes.json")?).ok()?;
+        (v["level"] == 2 && v["mode"] == "Observe").then_some(())
+    })
+    .await;
+    eventually("status reports level 2", T, || async {
+        (w.status().await["level"] == 2).then_some(())
+    })
+    .await;
+    eventually("a LevelRaised event", T, || async {
+        (!w.events("LevelRaised").await.is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        cm.get_opt(CONFIG).await.unwrap().is_none(),
+        "no enforced config"
+    );
+    assert_eq!(
+        w.deployment().await.spec.unwrap().replicas,
+        Some(8),
+        "no scale write"
+    );
+    assert!(
+        w.pods()
+            .await
+            .iter()
+            .all(|p| pod_condition(p, SERVING).is_none()),
+        "no gate written in Observe mode"
+    );
+    assert_no_refusals(&c, &w);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_hpa_on_the_pool_is_not_fought() {
+    let Some(c) = connect("an_hpa_on_the_pool_is_not_fought").await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = world(&c, "hpa").await else {
+        return;
+    };
+    c.apply(&json!({
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "vllm", "namespace": w.name()},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": POOL},
+                 "minReplicas": 2, "maxReplicas": 12,
+                 "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}
+    }))
+    .await
+    .unwrap();
+    let _ctl = start(&kc, &w, "hpa");
+    eventually("ScalingConflict True", T, || async {
+        let st = w.status().await;
+        condition(&st, "ScalingConflict")
+            .is_some_and(|c| c.0 == "True")
+            .then_some(())
+    })
+    .await;
+    eventually("a ScalingConflict event", T, || async {
+        (!w.events("ScalingConflict").await.is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(
+        w.deployment().await.spec.unwrap().replicas,
+        Some(8),
+        "replicas left alone"
+    );
+    // The user's switch: raise the HPA's minimum instead.
+    let mut profile = object(&w, "CapacityProfile", PROFILE);
+    profile["spec"]["scaling"] = json!({"mode": "HPAMinReplicas"});
+    c.apply(&profile).await.unwrap();
+    let hpas = Api::<HorizontalPodAutoscaler>::namespaced(c.client.clone(), w.name());
+    eventually("the HPA's minReplicas raised to 9", T, || async {
+        (hpas.get("vllm").await.ok()?.spec?.min_replicas? == 9).then_some(())
+    })
+    .await;
+    assert_no_refusals(&c, &w);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unbound_lane_and_a_duplicate_policy_are_reported() {
+    let Some(c) = connect("an_unbound_lane_and_a_duplicate_policy_are_reported").await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = world(&c, "unbound").await else {
+        return;
+    };
+    let mut stray = object(&w, "LaneContract", "p1-agent-assist");
+    stray["metadata"]["name"] = json!("stray");
+    stray["spec"]["profile"] = json!("no-such-pool");
+    c.apply(&stray).await.unwrap();
+    // Created after the first, so younger: the older policy governs.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut dup = object(&w, "DegradationPolicy", POLICY);
+    dup["metadata"]["name"] = json!("second-ladder");
+    c.apply(&dup).await.unwrap();
+    let _ctl = start(&kc, &w, "unbound");
+    eventually("the stray lane Bound False", T, || async {
+        has_condition(
+            &get(&c, &w, "LaneContract", "stray").await,
+            "Bound",
+            "False",
+        )
+        .then_some(())
+    })
+    .await;
+    eventually("the second policy Valid False", T, || async {
+        has_condition(
+            &get(&c, &w, "DegradationPolicy", "second-ladder").await,
+            "Valid",
+            "False",
+        )
+        .then_some(())
+    })
+    .await;
+    eventually("the older policy governs: level 1", T, || async {
+        w.lanes_json().await.filter(|c| c["level"] == 1)
+    })
+    .await;
+    assert_no_refusals(&c, &w);
+}
+
+async fn patch_pod(c: &Cluster, w: &World, pod: &str, patch: Value, status: bool) {
+    let api = Api::<Pod>::namespaced(c.client.clone(), w.name());
+    let pp = PatchParams::default();
+    let r = if status {
+        api.patch_status(pod, &pp, &Patch::Strategic(&patch)).await
+    } else {
+        api.patch(pod, &pp, &Patch::Merge(&patch)).await
+    };
+    r.unwrap_or_else(|e| panic!("patch {pod}: {e}"));
+}
+
+/// A person asks for a drain with the annotation: honoured within the bound,
+/// never for a pod whose containers are not ready (a failing readiness probe,
+/// played here by setting ContainersReady False as the kubelet would), and
+/// undone when the annotation goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn drain_requests_are_honoured_within_the_bound_and_unready_pods_are_left_alone() {
+    let Some(c) = connect("drain_requests_are_honoured_within_the_bound").await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = world(&c, "drainreq").await else {
+        return;
+    };
+    let _ctl = start(&kc, &w, "drainreq");
+    eventually("9 Ready pods", T, || async {
+        (w.status().await["readyReplicas"] == 9).then_some(())
+    })
+    .await;
+    let pods: Vec<String> = w.pods().await.iter().map(|p| p.name_any()).collect();
+    // One pod's containers stop being ready; it is asked to drain too.
+    let unready = pods[0].clone();
+    patch_pod(
+        &c,
+        &w,
+        &unready,
+        json!({"status": {"conditions": [{"type": "ContainersReady", "status": "False"}]}}),
+        true,
+    )
+    .await;
+    let ask = json!({"metadata": {"annotations": {"lanekeeper.dev/drain-request": "true"}}});
+    for p in &pods[..4] {
+        patch_pod(&c, &w, p, ask.clone(), false).await;
+    }
+    // Four asked, one of them unready: the bound (25 % of 9 → 2) lets two
+    // of the ready ones drain, at every sample.
+    let start_t = Instant::now();
+    let mut most = 0;
+    while start_t.elapsed() < Duration::from_secs(20) {
+        let now = w.pods().await;
+        let n = now.iter().filter(|p| drained(p)).count();
+        assert!(n <= 2, "{n} drained, the bound is 2");
+        assert!(
+            now.iter().all(|p| p.name_any() != unready || !drained(p)),
+            "the unready pod was labelled"
+        );
+        most = most.max(n);
+        if most == 2 && start_t.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(most, 2);
+    let st = w.status().await;
+    assert_eq!(
+        condition(&st, "DrainBudgetExhausted")
+            .map(|c| c.0)
+            .as_deref(),
+        Some("True"),
+        "{st}"
+    );
+    // The requests are withdrawn: everything is undrained and serves again.
+    let clear = json!({"metadata": {"annotations": {"lanekeeper.dev/drain-request": null}}});
+    for p in &pods[..4] {
+        patch_pod(&c, &w, p, clear.clone(), false).await;
+    }
+    patch_pod(
+        &c,
+        &w,
+        &unready,
+        json!({"status": {"conditions": [{"type": "ContainersReady", "status": "True"}]}}),
+        true,
+    )
+    .await;
+    eventually("nothing drained, every pod Ready", T, || async {
+        let now = w.pods().await;
+        (now.iter().all(|p| !drained(p))
+            && now
+                .iter()
+                .all(|p| pod_condition(p, "Ready").as_deref() == Some("True")))
+        .then_some(())
+    })
+    .await;
+    assert_no_refusals(&c, &w);
+}
