@@ -616,3 +616,117 @@ async fn drain_requests_are_honoured_within_the_bound_and_unready_pods_are_left_
     .await;
     assert_no_refusals(&c, &w);
 }
+
+/// Names of the drained pods, sorted.
+async fn drained_names(w: &World) -> Vec<String> {
+    let mut v: Vec<String> = w
+        .pods()
+        .await
+        .iter()
+        .filter(|p| drained(p))
+        .map(|p| p.name_any())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Three ready pods, all bad: floor(25 % of 3) is 0, so none is drained and
+/// the status and an event say the bound was reached.
+#[tokio::test(flavor = "multi_thread")]
+async fn three_ready_pods_allow_no_drain() {
+    let Some(c) = connect("three_ready_pods_allow_no_drain").await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = World::new(&c, "three", 3, 0, None).await else {
+        return;
+    };
+    let mut profile = object(&w, "CapacityProfile", PROFILE);
+    profile["spec"]["replicas"]["min"] = json!(3);
+    profile["spec"]["replicas"]["max"] = json!(3);
+    c.apply(&profile).await.unwrap();
+    let _ctl = start(&kc, &w, "three");
+    eventually("3 Ready pods", T, || async {
+        (w.status().await["readyReplicas"] == 3).then_some(())
+    })
+    .await;
+    let pods: Vec<String> = w.pods().await.iter().map(|p| p.name_any()).collect();
+    w.set(|t| {
+        for p in &pods {
+            t.errors.insert(p.clone(), 0.9);
+        }
+    });
+    eventually("drain budget 0, nothing drained", T, || async {
+        let st = w.status().await;
+        (st["drainBudget"] == 0
+            && st["drainedPods"] == 0
+            && condition(&st, "DrainBudgetExhausted").is_some_and(|c| c.0 == "True"))
+        .then_some(())
+    })
+    .await;
+    eventually("a DrainBudgetExhausted event", T, || async {
+        (!w.events("DrainBudgetExhausted").await.is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(drained_names(&w).await.is_empty(), "floor(25% of 3) is 0");
+    assert_no_refusals(&c, &w);
+}
+
+/// A drain made by one controller process is read back from the pod's label
+/// by the next: it is kept, and only the slot left goes to the worst of the
+/// pods that went bad while no controller ran.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_controller_never_goes_past_the_bound() {
+    let Some(c) = connect("a_restarted_controller_never_goes_past_the_bound").await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = World::new(&c, "redrain", 8, 0, None).await else {
+        return;
+    };
+    // Keep the pool at 8 so the bound is 25 % of 8 = 2 throughout.
+    let mut profile = object(&w, "CapacityProfile", PROFILE);
+    profile["spec"]["scaling"] = json!({"mode": "Disabled"});
+    c.apply(&profile).await.unwrap();
+    let mut first = start(&kc, &w, "redrain-1");
+    eventually("8 Ready pods", T, || async {
+        (w.status().await["readyReplicas"] == 8).then_some(())
+    })
+    .await;
+    let pods: Vec<String> = w.pods().await.iter().map(|p| p.name_any()).collect();
+    w.set(|t| {
+        t.errors.insert(pods[3].clone(), 0.8);
+    });
+    eventually("pod 3 drained", T, || async {
+        (drained_names(&w).await == vec![pods[3].clone()]).then_some(())
+    })
+    .await;
+    first.kill();
+    // While no controller runs, four more pods go bad.
+    w.set(|t| {
+        for (i, e) in [(0, 0.6), (1, 0.95), (5, 0.5), (6, 0.4)] {
+            t.errors.insert(pods[i].clone(), e);
+        }
+    });
+    let _second = start(&kc, &w, "redrain-2");
+    let mut want = vec![pods[1].clone(), pods[3].clone()];
+    want.sort();
+    let start_t = Instant::now();
+    while start_t.elapsed() < Duration::from_secs(15) {
+        let now = drained_names(&w).await;
+        assert!(now.len() <= 2, "{now:?} drained, the bound is 2");
+        if now == want && start_t.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        drained_names(&w).await,
+        want,
+        "the first drain kept, the worst new one added"
+    );
+    assert_no_refusals(&c, &w);
+}
