@@ -236,6 +236,56 @@ fn invalid_priority_type_exit_2() {
     );
 }
 
+/// kubectl validates strictly by default and the API server refuses a field
+/// the CRD does not declare; so does plan, naming it (the same case runs on
+/// a real server in tests/e2e.rs).
+#[test]
+fn undeclared_fields_exit_2_naming_the_field() {
+    let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
+    for (name, text, field) in [
+        (
+            "spec",
+            base.replacen(
+                "floorUnitsPerSecond: \"93.6\"",
+                "flooorUnitsPerSecond: \"93.6\"",
+                1,
+            ),
+            "LaneContract ai-platform/p0-disruption-assist: spec.flooorUnitsPerSecond",
+        ),
+        (
+            "nested",
+            base.replacen(
+                "queue: {maxDepth: 600, ttlSeconds: 12}",
+                "queue: {maxDepth: 600, ttlSeconds: 12, ttl: 5}",
+                1,
+            ),
+            "LaneContract ai-platform/p0-disruption-assist: spec.queue.ttl",
+        ),
+        (
+            "list item",
+            base.replacen(
+                "enterWhen: {",
+                "enterWhen: {utilisationPercentAbove: 90, ",
+                1,
+            ),
+            "DegradationPolicy ai-platform/agent-assist-ladder: spec.levels[0].enterWhen.utilisationPercentAbove",
+        ),
+        (
+            "metadata",
+            base.replacen(
+                "metadata: {name: agent-assist, namespace: ai-platform}",
+                "metadata: {name: agent-assist, namespace: ai-platform, lables: {a: b}}",
+                1,
+            ),
+            "CapacityProfile ai-platform/agent-assist: metadata.lables",
+        ),
+    ] {
+        assert_ne!(text, base, "{name}: the example changed shape");
+        let path = write_temp(&format!("undeclared-{}", name.replace(' ', "-")), &text);
+        assert_invalid(&path, field, "unknown field");
+    }
+}
+
 #[test]
 fn invalid_quantity_exit_2() {
     let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
