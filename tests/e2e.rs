@@ -110,16 +110,20 @@ async fn install_with_helm_then_upgrade_and_uninstall() {
         &format!("deployment/{deploy}"),
         "--timeout=90s",
     ]);
-    let pods_before = c.kubectl_ok(&[
-        "-n",
-        &ns.name,
-        "get",
-        "pods",
-        "-l",
-        &format!("app.kubernetes.io/instance={rel}"),
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ]);
+    let controller_pods = || -> BTreeSet<String> {
+        let out = c.kubectl(&[
+            "-n",
+            &ns.name,
+            "get",
+            "pods",
+            "-l",
+            &format!("app.kubernetes.io/instance={rel}"),
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ]);
+        out.stdout.split_whitespace().map(str::to_owned).collect()
+    };
+    let pods_before = controller_pods();
     assert!(!pods_before.is_empty(), "controller pods");
 
     // The shipped example applies as it is (in a namespace of its own).
@@ -205,19 +209,9 @@ async fn install_with_helm_then_upgrade_and_uninstall() {
         "--timeout=90s",
     ]);
     let pods_after = eventually("the old controller pods replaced", T, || {
-        let out = c.kubectl(&[
-            "-n",
-            &ns.name,
-            "get",
-            "pods",
-            "-l",
-            &format!("app.kubernetes.io/instance={rel}"),
-            "-o",
-            "jsonpath={.items[*].metadata.name}",
-        ]);
-        let now: BTreeSet<String> = out.stdout.split_whitespace().map(str::to_owned).collect();
-        let before: BTreeSet<String> = pods_before.split_whitespace().map(str::to_owned).collect();
-        async move { (!now.is_empty() && now.is_disjoint(&before)).then_some(now) }
+        let now = controller_pods();
+        let replaced = !now.is_empty() && now.is_disjoint(&pods_before);
+        async move { replaced.then_some(now) }
     })
     .await;
     assert!(!pods_after.is_empty());

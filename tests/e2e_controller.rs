@@ -27,10 +27,28 @@ use world::*;
 const POLICY: &str = "agent-assist-ladder";
 const APPROVE: &str = "lanekeeper.dev/approve-level";
 
-/// The INC-47 world with no GPUs asked (these tests need none) and a
-/// controller running on it.
-async fn world(c: &Cluster, test: &str) -> Option<World> {
-    World::new(c, test, 8, 0, None).await
+/// What each test starts from: the cluster, its shared hold on it, the
+/// controller's kubeconfig (the chart ServiceAccount's token) and the INC-47
+/// world in a namespace of its own, with `replicas` pool pods asking for no
+/// GPU (these tests need none). None when there is no cluster (SKIPPED).
+struct Env {
+    c: Cluster,
+    kc: std::path::PathBuf,
+    w: World,
+    _shared: tokio::sync::RwLockReadGuard<'static, ()>,
+}
+
+async fn env(test: &str, prefix: &str, replicas: i32) -> Option<Env> {
+    let c = connect(test).await?;
+    let shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let w = World::new(&c, prefix, replicas, 0, None).await?;
+    Some(Env {
+        c,
+        kc,
+        w,
+        _shared: shared,
+    })
 }
 
 fn start(kc: &std::path::Path, w: &World, identity: &str) -> Controller {
@@ -101,12 +119,9 @@ fn writes(c: &Cluster, w: &World) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way_down() {
-    let Some(c) = connect("a_confirmed_level_waits_for_the_annotation").await else {
-        return;
-    };
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(w) = world(&c, "approval").await else {
+    let Some(Env { c, kc, w, _shared }) =
+        env("a_confirmed_level_waits_for_the_annotation", "approval", 8).await
+    else {
         return;
     };
     // 140 units/s: even after levels 1..3 the demand exceeds capacity, so
@@ -214,12 +229,13 @@ async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way
 /// turns False and the level is held.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_prometheus_outage_turns_telemetry_unknown_and_holds_the_level() {
-    let Some(c) = connect("a_prometheus_outage_turns_telemetry_unknown").await else {
-        return;
-    };
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(mut w) = world(&c, "outage").await else {
+    let Some(Env {
+        c,
+        kc,
+        mut w,
+        _shared,
+    }) = env("a_prometheus_outage_turns_telemetry_unknown", "outage", 8).await
+    else {
         return;
     };
     let (_, degraded) = inc47_capacities();
@@ -274,7 +290,8 @@ async fn a_prometheus_outage_turns_telemetry_unknown_and_holds_the_level() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn steady_state_makes_no_writes() {
-    let Some(c) = connect("steady_state_makes_no_writes").await else {
+    let Some(Env { c, kc, w, _shared }) = env("steady_state_makes_no_writes", "steady", 8).await
+    else {
         return;
     };
     if c.local.is_none() {
@@ -283,11 +300,6 @@ async fn steady_state_makes_no_writes() {
         );
         return;
     }
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(w) = world(&c, "steady").await else {
-        return;
-    };
     let ctl = start(&kc, &w, "steady");
     eventually("level 1, 9 replicas, 9 Ready pods", T, || async {
         let st = w.status().await;
@@ -315,12 +327,13 @@ async fn steady_state_makes_no_writes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_controller_continues_mid_incident() {
-    let Some(c) = connect("a_restarted_controller_continues_mid_incident").await else {
-        return;
-    };
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(w) = world(&c, "restart").await else {
+    let Some(Env { c, kc, w, _shared }) = env(
+        "a_restarted_controller_continues_mid_incident",
+        "restart",
+        8,
+    )
+    .await
+    else {
         return;
     };
     let (normal, degraded) = inc47_capacities();
@@ -378,12 +391,13 @@ async fn a_restarted_controller_continues_mid_incident() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn observe_mode_writes_no_scale_and_no_enforced_config() {
-    let Some(c) = connect("observe_mode_writes_no_scale_and_no_enforced_config").await else {
-        return;
-    };
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(w) = world(&c, "observe").await else {
+    let Some(Env { c, kc, w, _shared }) = env(
+        "observe_mode_writes_no_scale_and_no_enforced_config",
+        "observe",
+        8,
+    )
+    .await
+    else {
         return;
     };
     let (_, degraded) = inc47_capacities();
@@ -429,12 +443,8 @@ async fn observe_mode_writes_no_scale_and_no_enforced_config() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_hpa_on_the_pool_is_not_fought() {
-    let Some(c) = connect("an_hpa_on_the_pool_is_not_fought").await else {
-        return;
-    };
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(w) = world(&c, "hpa").await else {
+    let Some(Env { c, kc, w, _shared }) = env("an_hpa_on_the_pool_is_not_fought", "hpa", 8).await
+    else {
         return;
     };
     c.apply(&json!({
@@ -477,12 +487,13 @@ async fn an_hpa_on_the_pool_is_not_fought() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unbound_lane_and_a_duplicate_policy_are_reported() {
-    let Some(c) = connect("an_unbound_lane_and_a_duplicate_policy_are_reported").await else {
-        return;
-    };
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(w) = world(&c, "unbound").await else {
+    let Some(Env { c, kc, w, _shared }) = env(
+        "an_unbound_lane_and_a_duplicate_policy_are_reported",
+        "unbound",
+        8,
+    )
+    .await
+    else {
         return;
     };
     let mut stray = object(&w, "LaneContract", "p1-agent-assist");
@@ -537,12 +548,13 @@ async fn patch_pod(c: &Cluster, w: &World, pod: &str, patch: Value, status: bool
 /// undone when the annotation goes.
 #[tokio::test(flavor = "multi_thread")]
 async fn drain_requests_are_honoured_within_the_bound_and_unready_pods_are_left_alone() {
-    let Some(c) = connect("drain_requests_are_honoured_within_the_bound").await else {
-        return;
-    };
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(w) = world(&c, "drainreq").await else {
+    let Some(Env { c, kc, w, _shared }) = env(
+        "drain_requests_are_honoured_within_the_bound",
+        "drainreq",
+        8,
+    )
+    .await
+    else {
         return;
     };
     let _ctl = start(&kc, &w, "drainreq");
@@ -634,12 +646,8 @@ async fn drained_names(w: &World) -> Vec<String> {
 /// the status and an event say the bound was reached.
 #[tokio::test(flavor = "multi_thread")]
 async fn three_ready_pods_allow_no_drain() {
-    let Some(c) = connect("three_ready_pods_allow_no_drain").await else {
-        return;
-    };
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(w) = World::new(&c, "three", 3, 0, None).await else {
+    let Some(Env { c, kc, w, _shared }) = env("three_ready_pods_allow_no_drain", "three", 3).await
+    else {
         return;
     };
     let mut profile = object(&w, "CapacityProfile", PROFILE);
@@ -679,12 +687,13 @@ async fn three_ready_pods_allow_no_drain() {
 /// pods that went bad while no controller ran.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_controller_never_goes_past_the_bound() {
-    let Some(c) = connect("a_restarted_controller_never_goes_past_the_bound").await else {
-        return;
-    };
-    let _shared = CLUSTER.read().await;
-    let kc = controller_kubeconfig(&c).await;
-    let Some(w) = World::new(&c, "redrain", 8, 0, None).await else {
+    let Some(Env { c, kc, w, _shared }) = env(
+        "a_restarted_controller_never_goes_past_the_bound",
+        "redrain",
+        8,
+    )
+    .await
+    else {
         return;
     };
     // Keep the pool at 8 so the bound is 25 % of 8 = 2 throughout.
