@@ -936,6 +936,34 @@ async fn apiserver_and_etcd_restarts_mid_incident() {
     for pair in v.windows(2) {
         assert_ne!(pair[0].1, pair[1].1, "the same config written twice");
     }
+    // From the audit log: every ConfigMap write the controller made that
+    // the server took produced a new version (no write repeated one that
+    // changed nothing, across both restarts).
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the audit batch
+    let written: Vec<String> = c
+        .audit(CONTROLLER_USER)
+        .into_iter()
+        .filter(|e| {
+            e["objectRef"]["namespace"] == w.name()
+                && e["objectRef"]["resource"] == "configmaps"
+                && e["objectRef"]["name"] == CONFIG
+                && e["verb"] == "patch"
+                && e["responseStatus"]["code"].as_u64().is_some_and(|c| c < 300)
+        })
+        .map(|e| {
+            e["responseObject"]["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    let distinct: BTreeSet<&String> = written.iter().collect();
+    assert!(written.len() >= 3, "ConfigMap writes seen in the audit log: {written:?}");
+    assert_eq!(
+        distinct.len(),
+        written.len(),
+        "a ConfigMap write that changed nothing: {written:?}"
+    );
     let levels: Vec<u64> = v
         .iter()
         .filter_map(|(_, d)| serde_json::from_str::<Value>(d).ok()?["level"].as_u64())
