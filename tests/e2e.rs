@@ -948,7 +948,9 @@ async fn apiserver_and_etcd_restarts_mid_incident() {
                 && e["objectRef"]["resource"] == "configmaps"
                 && e["objectRef"]["name"] == CONFIG
                 && e["verb"] == "patch"
-                && e["responseStatus"]["code"].as_u64().is_some_and(|c| c < 300)
+                && e["responseStatus"]["code"]
+                    .as_u64()
+                    .is_some_and(|c| c < 300)
         })
         .map(|e| {
             e["responseObject"]["metadata"]["resourceVersion"]
@@ -958,7 +960,10 @@ async fn apiserver_and_etcd_restarts_mid_incident() {
         })
         .collect();
     let distinct: BTreeSet<&String> = written.iter().collect();
-    assert!(written.len() >= 3, "ConfigMap writes seen in the audit log: {written:?}");
+    assert!(
+        written.len() >= 3,
+        "ConfigMap writes seen in the audit log: {written:?}"
+    );
     assert_eq!(
         distinct.len(),
         written.len(),

@@ -241,3 +241,48 @@ impl PodIndex {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, phase: &str, scheduled: Option<(&str, &str)>, deleting: bool) -> Arc<Pod> {
+        let mut conditions = Vec::new();
+        if let Some((status, message)) = scheduled {
+            conditions.push(serde_json::json!({
+                "type": "PodScheduled", "status": status, "reason": "Unschedulable", "message": message
+            }));
+        }
+        let mut v = serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"phase": phase, "conditions": conditions}
+        });
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = serde_json::json!("2026-12-01T00:00:00Z");
+        }
+        Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    #[test]
+    fn only_pending_pods_the_scheduler_refused_count() {
+        let gpu = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.";
+        let pods = vec![
+            pod("running", "Running", Some(("True", "")), false),
+            pod("placed-not-started", "Pending", Some(("True", "")), false),
+            pod("no-condition-yet", "Pending", None, false),
+            pod("refused-a", "Pending", Some(("False", gpu)), false),
+            pod("refused-b", "Pending", Some(("False", gpu)), false),
+            pod(
+                "refused-but-deleting",
+                "Pending",
+                Some(("False", gpu)),
+                true,
+            ),
+        ];
+        let (n, why) = unschedulable(&pods).expect("two refused pods");
+        assert_eq!(n, 2);
+        assert_eq!(why, format!("refused-a: {gpu}"));
+        assert_eq!(unschedulable(&pods[..3]), None);
+        assert_eq!(unschedulable(&[]), None);
+    }
+}
