@@ -87,6 +87,6 @@ echo "== running the suite (the same one CI runs on e2e/cluster.sh)"
 LANEKEEPER_E2E=1 \
 LANEKEEPER_REQUIRE_CLUSTER=1 \
 LANEKEEPER_E2E_IMAGE="${IMAGE}" \
-  cargo test --locked --test e2e --test e2e_controller --test cel_rules
+  cargo test --locked --test e2e --test e2e_controller --test e2e_rbac --test cel_rules
 
 echo "== e2e passed"

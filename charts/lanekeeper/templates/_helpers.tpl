@@ -58,7 +58,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/*
 The rules of the controller's namespaced work: exactly the calls in
-src/controller (tests/rbac.rs compares them with the API double's log).
+src/controller (tests/e2e_rbac.rs compares them with a real API server's
+audit log).
 */}}
 {{- define "lanekeeper.rules" -}}
 - apiGroups: ["lanekeeper.dev"]
