@@ -291,12 +291,11 @@ async fn scenario_approval(c: &Cluster, kc: &std::path::Path) -> String {
     let api = support::cluster::dynamic(&c.client, &probe);
     eventually("the approval consumed", T, || async {
         let p = api.get("agent-assist-ladder").await.ok()?;
-        p.metadata
+        (!p.metadata
             .annotations
             .unwrap_or_default()
-            .get("lanekeeper.dev/approve-level")
-            .is_none()
-            .then_some(())
+            .contains_key("lanekeeper.dev/approve-level"))
+        .then_some(())
     })
     .await;
     w.name().to_owned()
