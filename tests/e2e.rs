@@ -596,14 +596,7 @@ async fn inc47_on_gpu_nodes() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(most, 2, "two pods drained (budget {budget_seen:?})");
-    let mut worst: Vec<String> = w
-        .pods()
-        .await
-        .iter()
-        .filter(|p| drained(p))
-        .map(|p| p.name_any())
-        .collect();
-    worst.sort();
+    let worst = w.drained_pods().await;
     let mut want = bad[..2].to_vec();
     want.sort();
     assert_eq!(worst, want, "the two worst pods drained");

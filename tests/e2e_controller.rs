@@ -447,15 +447,7 @@ async fn an_hpa_on_the_pool_is_not_fought() {
     else {
         return;
     };
-    c.apply(&json!({
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": "vllm", "namespace": w.name()},
-        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": POOL},
-                 "minReplicas": 2, "maxReplicas": 12,
-                 "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}
-    }))
-    .await
-    .unwrap();
+    c.apply(&pool_hpa(w.name())).await.unwrap();
     let _ctl = start(&kc, &w, "hpa");
     eventually("ScalingConflict True", T, || async {
         let st = w.status().await;
@@ -629,19 +621,6 @@ async fn drain_requests_are_honoured_within_the_bound_and_unready_pods_are_left_
     assert_no_refusals(&c, &w);
 }
 
-/// Names of the drained pods, sorted.
-async fn drained_names(w: &World) -> Vec<String> {
-    let mut v: Vec<String> = w
-        .pods()
-        .await
-        .iter()
-        .filter(|p| drained(p))
-        .map(|p| p.name_any())
-        .collect();
-    v.sort();
-    v
-}
-
 /// Three ready pods, all bad: floor(25 % of 3) is 0, so none is drained and
 /// the status and an event say the bound was reached.
 #[tokio::test(flavor = "multi_thread")]
@@ -678,7 +657,7 @@ async fn three_ready_pods_allow_no_drain() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(drained_names(&w).await.is_empty(), "floor(25% of 3) is 0");
+    assert!(w.drained_pods().await.is_empty(), "floor(25% of 3) is 0");
     assert_no_refusals(&c, &w);
 }
 
@@ -710,7 +689,7 @@ async fn a_restarted_controller_never_goes_past_the_bound() {
         t.errors.insert(pods[3].clone(), 0.8);
     });
     eventually("pod 3 drained", T, || async {
-        (drained_names(&w).await == vec![pods[3].clone()]).then_some(())
+        (w.drained_pods().await == vec![pods[3].clone()]).then_some(())
     })
     .await;
     first.kill();
@@ -725,7 +704,7 @@ async fn a_restarted_controller_never_goes_past_the_bound() {
     want.sort();
     let start_t = Instant::now();
     while start_t.elapsed() < Duration::from_secs(15) {
-        let now = drained_names(&w).await;
+        let now = w.drained_pods().await;
         assert!(now.len() <= 2, "{now:?} drained, the bound is 2");
         if now == want && start_t.elapsed() > Duration::from_secs(5) {
             break;
@@ -733,7 +712,7 @@ async fn a_restarted_controller_never_goes_past_the_bound() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(
-        drained_names(&w).await,
+        w.drained_pods().await,
         want,
         "the first drain kept, the worst new one added"
     );

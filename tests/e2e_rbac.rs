@@ -98,15 +98,7 @@ async fn scenario_inc47(c: &Cluster, kc: &std::path::Path) -> String {
 /// A real HPA on the pool, with the profile in `HPAMinReplicas` mode.
 async fn scenario_hpa(c: &Cluster, kc: &std::path::Path) -> String {
     let w = World::new(c, "rbac-hpa", 8, 0, None).await.unwrap();
-    c.apply(&json!({
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": "vllm", "namespace": w.name()},
-        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": POOL},
-                 "minReplicas": 2, "maxReplicas": 12,
-                 "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}
-    }))
-    .await
-    .unwrap();
+    c.apply(&pool_hpa(w.name())).await.unwrap();
     let mut profile = object(&w, "CapacityProfile");
     profile["spec"]["scaling"] = json!({"mode": "HPAMinReplicas"});
     c.apply(&profile).await.unwrap();

@@ -120,6 +120,18 @@ pub fn pool_deployment(ns: &str, replicas: i32, gpus: u32) -> Value {
     })
 }
 
+/// A real HorizontalPodAutoscaler on the pool Deployment of `ns` (2..12
+/// replicas on CPU).
+pub fn pool_hpa(ns: &str) -> Value {
+    json!({
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "vllm", "namespace": ns},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": POOL},
+                 "minReplicas": 2, "maxReplicas": 12,
+                 "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}
+    })
+}
+
 /// A Deployment holding `gpus` GPUs on one GPU node, so the pool has exactly
 /// the room a scenario wants.
 pub fn gpu_blocker(ns: &str, gpus: u32) -> Value {
@@ -359,6 +371,19 @@ impl World {
                 (e, n)
             })
             .collect()
+    }
+
+    /// Names of the drained pods of the pool, sorted.
+    pub async fn drained_pods(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .pods()
+            .await
+            .iter()
+            .filter(|p| drained(p))
+            .map(|p| p.name_any())
+            .collect();
+        v.sort();
+        v
     }
 
     pub async fn pods(&self) -> Vec<Pod> {
