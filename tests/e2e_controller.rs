@@ -372,15 +372,24 @@ async fn a_restarted_controller_continues_mid_incident() {
         t < window_end + STABLE_FOR,
         "stepped down at {t}: the restart started the window again (it ended at {window_end})"
     );
-    // No repeated or skipped transition, each event once.
-    let p = get(&c, &w, "DegradationPolicy", POLICY).await;
-    let transitions: Vec<(u64, u64)> = p["status"]["transitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| (t["from"].as_u64().unwrap(), t["to"].as_u64().unwrap()))
-        .collect();
-    assert_eq!(transitions, vec![(0, 2), (2, 1)]);
+    // No repeated or skipped transition, each event once. (The policy's
+    // status is written after the ConfigMap, in the same reconcile.)
+    let transitions = || async {
+        let p = get(&c, &w, "DegradationPolicy", POLICY).await;
+        p["status"]["transitions"]
+            .as_array()
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| (t["from"].as_u64().unwrap(), t["to"].as_u64().unwrap()))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    eventually("the policy status records 2 -> 1", T, || async {
+        (transitions().await.len() >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(transitions().await, vec![(0, 2), (2, 1)]);
     eventually("one LevelLowered event", T, || async {
         (w.events("LevelLowered").await.len() == 1).then_some(())
     })
