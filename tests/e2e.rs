@@ -606,27 +606,21 @@ async fn inc47_on_gpu_nodes() {
             "{} drained but healthy",
             p.name_any()
         );
-        assert_eq!(
-            pod_condition(p, SERVING).as_deref(),
-            Some("False"),
-            "{}",
-            p.name_any()
-        );
-        eventually("a drained pod not Ready", T, || async {
+        eventually("a drained pod: gate False, not Ready", T, || async {
             let pods = w.pods().await;
             let q = pods.iter().find(|q| q.name_any() == p.name_any())?;
-            (pod_condition(q, "Ready").as_deref() == Some("False")).then_some(())
+            (pod_condition(q, SERVING).as_deref() == Some("False")
+                && pod_condition(q, "Ready").as_deref() == Some("False"))
+            .then_some(())
         })
         .await;
     }
-    let st = w.status().await;
-    assert_eq!(
-        condition(&st, "DrainBudgetExhausted")
-            .map(|c| c.0)
-            .as_deref(),
-        Some("True"),
-        "the third bad pod waits for the bound: {st}"
-    );
+    eventually("the third bad pod waits for the bound", T, || async {
+        condition(&w.status().await, "DrainBudgetExhausted")
+            .is_some_and(|c| c.0 == "True")
+            .then_some(())
+    })
+    .await;
 
     // The errors stop: the pods are undrained after healthyForSeconds and
     // serve again.

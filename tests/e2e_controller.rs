@@ -597,14 +597,12 @@ async fn drain_requests_are_honoured_within_the_bound_and_unready_pods_are_left_
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(most, 2);
-    let st = w.status().await;
-    assert_eq!(
-        condition(&st, "DrainBudgetExhausted")
-            .map(|c| c.0)
-            .as_deref(),
-        Some("True"),
-        "{st}"
-    );
+    eventually("DrainBudgetExhausted True", T, || async {
+        condition(&w.status().await, "DrainBudgetExhausted")
+            .is_some_and(|c| c.0 == "True")
+            .then_some(())
+    })
+    .await;
     // The requests are withdrawn: everything is undrained and serves again.
     let clear = json!({"metadata": {"annotations": {"lanekeeper.dev/drain-request": null}}});
     for p in &pods[..4] {
