@@ -274,24 +274,10 @@ impl World {
                 .await
                 .unwrap_or_else(|e| panic!("apply {}: {e}", o["kind"]));
         }
-        // Prometheus has scraped once before the test goes on, so the
-        // controller never starts on missing telemetry (answered with a
-        // level of its own).
-        let query = format!(
-            "{}/api/v1/query?query=pool:available_units_per_second",
-            w.prom.url()
-        );
-        eventually("Prometheus scraped the exporter", T, || {
-            let query = query.clone();
-            async move {
-                let v: Value = reqwest::get(&query).await.ok()?.json().await.ok()?;
-                (!v["data"]["result"].as_array()?.is_empty()).then_some(())
-            }
-        })
-        .await;
-        // The controller evaluates at whole seconds: let the first sample be
-        // at least one whole second old.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Prometheus has the exporter's first sample, a whole second old,
+        // before the test goes on, so the controller never starts on
+        // missing telemetry (answered with a level of its own).
+        w.until_scraped().await;
         // The pool's pod names feed the per-pod error series.
         let (t, client, ns) = (w.telemetry.clone(), w.client.clone(), w.ns.name.clone());
         tokio::spawn(async move {
