@@ -7,6 +7,7 @@ pub mod api;
 pub mod controller;
 pub mod gateway;
 pub mod manifest;
+pub mod metrics;
 pub mod plan;
 pub mod policy;
 pub mod signals;

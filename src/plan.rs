@@ -113,7 +113,8 @@ pub fn render_table(plan: &Plan) -> String {
     let mut out = String::new();
     let mut last: std::collections::BTreeMap<String, Vec<(String, &'static str, String, String)>> =
         Default::default();
-    let mut last_warnings: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut last_warnings: std::collections::BTreeMap<String, Vec<policy::Warning>> =
+        Default::default();
     for step in &plan.steps {
         for w in &step.warnings {
             let _ = writeln!(out, "at {:>6}s  warning: {w}", step.at);
@@ -164,7 +165,7 @@ pub fn render_table(plan: &Plan) -> String {
                 }
                 last.insert(k.clone(), sig);
             }
-            for d in &p.drain {
+            for d in &p.drain.actions {
                 if d.action != policy::DrainAction::Keep {
                     let _ = writeln!(
                         out,

@@ -71,7 +71,8 @@ pub struct ProfileSignals {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PodSignals {
-    /// The pod's own readiness (containers ready). Absent counts as ready.
+    /// The pod's own readiness (see [`PodSignals::is_ready`]). Absent counts
+    /// as ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
     /// The pod's error ratio (0..1); absent means no evidence this step.
@@ -92,7 +93,38 @@ pub struct LaneSignals {
     pub requests_per_second: Option<f64>,
 }
 
+impl PodSignals {
+    /// The signals of a pod as the cluster shows it.
+    pub fn from_cluster(containers_ready: bool, terminating: bool, drain_requested: bool) -> Self {
+        Self {
+            ready: Some(containers_ready && !terminating),
+            error_ratio: None,
+            drain_requested: drain_requested.then_some(true),
+        }
+    }
+
+    /// Whether the pod counts as a ready pod of the pool: the one definition
+    /// of "ready" that the engine (capacity from ready pods, the drain
+    /// bound), the controller (status, the bound re-checked before each
+    /// drain write) and the signal sources share.
+    ///
+    /// A pod is ready when its own containers are ready (its
+    /// `ContainersReady` condition is True) and it is not being deleted.
+    /// lanekeeper's readiness gate and drain label do not count, so a drained
+    /// pod stays a ready pod (and in the base of the drain bound) until it is
+    /// undrained or gone. In a signals file, a pod listed without `ready`
+    /// counts as ready.
+    pub fn is_ready(&self) -> bool {
+        self.ready != Some(false)
+    }
+}
+
 impl ProfileSignals {
+    /// How many of the listed pods are ready ([`PodSignals::is_ready`]).
+    pub fn ready_pods(&self) -> u32 {
+        self.pods.values().filter(|p| p.is_ready()).count() as u32
+    }
+
     /// Drops values that are not finite numbers or are negative: such a value
     /// is garbage and counts as unknown, never as zero.
     pub fn sanitized(&self) -> Self {

@@ -35,9 +35,6 @@ impl PodErrors {
 }
 
 impl SignalSource for PodErrors {
-    fn name(&self) -> &'static str {
-        "test-pod-errors"
-    }
     fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput> {
         let errs = self.0.lock().unwrap().clone();
         Box::pin(async move {

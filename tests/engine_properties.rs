@@ -1013,7 +1013,7 @@ fn check_drain(
 ) -> Result<(), TestCaseError> {
     let before: BTreeSet<&String> = prev.drained.keys().collect();
     let after: BTreeSet<&String> = next.drained.keys().collect();
-    prop_assert_eq!(d.drained_pods as usize, after.len());
+    prop_assert_eq!(d.drain.drained_pods as usize, after.len());
     let Some(spec) = &c.profile.drain else {
         prop_assert!(after.is_empty(), "drained without a drain spec");
         return Ok(());
@@ -1026,7 +1026,12 @@ fn check_drain(
     let thr: f64 = THRESHOLDS[spec.threshold].parse().unwrap();
     let ready = pool_ready(sig);
     let bound = drain_bound(spec, ready);
-    prop_assert_eq!(d.drain_budget, bound, "bound for {} ready pods", ready);
+    prop_assert_eq!(
+        d.drain.drain_budget,
+        bound,
+        "bound for {} ready pods",
+        ready
+    );
     prop_assert!(
         after.len() as u32 <= bound,
         "{} drained > bound {} ({} ready)",
@@ -1082,7 +1087,12 @@ fn check_drain(
     // drained in this step.
     for p in &new {
         let e = sig.pods[p.as_str()].error_ratio.unwrap();
-        for r in d.drain.iter().filter(|a| a.action == DrainAction::Refused) {
+        for r in d
+            .drain
+            .actions
+            .iter()
+            .filter(|a| a.action == DrainAction::Refused)
+        {
             let re = r.error_ratio.unwrap();
             prop_assert!(
                 re < e || (re == e && r.pod.as_str() > p.as_str()),
@@ -1099,14 +1109,14 @@ fn check_drain(
         let Some(pod) = sig.pods.get(p.as_str()) else {
             continue;
         };
-        let act = d.drain.iter().find(|a| &&a.pod == p);
+        let act = d.drain.actions.iter().find(|a| &&a.pod == p);
         prop_assert!(
             act.is_some_and(|a| a.action == DrainAction::Undrain),
             "{} released without an Undrain",
             p
         );
         let act = act.unwrap();
-        if act.reason.starts_with("Healthy") {
+        if act.reason.to_string().starts_with("Healthy") {
             prop_assert!(
                 pod.error_ratio.is_some_and(|e| e <= thr),
                 "{} undrained as healthy without evidence",
@@ -1116,7 +1126,7 @@ fn check_drain(
             prop_assert!(snap.at - since >= spec.healthy_for);
         } else {
             prop_assert!(
-                act.reason.starts_with("OverBound"),
+                act.reason.to_string().starts_with("OverBound"),
                 "unexpected release reason {}",
                 act.reason
             );

@@ -4,14 +4,43 @@ pub mod common;
 pub mod lane;
 pub mod policy;
 pub mod profile;
+pub mod state;
 
 pub use common::Decimal;
 pub use lane::*;
 pub use policy::*;
 pub use profile::*;
+pub use state::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
+
+/// The namespace, name and `namespace/name` key of an object, for code that
+/// must not depend on kube's traits (the engine).
+pub trait ObjectKey {
+    /// The namespace ("" for none).
+    fn namespace_str(&self) -> &str;
+    /// The name ("" for none).
+    fn name_str(&self) -> &str;
+    /// `namespace/name`.
+    fn key(&self) -> String {
+        format!("{}/{}", self.namespace_str(), self.name_str())
+    }
+    /// Whether the object is being deleted.
+    fn deleting(&self) -> bool;
+}
+
+impl<K: kube::Resource> ObjectKey for K {
+    fn namespace_str(&self) -> &str {
+        self.meta().namespace.as_deref().unwrap_or_default()
+    }
+    fn name_str(&self) -> &str {
+        self.meta().name.as_deref().unwrap_or_default()
+    }
+    fn deleting(&self) -> bool {
+        self.meta().deletion_timestamp.is_some()
+    }
+}
 
 /// The API group of every lanekeeper resource.
 pub const GROUP: &str = "lanekeeper.dev";

@@ -244,6 +244,30 @@ fn int_or_percent_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema 
     })
 }
 
+impl DrainSpec {
+    /// `maxDrained` resolved against a number of ready pods (a percentage
+    /// rounds down). Malformed values allow nothing.
+    pub fn max_drained_of(&self, ready: u32) -> u32 {
+        match &self.max_drained {
+            IntOrString::Int(n) => (*n).max(0) as u32,
+            IntOrString::String(s) => s
+                .strip_suffix('%')
+                .and_then(|p| p.trim().parse::<u64>().ok())
+                .map_or(0, |p| (p.min(100) * u64::from(ready) / 100) as u32),
+        }
+    }
+
+    /// The drain bound: at most min(maxDrained of the ready pods, ready pods
+    /// − minServing) pods drained at once, never negative. The one place the
+    /// bound is computed: the engine, the controller's re-check before each
+    /// drain write and status all call it.
+    pub fn bound(&self, ready: u32) -> u32 {
+        let by_share = self.max_drained_of(ready);
+        let by_serving = i64::from(ready) - i64::from(self.min_serving.max(0));
+        by_share.min(by_serving.max(0) as u32)
+    }
+}
+
 /// The schema of an int-or-string field is nullable; a null `maxDrained`
 /// means the default, as an absent one does.
 fn null_as_default_max_drained<'de, D: serde::Deserializer<'de>>(
@@ -546,5 +570,5 @@ pub struct CapacityProfileStatus {
     /// controller continues exactly where the last one stopped. Written by the
     /// controller; not meant to be edited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<crate::policy::ProfileState>,
+    pub engine: Option<super::state::ProfileState>,
 }

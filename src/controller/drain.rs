@@ -11,11 +11,10 @@
 //! - writes for one pool are serialized (the controller never runs two
 //!   reconciles of one profile at once, and this module writes one pod at a
 //!   time), undrains before drains;
-//! - "ready" is the pod's own `ContainersReady`, so a drained pod stays in the
-//!   base and in the drained count until it is undrained or gone;
+//! - "ready" is the one definition (`PodSignals::is_ready`: containers ready,
+//!   not being deleted), so a drained pod stays in the base and in the
+//!   drained count until it is undrained or gone;
 //! - a pod that is not ready is never labelled.
-
-use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -23,74 +22,15 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::Selector;
 use serde_json::json;
 
-use super::pods::{DRAIN_LABEL, pool_pod};
-use super::status::rfc3339;
-use super::{Error, FIELD_MANAGER};
-use crate::api::DrainSpec;
-use crate::policy::drain::bound;
-use crate::policy::{DrainAction, DrainedPod, ProfileDecision};
-use crate::signals::PoolPod;
+use super::context::FIELD_MANAGER;
+use super::error::Error;
+use super::pods::{DRAIN_LABEL, DRAIN_REASON_ANNOTATION, DRAINED_AT_ANNOTATION, pool_pod};
+use crate::api::common::rfc3339;
+use crate::api::{DrainReason, DrainSpec};
+use crate::policy::{Drain, DrainAction, PodDrain};
 
-/// Annotation: when the pod was drained (RFC 3339).
-pub const DRAINED_AT_ANNOTATION: &str = "lanekeeper.dev/drained-at";
-/// Annotation: why the pod was drained.
-pub const DRAIN_REASON_ANNOTATION: &str = "lanekeeper.dev/drain-reason";
 /// The readiness-gate condition type lanekeeper sets.
 pub const SERVING_CONDITION: &str = "lanekeeper.dev/serving";
-
-/// What the drain step did.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct DrainReport {
-    /// Pods drained now, with the reason.
-    pub drained: Vec<(String, String)>,
-    /// Pods undrained now, with the reason.
-    pub undrained: Vec<(String, String)>,
-    /// Candidates the bound (or a hold, or a race) refused, with the reason.
-    pub refused: Vec<(String, String)>,
-    /// Pods carrying the drain label after this step.
-    pub drained_count: u32,
-    /// The bound after this step.
-    pub budget: u32,
-    /// Readiness-gate conditions written.
-    pub gates_written: u32,
-}
-
-/// The drained set as the cluster shows it: labelled pods, with the time and
-/// reason from their annotations and the healthy window from the engine's
-/// last state.
-pub fn drained_from_cluster(
-    pods: &[Pod],
-    engine: &BTreeMap<String, DrainedPod>,
-    now: i64,
-) -> BTreeMap<String, DrainedPod> {
-    pods.iter()
-        .filter(|p| pool_pod(p).drained)
-        .map(|p| {
-            let name = p.name_any();
-            let prev = engine.get(&name);
-            let since = p
-                .annotations()
-                .get(DRAINED_AT_ANNOTATION)
-                .and_then(|t| crate::api::common::parse_rfc3339(t))
-                .or(prev.map(|d| d.since))
-                .unwrap_or(now);
-            let reason = p
-                .annotations()
-                .get(DRAIN_REASON_ANNOTATION)
-                .cloned()
-                .or(prev.map(|d| d.reason.clone()))
-                .unwrap_or_else(|| "DrainLabel: labelled by hand".into());
-            (
-                name,
-                DrainedPod {
-                    since,
-                    reason,
-                    healthy_since: prev.and_then(|d| d.healthy_since),
-                },
-            )
-        })
-        .collect()
-}
 
 fn has_gate(p: &Pod) -> bool {
     p.spec
@@ -107,20 +47,24 @@ fn gate_status(p: &Pod) -> Option<String> {
         .map(|c| c.status.clone())
 }
 
-struct Counted {
-    ready: u32,
+/// The pool as the cluster shows it now: ready pods, drained pods and the
+/// bound ([`DrainSpec::bound`]) they give.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Census {
     drained: u32,
+    bound: u32,
 }
 
-fn count(pods: &[Pod]) -> Counted {
-    let views: Vec<PoolPod> = pods
+fn census(pods: &[Pod], spec: &DrainSpec) -> Census {
+    let views: Vec<_> = pods
         .iter()
         .map(pool_pod)
         .filter(|p| !p.terminating)
         .collect();
-    Counted {
-        ready: views.iter().filter(|p| p.containers_ready).count() as u32,
+    let ready = views.iter().filter(|p| p.signals().is_ready()).count() as u32;
+    Census {
         drained: views.iter().filter(|p| p.drained).count() as u32,
+        bound: spec.bound(ready),
     }
 }
 
@@ -132,54 +76,52 @@ async fn fresh_pods(api: &Api<Pod>, selector: &str) -> Result<Vec<Pod>, Error> {
         .items)
 }
 
-/// Carries out the decision's drains and undrains on the pool's pods.
-/// `enforce` is false in observe mode: then nothing is written.
+fn refused(a: &PodDrain, reason: DrainReason) -> PodDrain {
+    PodDrain {
+        action: DrainAction::Refused,
+        reason,
+        ..a.clone()
+    }
+}
+
+/// Carries out the decision's drain on the pool's pods and returns it as
+/// carried out: drains and undrains written, candidates refused (by the
+/// bound re-checked against the newest state, by readiness, by a race), the
+/// drained count and the bound after this step. `enforce` is false in
+/// observe mode: then nothing is written and every drain is refused with
+/// `Observe`.
 pub async fn actuate(
     api: &Api<Pod>,
     pod_selector: &Selector,
     spec: &DrainSpec,
-    decision: &ProfileDecision,
+    decided: &Drain,
     enforce: bool,
     now: i64,
     mut on_write: impl FnMut(&str),
-) -> Result<DrainReport, Error> {
+) -> Result<Drain, Error> {
     let selector = pod_selector.to_string();
-    let mut report = DrainReport::default();
-    let wants_undrain: Vec<_> = decision
-        .drain
+    let mut done: Vec<PodDrain> = decided
+        .actions
         .iter()
-        .filter(|a| a.action == DrainAction::Undrain)
+        .filter(|a| matches!(a.action, DrainAction::Keep | DrainAction::Refused))
+        .cloned()
         .collect();
-    let wants_drain: Vec<_> = decision
-        .drain
-        .iter()
-        .filter(|a| a.action == DrainAction::Drain)
-        .collect();
-    for a in decision
-        .drain
-        .iter()
-        .filter(|a| a.action == DrainAction::Refused)
-    {
-        report.refused.push((a.pod.clone(), a.reason.clone()));
-    }
+    let wants = |action| decided.actions.iter().filter(move |a| a.action == action);
     if !enforce {
-        let pods = fresh_pods(api, &selector).await?;
-        let c = count(&pods);
-        report.drained_count = c.drained;
-        report.budget = bound(spec, c.ready);
-        for a in wants_drain {
-            report.refused.push((
-                a.pod.clone(),
-                "Observe: the policy is in observe mode; nothing is written".into(),
-            ));
-        }
-        return Ok(report);
+        done.extend(wants(DrainAction::Drain).map(|a| refused(a, DrainReason::Observe)));
+        let c = census(&fresh_pods(api, &selector).await?, spec);
+        done.sort_by(|a, b| a.pod.cmp(&b.pod));
+        return Ok(Drain {
+            actions: done,
+            drained_pods: c.drained,
+            drain_budget: c.bound,
+        });
     }
 
     // Undrains first: they only free slots.
-    if !wants_undrain.is_empty() {
+    if wants(DrainAction::Undrain).next().is_some() {
         let pods = fresh_pods(api, &selector).await?;
-        for a in wants_undrain {
+        for a in wants(DrainAction::Undrain) {
             let Some(p) = pods.iter().find(|p| p.name_any() == a.pod) else {
                 continue;
             };
@@ -201,7 +143,7 @@ pub async fn actuate(
             {
                 Ok(_) => {
                     on_write("Pod");
-                    report.undrained.push((a.pod.clone(), a.reason.clone()));
+                    done.push(a.clone());
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
                     tracing::info!(pod = %a.pod, "pod changed while undraining; retried at the next evaluation");
@@ -212,10 +154,9 @@ pub async fn actuate(
     }
 
     // Drains, each re-checking the bound against the newest state.
-    for a in wants_drain {
+    for a in wants(DrainAction::Drain) {
         let pods = fresh_pods(api, &selector).await?;
-        let c = count(&pods);
-        let budget = bound(spec, c.ready);
+        let c = census(&pods, spec);
         let Some(p) = pods.iter().find(|p| p.name_any() == a.pod) else {
             continue;
         };
@@ -223,24 +164,24 @@ pub async fn actuate(
         if view.drained || view.terminating {
             continue;
         }
-        if !view.containers_ready {
-            report.refused.push((
-                a.pod.clone(),
-                "NotReady: a pod that is not ready is never labelled".into(),
-            ));
+        if !view.signals().is_ready() {
+            done.push(refused(a, DrainReason::NotReady));
             continue;
         }
-        if c.drained + 1 > budget {
-            report.refused.push((
-                a.pod.clone(),
-                format!("DrainBudgetExhausted: {} of {budget} drained", c.drained),
+        if c.drained + 1 > c.bound {
+            done.push(refused(
+                a,
+                DrainReason::BudgetExhausted {
+                    drained: c.drained,
+                    bound: c.bound,
+                },
             ));
             continue;
         }
         let patch = json!({"metadata": {
             "resourceVersion": p.resource_version(),
             "labels": {DRAIN_LABEL: "true"},
-            "annotations": {DRAINED_AT_ANNOTATION: rfc3339(now), DRAIN_REASON_ANNOTATION: a.reason},
+            "annotations": {DRAINED_AT_ANNOTATION: rfc3339(now), DRAIN_REASON_ANNOTATION: a.reason.to_string()},
         }});
         match api
             .patch(
@@ -252,21 +193,35 @@ pub async fn actuate(
         {
             Ok(_) => {
                 on_write("Pod");
-                report.drained.push((a.pod.clone(), a.reason.clone()));
+                done.push(a.clone());
             }
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                report.refused.push((
-                    a.pod.clone(),
-                    "Conflict: the pod changed while draining; re-evaluated next time".into(),
-                ));
+                done.push(refused(a, DrainReason::Conflict));
             }
             Err(e) => return Err(Error::kube("drain pod", e)),
         }
     }
 
-    // Readiness gates: True once the containers are ready and the pod is not
-    // drained, False while drained.
+    // Readiness gates, then the count after this step.
     let pods = fresh_pods(api, &selector).await?;
+    set_gates(api, &pods, now, &mut on_write).await?;
+    let c = census(&pods, spec);
+    done.sort_by(|a, b| a.pod.cmp(&b.pod));
+    Ok(Drain {
+        actions: done,
+        drained_pods: c.drained,
+        drain_budget: c.bound,
+    })
+}
+
+/// Readiness gates: True once the containers are ready and the pod is not
+/// drained, False while drained.
+async fn set_gates(
+    api: &Api<Pod>,
+    pods: &[Pod],
+    now: i64,
+    on_write: &mut impl FnMut(&str),
+) -> Result<(), Error> {
     for p in pods.iter().filter(|p| has_gate(p)) {
         let view = pool_pod(p);
         if view.terminating {
@@ -274,7 +229,7 @@ pub async fn actuate(
         }
         let want = if view.drained {
             Some("False")
-        } else if view.containers_ready {
+        } else if view.signals().is_ready() {
             Some("True")
         } else {
             None // no opinion until the containers are ready
@@ -306,16 +261,10 @@ pub async fn actuate(
             )
             .await
         {
-            Ok(_) => {
-                on_write("Pod/status");
-                report.gates_written += 1;
-            }
+            Ok(_) => on_write("Pod/status"),
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => return Err(Error::kube("set serving condition", e)),
         }
     }
-    let c = count(&pods);
-    report.drained_count = c.drained;
-    report.budget = bound(spec, c.ready);
-    Ok(report)
+    Ok(())
 }

@@ -8,9 +8,10 @@
 //! kept in status, so a restarted or newly elected controller continues where
 //! the last one stopped.
 
+pub mod context;
 pub mod drain;
+pub mod error;
 pub mod http;
-pub mod metrics;
 pub mod pods;
 mod reconcile;
 pub mod scale;
@@ -18,7 +19,6 @@ pub mod status;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,168 +27,20 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use crate::api::{CapacityProfile, DegradationPolicy, LaneContract};
 use crate::signals::{ClusterSource, SignalSource};
 
-pub use metrics::Metrics;
+pub use crate::metrics::Metrics;
+pub use context::{APPROVE_ANNOTATION, Context, FIELD_MANAGER, Readiness, Settings};
+pub use error::{Error, transient};
+use reconcile::writes::Writes;
 
 /// How long in-flight reconciles may take to finish on shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// The field manager of every write.
-pub const FIELD_MANAGER: &str = "lanekeeper";
-/// Annotation that approves entering levels up to its value.
-pub const APPROVE_ANNOTATION: &str = "lanekeeper.dev/approve-level";
-
-/// Errors of the controller.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A Kubernetes API call failed.
-    #[error("{context}: {source}")]
-    Kube {
-        /// What was being done.
-        context: &'static str,
-        /// The error.
-        #[source]
-        source: kube::Error,
-    },
-    /// The scale target can't be read or written.
-    #[error("scale target: {0}")]
-    ScaleTarget(String),
-    /// The lanekeeper CRDs are not installed.
-    #[error("{0}")]
-    CrdsMissing(String),
-    /// Leader election failed.
-    #[error("leader election: {0}")]
-    Lease(String),
-    /// An invalid object (reported in its status and events).
-    #[error("invalid object: {0}")]
-    Invalid(String),
-    /// The lane or policy index has not synced yet.
-    #[error("the lane and policy index has not synced yet")]
-    IndexNotSynced,
-}
-
-impl Error {
-    /// Wraps a kube error with context.
-    pub fn kube(context: &'static str, source: kube::Error) -> Self {
-        Error::Kube { context, source }
-    }
-
-    /// A short label for metrics.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Error::Kube {
-                source: kube::Error::Api(s),
-                ..
-            } if s.code == 409 => "conflict",
-            Error::Kube {
-                source: kube::Error::Api(s),
-                ..
-            } if s.code == 404 => "not_found",
-            Error::Kube {
-                source: kube::Error::Api(s),
-                ..
-            } if s.code >= 500 => "server_error",
-            Error::Kube {
-                source: kube::Error::Api(_),
-                ..
-            } => "api_error",
-            Error::Kube { .. } => "transport",
-            Error::ScaleTarget(_) => "scale_target",
-            Error::CrdsMissing(_) => "crds_missing",
-            Error::Lease(_) => "lease",
-            Error::Invalid(_) => "invalid_object",
-            Error::IndexNotSynced => "index_not_synced",
-        }
-    }
-}
-
-/// How the controller runs.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Namespaces to watch (empty: all).
-    pub namespaces: Vec<String>,
-    /// Periodic evaluation interval (lets time-based hysteresis advance).
-    pub resync: Duration,
-    /// Whether to take a leader lease before acting.
-    pub leader_election: bool,
-    /// Lease name.
-    pub lease_name: String,
-    /// Namespace of the lease (the controller's own).
-    pub lease_namespace: String,
-    /// Lease duration in seconds (a standby takes over within it).
-    pub lease_duration_seconds: u64,
-    /// This instance's identity in the lease.
-    pub identity: String,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            namespaces: Vec::new(),
-            resync: Duration::from_secs(15),
-            leader_election: true,
-            lease_name: "lanekeeper".into(),
-            lease_namespace: "lanekeeper-system".into(),
-            lease_duration_seconds: 15,
-            identity: "lanekeeper".into(),
-        }
-    }
-}
-
-/// Shared state of the running controller.
-pub struct Context {
-    /// API client.
-    pub client: Client,
-    /// Settings.
-    pub settings: Settings,
-    /// Metrics.
-    pub metrics: Metrics,
-    /// Event recorder.
-    pub recorder: Recorder,
-    /// Signal sources, applied in order.
-    pub sources: Vec<Arc<dyn SignalSource>>,
-    /// Lane index.
-    pub lanes: Store<DeserializeGuard<LaneContract>>,
-    /// Policy index.
-    pub policies: Store<DeserializeGuard<DegradationPolicy>>,
-    /// Pod index.
-    pub pods: pods::PodIndex,
-    /// Scale target resolution cache.
-    pub resolver: scale::Resolver,
-    /// Profiles this leader reconciled, per uid.
-    pub written: Mutex<HashMap<String, reconcile::Written>>,
-    /// Failures in a row per object, for backoff.
-    pub failures: Mutex<HashMap<String, u32>>,
-    /// The last status (and annotations) this leader wrote per object uid,
-    /// with the resource version the write returned (bridges the watch lag
-    /// after our writes): `{"status": …, "annotations": …}`.
-    pub statuses: Mutex<HashMap<String, (String, serde_json::Value)>>,
-    /// Invalid objects already reported (uid → resourceVersion).
-    pub reported_invalid: Mutex<HashMap<String, String>>,
-}
-
-/// Readiness flags served on /readyz.
-#[derive(Clone, Default)]
-pub struct Readiness {
-    ready: Arc<AtomicBool>,
-}
-
-impl Readiness {
-    /// Marks ready or not.
-    pub fn set(&self, v: bool) {
-        self.ready.store(v, Ordering::Release);
-    }
-    /// Whether ready.
-    pub fn get(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-}
 
 /// Checks that the three CRDs are installed; the error says how to install
 /// them. Transient API errors (5xx, 429, transport) are retried with backoff
@@ -222,27 +74,6 @@ pub async fn check_crds(client: &Client) -> Result<(), Error> {
             "the lanekeeper CRDs are not installed ({}): install them first with `kubectl apply -f crds/` (or `lanekeeper crdgen | kubectl apply -f -`, or the Helm chart)",
             missing.join(", ")
         )))
-    }
-}
-
-/// Whether the lane and policy stores have synced (without waiting: kube's
-/// `Store::wait_until_ready` wakes only the last of several waiting tasks, so
-/// callers poll this instead).
-pub(crate) fn stores_ready(
-    lanes: &Store<DeserializeGuard<LaneContract>>,
-    policies: &Store<DeserializeGuard<DegradationPolicy>>,
-) -> bool {
-    use futures::FutureExt;
-    lanes.wait_until_ready().now_or_never().is_some()
-        && policies.wait_until_ready().now_or_never().is_some()
-}
-
-/// Whether an API error is worth retrying.
-pub fn transient(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
-        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
-        _ => false,
     }
 }
 
@@ -326,10 +157,9 @@ pub async fn run_controllers(
             policies: policy_store.clone(),
             pods: pods::PodIndex::new(client.clone(), trigger_tx),
             resolver: scale::Resolver::default(),
-            written: Mutex::new(HashMap::new()),
+            writes: Writes::new(client.clone(), metrics.clone()),
+            seen: context::Seen::default(),
             failures: Mutex::new(HashMap::new()),
-            reported_invalid: Mutex::new(HashMap::new()),
-            statuses: Mutex::new(HashMap::new()),
         });
         let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> = scoped_api(&client, &ns);
         let profile_store = controller.store();
@@ -347,7 +177,7 @@ pub async fn run_controllers(
         let ready_task = tokio::spawn(async move {
             // Polled: reconciles poll the same stores' readiness, and
             // `wait_until_ready` wakes only the last task that polled it.
-            while !(stores_ready(&stores.1, &stores.2)
+            while !(context::stores_ready(&stores.1, &stores.2)
                 && futures::FutureExt::now_or_never(stores.0.wait_until_ready()).is_some())
             {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -369,7 +199,7 @@ pub async fn run_controllers(
         let reporter = tokio::spawn(async move {
             let tick = async {
                 loop {
-                    reconcile::report_orphans(
+                    reconcile::sweep::sweep(
                         &report_ctx,
                         &report_stores.0,
                         &report_stores.1,

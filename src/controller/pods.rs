@@ -19,19 +19,28 @@ use tokio::task::JoinHandle;
 use crate::api::CapacityProfile;
 use crate::signals::PoolPod;
 
+/// Why the pool's pods can't be watched.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolSelectorError {
+    /// The selector is not a valid label selector.
+    #[error("spec.pool.podSelector: {0}")]
+    Invalid(#[from] kube::core::ParseExpressionError),
+    /// The selector selects every pod of the namespace.
+    #[error("spec.pool.podSelector selects every pod of the namespace: give it labels")]
+    Empty,
+}
+
 /// The selector of a profile's pool, as a label selector string.
-pub fn selector_of(profile: &CapacityProfile) -> Result<Selector, String> {
-    profile
-        .spec
-        .pool
-        .pod_selector
-        .clone()
-        .try_into()
-        .map_err(|e| format!("spec.pool.podSelector: {e}"))
+pub fn selector_of(profile: &CapacityProfile) -> Result<Selector, PoolSelectorError> {
+    Ok(profile.spec.pool.pod_selector.clone().try_into()?)
 }
 
 /// Label lanekeeper puts on drained pods.
 pub const DRAIN_LABEL: &str = "lanekeeper.dev/drain";
+/// Annotation: when the pod was drained (RFC 3339).
+pub const DRAINED_AT_ANNOTATION: &str = "lanekeeper.dev/drained-at";
+/// Annotation: why the pod was drained.
+pub const DRAIN_REASON_ANNOTATION: &str = "lanekeeper.dev/drain-reason";
 /// Annotation with which a person or tool asks for a drain.
 pub const DRAIN_REQUEST_ANNOTATION: &str = "lanekeeper.dev/drain-request";
 
@@ -160,13 +169,14 @@ impl PodIndex {
 
     /// The pool's pods, once its watch has synced (None before). Starts or
     /// restarts the watch when the profile's selector is new or changed.
-    pub fn pods(&self, profile: &CapacityProfile) -> Result<Option<Vec<Arc<Pod>>>, String> {
+    pub fn pods(
+        &self,
+        profile: &CapacityProfile,
+    ) -> Result<Option<Vec<Arc<Pod>>>, PoolSelectorError> {
         let selector = selector_of(profile)?;
         let sel = selector.to_string();
         if sel.is_empty() {
-            return Err(
-                "spec.pool.podSelector selects every pod of the namespace: give it labels".into(),
-            );
+            return Err(PoolSelectorError::Empty);
         }
         let key = ObjectRef::from_obj(profile);
         let mut entries = self.entries.lock().expect("not poisoned");

@@ -7,12 +7,12 @@ use crate::api::{
     CapacityProfile, CapacityProfileStatus, DegradationPolicy, DegradationPolicyStatus,
     LaneContract, LaneContractStatus, Transition,
 };
-use crate::policy::{LaneDecision, ProfileDecision, ProfileState, Telemetry};
+use crate::policy::{Drain, LaneDecision, ProfileDecision, ProfileState, Telemetry, Warning};
 
 /// Most transitions kept in a policy's status.
 pub const MAX_TRANSITIONS: usize = 10;
 
-pub use crate::api::common::rfc3339;
+use crate::api::common::rfc3339;
 
 fn time(secs: i64) -> Time {
     Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
@@ -58,11 +58,21 @@ pub fn conditions(
         .collect()
 }
 
+/// Warnings as one message.
+pub fn join(warnings: &[Warning]) -> String {
+    warnings
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn tf(b: bool) -> &'static str {
     if b { "True" } else { "False" }
 }
 
-/// What the controller learned besides the decision.
+/// What the controller observed and did besides the decision (the report
+/// stage fills it from the observation and the effects).
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
     /// Ready replicas of the pool.
@@ -75,19 +85,11 @@ pub struct Observed {
     pub unknown: std::collections::BTreeMap<String, String>,
     /// Whether the calibration has expired (None without calibration).
     pub calibration_expired: Option<bool>,
-    /// What the drain step did (None without a drain spec or pod index).
-    pub drain: Option<super::drain::DrainReport>,
+    /// The drain as carried out (None without a drain spec or pod index).
+    pub drain: Option<Drain>,
     /// Pods of the pool the scheduler could not place, with its message for
     /// one of them (None when every pod is placed or pods are not watched).
     pub unschedulable: Option<(usize, String)>,
-}
-
-/// Whether the calibration of a profile has expired at `now`.
-pub fn calibration_expired(profile: &CapacityProfile, now: i64) -> Option<bool> {
-    let cal = profile.spec.capacity.calibration.as_ref()?;
-    let measured = crate::api::common::parse_rfc3339(cal.measured_at.as_deref()?)?;
-    let valid = cal.valid_for_seconds?;
-    Some(now > measured.saturating_add(valid))
 }
 
 /// The CapacityProfile status for a decision.
@@ -105,7 +107,10 @@ pub fn profile_status(
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
     let known = d.telemetry == Telemetry::Known;
-    let overcommitted = d.warnings.iter().find(|w| w.starts_with("Overcommitted"));
+    let overcommitted = d
+        .warnings
+        .iter()
+        .find(|w| matches!(w, Warning::Overcommitted { .. }));
     let unknown_msg = if observed.unknown.is_empty() {
         "capacity could not be had".to_owned()
     } else {
@@ -163,9 +168,10 @@ pub fn profile_status(
             } else {
                 "FloorsFit"
             },
-            message: overcommitted
-                .cloned()
-                .unwrap_or_else(|| "lane floors fit within capacity".into()),
+            message: overcommitted.map_or_else(
+                || "lane floors fit within capacity".into(),
+                ToString::to_string,
+            ),
         },
     ];
     wanted.push(match observed.calibration_expired {
@@ -193,13 +199,7 @@ pub fn profile_status(
         let refused: Vec<String> = observed
             .drain
             .as_ref()
-            .map(|r| {
-                r.refused
-                    .iter()
-                    .filter(|(_, w)| w.starts_with("DrainBudgetExhausted"))
-                    .map(|(p, _)| p.clone())
-                    .collect()
-            })
+            .map(|r| r.refused_by_bound().map(|a| a.pod.clone()).collect())
             .unwrap_or_default();
         wanted.push(if refused.is_empty() {
             Cond {
@@ -264,17 +264,16 @@ pub fn profile_status(
         utilization_percent: d.utilization_percent.map(|u| (u * 10.0).round() / 10.0),
         desired_replicas: d.desired_replicas,
         ready_replicas: observed.ready_replicas.map(|r| r as i32),
-        drained_pods: profile.spec.drain.as_ref().map(|_| {
-            observed
-                .drain
-                .as_ref()
-                .map_or(d.drained_pods, |r| r.drained_count) as i32
-        }),
+        drained_pods: profile
+            .spec
+            .drain
+            .as_ref()
+            .map(|_| observed.drain.as_ref().unwrap_or(&d.drain).drained_pods as i32),
         drain_budget: profile
             .spec
             .drain
             .as_ref()
-            .map(|_| observed.drain.as_ref().map_or(d.drain_budget, |r| r.budget) as i32),
+            .map(|_| observed.drain.as_ref().unwrap_or(&d.drain).drain_budget as i32),
         unknown_signals: observed.unknown.clone(),
         conditions: conditions(existing, wanted, generation, now),
         engine: Some(state.clone()),
@@ -350,7 +349,7 @@ pub fn policy_status(
     d: Option<&ProfileDecision>,
     invalid: Option<String>,
     approved: Option<u32>,
-    static_overrides: &[String],
+    static_overrides: &[Warning],
     now: i64,
 ) -> DegradationPolicyStatus {
     let generation = policy.metadata.generation;
@@ -379,7 +378,7 @@ pub fn policy_status(
             reason: "ContractOverrides",
             message: format!(
                 "actions that lane contracts override: {}",
-                static_overrides.join("; ")
+                join(static_overrides)
             ),
         },
         (None, true) => Cond {

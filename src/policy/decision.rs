@@ -4,6 +4,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::{Decimal, SheddingMode};
+pub use crate::api::{DrainReason, DrainedPod, ProfileState};
+
+pub use super::bind::BindProblem;
+
 /// Whether a profile's capacity could be had from telemetry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Telemetry {
@@ -78,15 +83,13 @@ pub struct ProfileDecision {
     pub ready_replicas: Option<u32>,
     /// Desired pool size (None when unknown and never known).
     pub desired_replicas: Option<i32>,
-    /// Pods drained, undrained, kept drained or refused in this evaluation.
-    pub drain: Vec<PodDrain>,
-    /// Pods drained after this evaluation.
-    pub drained_pods: u32,
-    /// Most pods that may be drained at once now.
-    pub drain_budget: u32,
+    /// The bounded drain: what happens to each pod, how many are drained,
+    /// the bound (as flat fields `drain`, `drainedPods`, `drainBudget`).
+    #[serde(flatten)]
+    pub drain: Drain,
     /// Problems worth a human's attention (contract overrides, overcommitted
     /// floors, ...).
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
     /// Flags for the gateway.
     pub gateway: GatewayFlags,
     /// Per lane, in priority order then name.
@@ -182,6 +185,31 @@ pub struct BorrowGrant {
     pub expires_at: i64,
 }
 
+/// The bounded drain of one step: the one drain type from the engine's
+/// decision through the controller's actuation (which returns it as carried
+/// out) to status, events and `plan`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Drain {
+    /// Pods drained, undrained, kept drained or refused in this step.
+    #[serde(rename = "drain")]
+    pub actions: Vec<PodDrain>,
+    /// Pods drained after this step.
+    pub drained_pods: u32,
+    /// Most pods that may be drained at once now (the bound).
+    pub drain_budget: u32,
+}
+
+impl Drain {
+    /// The pods refused by the bound (`DrainBudgetExhausted`).
+    pub fn refused_by_bound(&self) -> impl Iterator<Item = &PodDrain> {
+        self.actions.iter().filter(|a| {
+            a.action == DrainAction::Refused
+                && matches!(a.reason, DrainReason::BudgetExhausted { .. })
+        })
+    }
+}
+
 /// What happens to one pod.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -194,7 +222,7 @@ pub struct PodDrain {
     /// The pod's error ratio, if known.
     pub error_ratio: Option<f64>,
     /// Why.
-    pub reason: String,
+    pub reason: DrainReason,
 }
 
 /// Drain actions.
@@ -208,61 +236,6 @@ pub enum DrainAction {
     Undrain,
     /// A candidate that the bound (or a hold) does not allow.
     Refused,
-}
-
-/// State the engine carries between evaluations of one profile. Everything
-/// the hysteresis needs is here, so it can be stored in status and read back
-/// after a restart.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ProfileState {
-    /// Current level.
-    #[serde(default)]
-    pub level: u32,
-    /// When the current level was entered.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub level_since: Option<i64>,
-    /// When the current level's exit condition began to hold.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_since: Option<i64>,
-    /// For levels that need approval: since when their trigger has held.
-    #[serde(
-        default,
-        skip_serializing_if = "BTreeMap::is_empty",
-        deserialize_with = "level_keys"
-    )]
-    // Level numbers are map keys, so JSON strings: a plain string-keyed map
-    // in the schema (the API server refuses schemars' patternProperties).
-    #[schemars(with = "BTreeMap<String, i64>")]
-    pub gate_since: BTreeMap<u32, i64>,
-    /// Last desired replicas.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub desired_replicas: Option<i32>,
-    /// Since when demand has wanted fewer replicas.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scale_down_since: Option<i64>,
-    /// The highest replica count wanted during the scale-down window.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scale_down_want: Option<i32>,
-    /// Drained pods.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub drained: BTreeMap<String, DrainedPod>,
-    /// The last known capacity, held while telemetry is unknown.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_capacity: Option<f64>,
-}
-
-/// A drained pod as the engine remembers it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DrainedPod {
-    /// When it was drained.
-    pub since: i64,
-    /// Why.
-    pub reason: String,
-    /// Since when it has looked healthy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub healthy_since: Option<i64>,
 }
 
 /// State for every profile, keyed `namespace/name`.
@@ -282,39 +255,109 @@ pub struct Evaluation {
     pub profiles: Vec<ProfileDecision>,
     /// Problems that belong to no single profile (unbound lanes, duplicate
     /// policies).
-    pub warnings: Vec<String>,
+    pub warnings: Vec<BindProblem>,
 }
 
-/// A level number as a map key: JSON object keys are strings ("4"), and not
-/// every deserializer turns them into integers (kube's `DeserializeGuard`
-/// buffers the object first, after which `"4"` no longer reads as a `u32`),
-/// so accept both forms.
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
-struct LevelKey(u32);
+/// A problem with one profile's decision worth a person's attention. Typed
+/// from the engine; rendered to text (`Display`, and as a string in JSON) only
+/// at the edge: conditions, events, `plan`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Warning {
+    /// The lanes' floors add up to more than the capacity.
+    Overcommitted {
+        /// Sum of the floors, work units/s.
+        floors: f64,
+        /// Capacity, work units/s.
+        capacity: f64,
+    },
+    /// A level action that a lane's contract forbids: not applied.
+    ContractOverride(ContractOverride),
+    /// A problem of the profile's binding (a duplicate policy).
+    Binding(BindProblem),
+    /// A warning read back from text (JSON written by an older version).
+    Text(String),
+}
 
-impl<'de> Deserialize<'de> for LevelKey {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = LevelKey;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a level number")
+/// A level action a lane contract overrides.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContractOverride {
+    /// The policy, `namespace/name`.
+    pub policy: String,
+    /// The level (1-based).
+    pub level: usize,
+    /// The level's name.
+    pub level_name: String,
+    /// The lane.
+    pub lane: String,
+    /// What the level would do.
+    pub action: OverriddenAction,
+}
+
+/// The action a contract refuses.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OverriddenAction {
+    /// Pause a lane whose shedding mode is not `Pause`.
+    Pause {
+        /// The lane's shedding mode.
+        mode: SheddingMode,
+    },
+    /// Cap a lane whose mode is `Never`, or a `Defer` lane below its minimum.
+    Cap {
+        /// The cap.
+        units: Decimal,
+        /// The lane's `minUnitsPerSecond` when that is what refuses (`None`
+        /// for a `Never` lane).
+        below_min: Option<f64>,
+    },
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Warning::Overcommitted { floors, capacity } => write!(
+                f,
+                "Overcommitted: lane floors add up to {floors} units/s, more than capacity {capacity}"
+            ),
+            Warning::ContractOverride(o) => {
+                let ContractOverride {
+                    policy,
+                    level,
+                    level_name,
+                    lane,
+                    action,
+                } = o;
+                match action {
+                    OverriddenAction::Pause { mode } => write!(
+                        f,
+                        "policy {policy} level {level} ({level_name}) would pause lane {lane}, whose shedding mode is {mode:?}: not applied"
+                    ),
+                    OverriddenAction::Cap { units, below_min } => {
+                        write!(
+                            f,
+                            "policy {policy} level {level} ({level_name}) would cap lane {lane} at {units} units/s, "
+                        )?;
+                        match below_min {
+                            None => f.write_str("whose shedding mode is Never")?,
+                            Some(min) => write!(f, "below its minUnitsPerSecond {min}")?,
+                        }
+                        f.write_str(": not applied")
+                    }
+                }
             }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<LevelKey, E> {
-                u32::try_from(v).map(LevelKey).map_err(E::custom)
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<LevelKey, E> {
-                u32::try_from(v).map(LevelKey).map_err(E::custom)
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<LevelKey, E> {
-                v.trim().parse().map(LevelKey).map_err(E::custom)
-            }
+            Warning::Binding(b) => b.fmt(f),
+            Warning::Text(t) => f.write_str(t),
         }
-        d.deserialize_any(V)
     }
 }
 
-fn level_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<u32, i64>, D::Error> {
-    let m = BTreeMap::<LevelKey, i64>::deserialize(d)?;
-    Ok(m.into_iter().map(|(k, v)| (k.0, v)).collect())
+impl Serialize for Warning {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Warning {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Warning::Text)
+    }
 }

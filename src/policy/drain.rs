@@ -8,57 +8,26 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-
 use crate::api::DrainSpec;
 use crate::snapshot::ProfileSignals;
 
-use super::decision::{DrainAction, DrainedPod, PodDrain};
+use super::decision::{Drain, DrainAction, DrainReason, DrainedPod, PodDrain};
 
-/// Reason prefix of drains asked for by annotation.
-pub const REQUESTED: &str = "DrainRequested";
-
-/// The drain result.
-#[derive(Debug, Default, PartialEq)]
-pub struct DrainOutcome {
-    /// What happens to each pod involved.
-    pub actions: Vec<PodDrain>,
-    /// Drained pods after this step.
-    pub drained: BTreeMap<String, DrainedPod>,
-    /// How many are drained.
-    pub drained_count: u32,
-    /// The bound now.
-    pub budget: u32,
-}
-
-/// `maxDrained` resolved against a number of ready pods (percent rounded
-/// down). Malformed values allow nothing.
-pub fn max_drained(spec: &IntOrString, ready: u32) -> u32 {
-    match spec {
-        IntOrString::Int(n) => (*n).max(0) as u32,
-        IntOrString::String(s) => s
-            .strip_suffix('%')
-            .and_then(|p| p.trim().parse::<u64>().ok())
-            .map_or(0, |p| (p.min(100) * u64::from(ready) / 100) as u32),
-    }
-}
-
-/// The drain bound: min(maxDrained of ready, ready − minServing), >= 0.
+/// The drain bound: see [`DrainSpec::bound`].
 pub fn bound(spec: &DrainSpec, ready: u32) -> u32 {
-    let by_share = max_drained(&spec.max_drained, ready);
-    let by_serving = i64::from(ready) - i64::from(spec.min_serving.max(0));
-    by_share.min(by_serving.max(0) as u32)
+    spec.bound(ready)
 }
 
-/// Decides drains for one step. `may_drain` is false while telemetry is
-/// unknown or the pool is scaling down (no new drains then).
+/// Decides drains for one step: the drain, and the drained pods after it
+/// (the engine's state). `may_drain` is false while telemetry is unknown or
+/// the pool is scaling down (no new drains then).
 pub fn decide(
     spec: Option<&DrainSpec>,
     signals: Option<&ProfileSignals>,
     at: i64,
     may_drain: bool,
     prev: &BTreeMap<String, DrainedPod>,
-) -> DrainOutcome {
+) -> (Drain, BTreeMap<String, DrainedPod>) {
     let (Some(spec), Some(sig)) = (spec, signals) else {
         // No drain spec: nothing is drained (previous drains are released).
         // No signals: nothing known about any pod; keep what is drained.
@@ -67,8 +36,8 @@ pub fn decide(
         } else {
             BTreeMap::new()
         };
-        return DrainOutcome {
-            drained_count: drained.len() as u32,
+        let drain = Drain {
+            drained_pods: drained.len() as u32,
             actions: if spec.is_some() {
                 Vec::new()
             } else {
@@ -77,16 +46,16 @@ pub fn decide(
                         pod: p.clone(),
                         action: DrainAction::Undrain,
                         error_ratio: None,
-                        reason: "DrainDisabled".into(),
+                        reason: DrainReason::Disabled,
                     })
                     .collect()
             },
-            drained,
-            budget: 0,
+            drain_budget: 0,
         };
+        return (drain, drained);
     };
     let threshold = spec.error_ratio_above.value();
-    let ready = sig.pods.values().filter(|p| p.ready != Some(false)).count() as u32;
+    let ready = sig.ready_pods();
     let budget = bound(spec, ready);
     let healthy_for = spec.healthy_for_seconds;
 
@@ -107,13 +76,13 @@ pub fn decide(
             drained.insert(name.clone(), d);
             continue;
         }
-        if d.reason.starts_with(REQUESTED) && err.is_none_or(|e| e <= threshold) {
+        if d.reason == DrainReason::Requested && err.is_none_or(|e| e <= threshold) {
             // The request was withdrawn and no evidence says the pod is bad.
             actions.push(PodDrain {
                 pod: name.clone(),
                 action: DrainAction::Undrain,
                 error_ratio: err,
-                reason: "DrainRequestWithdrawn".into(),
+                reason: DrainReason::RequestWithdrawn,
             });
             continue;
         }
@@ -125,10 +94,10 @@ pub fn decide(
                         pod: name.clone(),
                         action: DrainAction::Undrain,
                         error_ratio: err,
-                        reason: format!(
-                            "Healthy: error ratio at or below {threshold} for {}s",
-                            at - since
-                        ),
+                        reason: DrainReason::Healthy {
+                            threshold,
+                            seconds: at - since,
+                        },
                     });
                     continue;
                 }
@@ -162,7 +131,7 @@ pub fn decide(
                 pod: name,
                 action: DrainAction::Undrain,
                 error_ratio: err.is_finite().then_some(err),
-                reason: format!("OverBound: at most {budget} pods may be drained"),
+                reason: DrainReason::OverBound { bound: budget },
             });
         }
     }
@@ -179,9 +148,7 @@ pub fn decide(
     let mut candidates: Vec<(&String, bool, f64)> = sig
         .pods
         .iter()
-        .filter(|(n, p)| {
-            p.ready != Some(false) && !drained.contains_key(*n) && !prev.contains_key(*n)
-        })
+        .filter(|(n, p)| p.is_ready() && !drained.contains_key(*n) && !prev.contains_key(*n))
         .filter_map(|(n, p)| {
             let requested = p.drain_requested == Some(true);
             let bad = p.error_ratio.filter(|e| *e > threshold);
@@ -196,9 +163,12 @@ pub fn decide(
     for (name, requested, err) in candidates {
         let err_known = sig.pods.get(name).and_then(|p| p.error_ratio);
         let reason = if requested {
-            format!("{REQUESTED}: annotation lanekeeper.dev/drain-request")
+            DrainReason::Requested
         } else {
-            format!("ErrorRatio: {err} > {threshold}")
+            DrainReason::ErrorRatio {
+                ratio: err,
+                threshold,
+            }
         };
         if may_drain && (drained.len() as u32) < budget {
             drained.insert(
@@ -221,21 +191,21 @@ pub fn decide(
                 action: DrainAction::Refused,
                 error_ratio: err_known,
                 reason: if may_drain {
-                    format!(
-                        "DrainBudgetExhausted: {} of {budget} drained",
-                        drained.len()
-                    )
+                    DrainReason::BudgetExhausted {
+                        drained: drained.len() as u32,
+                        bound: budget,
+                    }
                 } else {
-                    "DrainHeld: telemetry unknown or pool scaling down".to_owned()
+                    DrainReason::Held
                 },
             });
         }
     }
     actions.sort_by(|a, b| a.pod.cmp(&b.pod));
-    DrainOutcome {
-        drained_count: drained.len() as u32,
+    let drain = Drain {
+        drained_pods: drained.len() as u32,
         actions,
-        drained,
-        budget,
-    }
+        drain_budget: budget,
+    };
+    (drain, drained)
 }

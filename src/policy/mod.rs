@@ -13,10 +13,10 @@ pub mod sizing;
 
 use std::collections::BTreeMap;
 
-use crate::api::{CapacityProfile, DegradationPolicy, LaneContract, SheddingMode};
+use crate::api::{CapacityProfile, DegradationPolicy, LaneContract, ObjectKey, SheddingMode};
 use crate::snapshot::{ProfileSignals, Snapshot};
 
-pub use bind::{Binding, World, bind};
+pub use bind::{BindProblem, Binding, Bound, World, bind, bind_profile};
 pub use decision::*;
 
 use admission::{AdmissionLane, EPS};
@@ -30,8 +30,8 @@ pub fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
-fn object_key<K: kube::ResourceExt>(o: &K) -> String {
-    key(&o.namespace().unwrap_or_default(), &o.name_any())
+fn object_key<K: ObjectKey>(o: &K) -> String {
+    o.key()
 }
 
 /// Rounds to six decimals, for output (so 488.09999999999997 reads 488.1).
@@ -104,7 +104,7 @@ fn capacity_of(
     let upr = profile.spec.capacity.units_per_replica.value();
     let measured_capacity_missing =
         sig.available_units_per_second.is_none() && sig.unknown.contains_key(CAPACITY_SIGNAL);
-    let ready_pods = sig.pods.values().filter(|p| p.ready != Some(false)).count() as u32;
+    let ready_pods = sig.ready_pods();
     let ready = sig.ready_replicas.or(if sig.pods.is_empty() {
         None
     } else {
@@ -114,7 +114,7 @@ fn capacity_of(
         return (None, None, ready);
     }
     if let Some(a) = sig.available_units_per_second {
-        return (Some(a), Some("availableUnitsPerSecond".into()), ready);
+        return (Some(a), Some(CAPACITY_SIGNAL.into()), ready);
     }
     if let Some(r) = sig.ready_replicas {
         return (Some(r as f64 * upr), Some("readyReplicas".into()), ready);
@@ -139,11 +139,13 @@ struct LaneLimits {
 /// Every action of the policy, at any level, that a lane contract overrides
 /// (for the policy's `Valid` condition): the rule the engine applies, run
 /// over the whole ladder.
-pub fn contract_overrides(policy: &DegradationPolicy, lanes: &[&LaneContract]) -> Vec<String> {
-    let (_, mut warnings) = apply_actions(Some(policy), policy.spec.levels.len() as u32, lanes);
-    warnings.sort();
-    warnings.dedup();
-    warnings
+pub fn contract_overrides(policy: &DegradationPolicy, lanes: &[&LaneContract]) -> Vec<Warning> {
+    let (_, warnings) = apply_actions(Some(policy), policy.spec.levels.len() as u32, lanes);
+    let mut texts: Vec<(String, Warning)> =
+        warnings.into_iter().map(|w| (w.to_string(), w)).collect();
+    texts.sort_by(|a, b| a.0.cmp(&b.0));
+    texts.dedup_by(|a, b| a.0 == b.0);
+    texts.into_iter().map(|(_, w)| w).collect()
 }
 
 /// Applies the actions of `levels` (1-based levels 1..=n) to each lane,
@@ -152,7 +154,7 @@ fn apply_actions(
     policy: Option<&DegradationPolicy>,
     upto: u32,
     lanes: &[&LaneContract],
-) -> (Vec<LaneLimits>, Vec<String>) {
+) -> (Vec<LaneLimits>, Vec<Warning>) {
     let mut limits = vec![LaneLimits::default(); lanes.len()];
     let mut warnings = Vec::new();
     let Some(policy) = policy else {
@@ -162,7 +164,7 @@ fn apply_actions(
     for (idx, level) in policy.spec.levels.iter().enumerate().take(upto as usize) {
         let n = idx + 1;
         for (li, lane) in lanes.iter().enumerate() {
-            let lname = lane.name_any_ref();
+            let lname = lane.name_str();
             let selects = |p: Option<i32>, names: &[String]| {
                 p.is_some_and(|p| lane.spec.priority >= p) || names.iter().any(|x| x == lname)
             };
@@ -171,10 +173,15 @@ fn apply_actions(
                     if lane.spec.shedding.mode == SheddingMode::Pause {
                         limits[li].paused = true;
                     } else {
-                        warnings.push(format!(
-                            "policy {pname} level {n} ({}) would pause lane {lname}, whose shedding mode is {:?}: not applied",
-                            level.name, lane.spec.shedding.mode
-                        ));
+                        warnings.push(Warning::ContractOverride(ContractOverride {
+                            policy: pname.clone(),
+                            level: n,
+                            level_name: level.name.clone(),
+                            lane: lname.to_owned(),
+                            action: OverriddenAction::Pause {
+                                mode: lane.spec.shedding.mode,
+                            },
+                        }));
                     }
                 }
             }
@@ -184,7 +191,7 @@ fn apply_actions(
                 }
                 let v = cap.units_per_second.value();
                 let refused = match lane.spec.shedding.mode {
-                    SheddingMode::Never => Some("whose shedding mode is Never".to_owned()),
+                    SheddingMode::Never => Some(None),
                     SheddingMode::Defer => {
                         let min = lane
                             .spec
@@ -192,15 +199,21 @@ fn apply_actions(
                             .min_units_per_second
                             .as_ref()
                             .map_or(0.0, |d| d.value());
-                        (v + EPS < min).then(|| format!("below its minUnitsPerSecond {min}"))
+                        (v + EPS < min).then_some(Some(min))
                     }
                     _ => None,
                 };
                 match refused {
-                    Some(why) => warnings.push(format!(
-                        "policy {pname} level {n} ({}) would cap lane {lname} at {} units/s, {why}: not applied",
-                        level.name, cap.units_per_second
-                    )),
+                    Some(below_min) => warnings.push(Warning::ContractOverride(ContractOverride {
+                        policy: pname.clone(),
+                        level: n,
+                        level_name: level.name.clone(),
+                        lane: lname.to_owned(),
+                        action: OverriddenAction::Cap {
+                            units: cap.units_per_second.clone(),
+                            below_min,
+                        },
+                    })),
                     None => {
                         let c = limits[li].level_cap.map_or(v, |c: f64| c.min(v));
                         limits[li].level_cap = Some(c);
@@ -210,15 +223,6 @@ fn apply_actions(
         }
     }
     (limits, warnings)
-}
-
-trait NameRef {
-    fn name_any_ref(&self) -> &str;
-}
-impl NameRef for LaneContract {
-    fn name_any_ref(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
 }
 
 /// The lane's cap under the given limits: min(demand, ceiling, level cap), 0
@@ -257,9 +261,7 @@ pub fn evaluate_profile(
     };
 
     let mut lanes: Vec<&LaneContract> = b.lanes.clone();
-    lanes.sort_by(|a, c| {
-        (a.spec.priority, a.name_any_ref()).cmp(&(c.spec.priority, c.name_any_ref()))
-    });
+    lanes.sort_by(|a, c| (a.spec.priority, a.name_str()).cmp(&(c.spec.priority, c.name_str())));
     let demands: Vec<LaneDemand> = lanes.iter().map(|l| lane_demand(l, snapshot)).collect();
     let total_demand: f64 = demands.iter().map(|d| d.units).sum();
     let utilization = capacity.and_then(|c| (c > EPS).then(|| total_demand / c * 100.0));
@@ -310,7 +312,7 @@ pub fn evaluate_profile(
     let index: BTreeMap<&str, usize> = lanes
         .iter()
         .enumerate()
-        .map(|(i, l)| (l.name_any_ref(), i))
+        .map(|(i, l)| (l.name_str(), i))
         .collect();
     let adm_lanes: Vec<AdmissionLane> = lanes
         .iter()
@@ -357,11 +359,10 @@ pub fn evaluate_profile(
     if let Some(c) = capacity
         && floors_total > c + EPS
     {
-        warnings.push(format!(
-            "Overcommitted: lane floors add up to {} units/s, more than capacity {}",
-            round6(floors_total),
-            round6(c)
-        ));
+        warnings.push(Warning::Overcommitted {
+            floors: round6(floors_total),
+            capacity: round6(c),
+        });
     }
 
     let mut lane_decisions = Vec::with_capacity(lanes.len());
@@ -389,8 +390,8 @@ pub fn evaluate_profile(
         let wpr = l.spec.work_units_per_request.value();
         let lease = l.spec.borrowing.as_ref().map_or(0, |bs| bs.lease_seconds);
         lane_decisions.push(LaneDecision {
-            namespace: l.namespace_ref().to_owned(),
-            name: l.name_any_ref().to_owned(),
+            namespace: l.namespace_str().to_owned(),
+            name: l.name_str().to_owned(),
             priority: l.spec.priority,
             state,
             requests_per_second: round6(d.rps),
@@ -406,7 +407,7 @@ pub fn evaluate_profile(
                 .borrowed
                 .iter()
                 .map(|(lender, units)| BorrowGrant {
-                    from: lanes[*lender].name_any_ref().to_owned(),
+                    from: lanes[*lender].name_str().to_owned(),
                     units_per_second: round6(*units),
                     expires_at: at + lease,
                 })
@@ -423,7 +424,7 @@ pub fn evaluate_profile(
     };
 
     // Drain.
-    let drain = drain::decide(
+    let (drain, drained) = drain::decide(
         profile.spec.drain.as_ref(),
         sig.as_ref(),
         at,
@@ -444,11 +445,11 @@ pub fn evaluate_profile(
         desired_replicas: sizing.desired,
         scale_down_since: sizing.scale_down_since,
         scale_down_want: sizing.scale_down_want,
-        drained: drain.drained,
+        drained,
         last_capacity: capacity.or(prev.last_capacity),
     };
     let decision = ProfileDecision {
-        namespace: profile.namespace_ref().to_owned(),
+        namespace: profile.namespace_str().to_owned(),
         name: profile.metadata.name.clone().unwrap_or_default(),
         policy: policy.map(object_key),
         telemetry,
@@ -466,24 +467,13 @@ pub fn evaluate_profile(
         utilization_percent: utilization.map(round6),
         ready_replicas: ready,
         desired_replicas: sizing.desired,
-        drain: drain.actions,
-        drained_pods: drain.drained_count,
-        drain_budget: drain.budget,
+        drain,
         warnings: {
-            warnings.extend(b.warnings.iter().cloned());
+            warnings.extend(b.warnings.iter().cloned().map(Warning::Binding));
             warnings
         },
         gateway,
         lanes: lane_decisions,
     };
     (decision, next)
-}
-
-trait NamespaceRef {
-    fn namespace_ref(&self) -> &str;
-}
-impl<K: kube::Resource> NamespaceRef for K {
-    fn namespace_ref(&self) -> &str {
-        self.meta().namespace.as_deref().unwrap_or_default()
-    }
 }

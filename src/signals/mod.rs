@@ -34,6 +34,18 @@ pub struct PoolPod {
     pub terminating: bool,
 }
 
+impl PoolPod {
+    /// The pod's signals as the cluster shows them (readiness by
+    /// [`PodSignals::is_ready`], the one definition).
+    pub fn signals(&self) -> PodSignals {
+        PodSignals::from_cluster(
+            self.containers_ready,
+            self.terminating,
+            self.drain_requested,
+        )
+    }
+}
+
 /// What a source gets to look at.
 pub struct SourceInput<'a> {
     /// The profile.
@@ -62,8 +74,6 @@ pub struct SourceOutput {
 
 /// A source of live signals.
 pub trait SignalSource: Send + Sync {
-    /// A short name for logs and metrics.
-    fn name(&self) -> &'static str;
     /// Collects signals for one profile.
     fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput>;
 }
@@ -82,14 +92,7 @@ impl ClusterSource {
         match input.pods {
             Some(pods) => {
                 for p in pods.iter().filter(|p| !p.terminating) {
-                    out.profile.pods.insert(
-                        p.name.clone(),
-                        PodSignals {
-                            ready: Some(p.containers_ready),
-                            error_ratio: None,
-                            drain_requested: p.drain_requested.then_some(true),
-                        },
-                    );
+                    out.profile.pods.insert(p.name.clone(), p.signals());
                 }
             }
             None => {
@@ -100,7 +103,7 @@ impl ClusterSource {
         if input.target_ready_replicas.is_none()
             && input
                 .pods
-                .is_none_or(|p| p.iter().all(|p| !p.containers_ready))
+                .is_none_or(|p| p.iter().all(|p| !p.signals().is_ready()))
         {
             out.unknown.insert(
                 "capacity".into(),
@@ -112,10 +115,6 @@ impl ClusterSource {
 }
 
 impl SignalSource for ClusterSource {
-    fn name(&self) -> &'static str {
-        "cluster"
-    }
-
     fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput> {
         Box::pin(async move { Self::observe(input) })
     }

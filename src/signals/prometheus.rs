@@ -26,14 +26,14 @@ use serde::Deserialize;
 use super::{SignalSource, SourceInput, SourceOutput};
 use crate::api::profile::{PrometheusQueries, PrometheusSignals};
 use crate::api::{CapacityProfile, LaneContract};
-use crate::controller::metrics::Metrics;
-use crate::policy::{World, key};
+use crate::metrics::Metrics;
+use crate::policy::{CAPACITY_SIGNAL, World, bind, key};
 use crate::snapshot::{SignalsFile, Snapshot};
 
 /// The signal names, as in `spec.signals.prometheus.queries` and in
 /// `status.unknownSignals`.
 pub const SIGNALS: [&str; 7] = [
-    "availableUnitsPerSecond",
+    CAPACITY_SIGNAL,
     "inFlight",
     "queueDepth",
     "p95LatencySeconds",
@@ -485,7 +485,7 @@ pub async fn evaluate(
                         Ok(v) => {
                             let p = &mut e.output.profile;
                             match signal {
-                                "availableUnitsPerSecond" => p.available_units_per_second = Some(v),
+                                CAPACITY_SIGNAL => p.available_units_per_second = Some(v),
                                 "inFlight" => p.in_flight = Some(v),
                                 "queueDepth" => p.queue_depth = Some(v),
                                 "p95LatencySeconds" => p.p95_latency_seconds = Some(v),
@@ -781,10 +781,6 @@ pub fn record(m: &Metrics, profile: &str, e: &Evaluation) {
 }
 
 impl SignalSource for PrometheusSource {
-    fn name(&self) -> &'static str {
-        "prometheus"
-    }
-
     fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput> {
         Box::pin(self.observe(input))
     }
@@ -823,7 +819,8 @@ pub async fn signals_file(
         .collect();
     let mut notes = Vec::new();
     let mut clients: HashMap<String, PromClient> = HashMap::new();
-    for profile in &world.profiles {
+    for binding in bind(world).bindings {
+        let profile = binding.profile;
         let ns = profile.namespace().unwrap_or_default();
         let pkey = key(&ns, &profile.name_any());
         let Some(cfg) = prom_config(profile, url) else {
@@ -840,14 +837,7 @@ pub async fn signals_file(
                 c
             }
         };
-        let lanes: Vec<&LaneContract> = world
-            .lanes
-            .iter()
-            .filter(|l| {
-                l.spec.profile == profile.name_any() && l.namespace().unwrap_or_default() == ns
-            })
-            .collect();
-        let evals = evaluate(&c, &cfg, &lanes, None, window).await;
+        let evals = evaluate(&c, &cfg, &binding.lanes, None, window).await;
         let mut unknown: BTreeMap<String, (usize, String)> = BTreeMap::new();
         for (snap, e) in steps.iter_mut().zip(evals) {
             for (s, why) in &e.output.unknown {

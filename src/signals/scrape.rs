@@ -20,7 +20,7 @@ use openmetrics_parser::{PrometheusValue, prometheus::parse_prometheus};
 
 use super::{SignalSource, SourceInput, SourceOutput};
 use crate::api::profile::{ScrapeMetrics, ScrapeSignals};
-use crate::controller::metrics::Metrics;
+use crate::metrics::Metrics;
 use crate::policy::key;
 
 /// What one pod's page said.
@@ -297,7 +297,7 @@ impl ScrapeSource {
         };
         let targets: Vec<(String, String)> = pods
             .iter()
-            .filter(|p| p.containers_ready && !p.terminating)
+            .filter(|p| p.signals().is_ready())
             .filter_map(|p| p.ip.clone().map(|ip| (p.name.clone(), ip)))
             .collect();
         let results = scrape_pool(&self.http, cfg, &targets).await;
@@ -324,10 +324,6 @@ impl ScrapeSource {
 }
 
 impl SignalSource for ScrapeSource {
-    fn name(&self) -> &'static str {
-        "scrape"
-    }
-
     fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput> {
         Box::pin(self.observe(input))
     }

@@ -255,9 +255,9 @@ fn compare_evaluations(base: &[Evaluation], head: &[Evaluation]) -> (Vec<FirstDi
 
 fn warnings_of(evals: &[Evaluation], out: &mut BTreeSet<String>) {
     for e in evals {
-        out.extend(e.warnings.iter().cloned());
+        out.extend(e.warnings.iter().map(ToString::to_string));
         for p in &e.profiles {
-            out.extend(p.warnings.iter().cloned());
+            out.extend(p.warnings.iter().map(ToString::to_string));
         }
     }
 }

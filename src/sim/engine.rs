@@ -297,7 +297,7 @@ fn stream(seed: u64, s: u64) -> ChaCha8Rng {
 impl<'a> Sim<'a> {
     fn new(world: &'a World, sc: &'a Scenario, policy: Policy) -> Result<Self, String> {
         let bound = policy::bind(world);
-        let mut warnings = bound.warnings.clone();
+        let mut warnings: Vec<String> = bound.warnings.iter().map(ToString::to_string).collect();
         let pkeys: Vec<String> = bound
             .bindings
             .iter()

@@ -1,4 +1,5 @@
-//! Prometheus metrics of the controller.
+//! Prometheus metrics of the controller and its signal sources (a module of
+//! its own, below both, so the signals never import the controller).
 
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,

@@ -1,0 +1,272 @@
+//! Actuate: carry a decision out on the cluster (the gateway ConfigMap, the
+//! pool size or the HPA's minimum, the bounded drain) and say what was done,
+//! as typed [`Effects`]. Each write is skipped when nothing changed.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+
+use super::super::context::{Context, FIELD_MANAGER};
+use super::super::drain;
+use super::super::error::Error;
+use super::super::pods::selector_of;
+use super::super::scale;
+use super::observe::Observation;
+use crate::api::{ObjectKey, ScalingMode};
+use crate::gateway;
+use crate::policy::{Drain, ProfileDecision};
+
+/// What actuation did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Effects {
+    /// The gateway config in force: its ConfigMap and hash, and whether this
+    /// step wrote it.
+    pub config: ConfigEffect,
+    /// The pool size or HPA minimum written, if any.
+    pub scaled: Option<Scaled>,
+    /// An HPA owns the replicas and the scaling mode is `Direct`.
+    pub scaling_conflict: Option<ScalingConflict>,
+    /// The drain as carried out (None without a drain spec or a synced pod
+    /// index).
+    pub drain: Option<Drain>,
+}
+
+/// The gateway config write.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConfigEffect {
+    /// ConfigMap name.
+    pub name: String,
+    /// Content hash of the config in force.
+    pub hash: String,
+    /// Whether this step wrote it.
+    pub written: bool,
+}
+
+/// A pool size write.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scaled {
+    /// The HPA's `minReplicas` was raised (mode `HPAMinReplicas`).
+    HpaMin {
+        /// The HPA.
+        hpa: String,
+        /// The new minimum.
+        to: i32,
+    },
+    /// The scale subresource was written (mode `Direct`).
+    Replicas {
+        /// Kind of the scale target.
+        kind: String,
+        /// Its name.
+        name: String,
+        /// Replicas before, if known.
+        from: Option<i32>,
+        /// Replicas now.
+        to: i32,
+    },
+}
+
+impl Scaled {
+    /// The replica count written.
+    pub fn to(&self) -> i32 {
+        match self {
+            Scaled::HpaMin { to, .. } | Scaled::Replicas { to, .. } => *to,
+        }
+    }
+}
+
+impl fmt::Display for Scaled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scaled::HpaMin { hpa, to } => {
+                write!(
+                    f,
+                    "raised HorizontalPodAutoscaler {hpa} minReplicas to {to}"
+                )
+            }
+            Scaled::Replicas {
+                kind,
+                name,
+                from,
+                to,
+            } => write!(
+                f,
+                "scaled {kind} {name} from {} to {to} replicas",
+                from.map_or_else(|| "unknown".to_owned(), |r| r.to_string())
+            ),
+        }
+    }
+}
+
+/// An HPA targets the workload whose replicas lanekeeper would set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScalingConflict {
+    /// The HPA.
+    pub hpa: String,
+    /// Kind of the scale target.
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl fmt::Display for ScalingConflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "HorizontalPodAutoscaler {} targets {} {}: lanekeeper leaves the replicas alone (set spec.scaling.mode to HPAMinReplicas to raise its minimum instead, or Disabled)",
+            self.hpa, self.kind, self.name
+        )
+    }
+}
+
+/// Carries the decision out.
+pub async fn actuate(
+    ctx: &Context,
+    obs: &Observation,
+    decision: &ProfileDecision,
+) -> Result<Effects, Error> {
+    let config = gateway_config(ctx, obs, decision).await?;
+    let (scaled, scaling_conflict) = pool_size(ctx, obs, decision).await?;
+    let drain = bounded_drain(ctx, obs, decision).await?;
+    Ok(Effects {
+        config,
+        scaled,
+        scaling_conflict,
+        drain,
+    })
+}
+
+/// The gateway ConfigMap (written in observe mode too, under its own name).
+async fn gateway_config(
+    ctx: &Context,
+    obs: &Observation,
+    decision: &ProfileDecision,
+) -> Result<ConfigEffect, Error> {
+    let profile = &obs.profile;
+    let observe = obs.observe_only();
+    let name = gateway::configmap_name(profile.name_str(), observe);
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
+    let current = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::kube("get gateway configmap", e))?;
+    let (prev_cfg, current_hash) = current
+        .as_ref()
+        .map_or((None, None), gateway::from_configmap);
+    let binding = obs.binding();
+    let cfg = gateway::build(
+        decision,
+        &binding.lanes,
+        binding.policy,
+        profile.metadata.generation.unwrap_or(0),
+        prev_cfg.as_ref(),
+        obs.now,
+    );
+    let written = current_hash != Some(cfg.content_hash.as_str());
+    if written {
+        let cm = gateway::configmap(profile, &cfg, observe);
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&cm),
+        )
+        .await
+        .map_err(|e| Error::kube("apply gateway configmap", e))?;
+        ctx.metrics.write("ConfigMap", "apply");
+        tracing::info!(profile = %profile.key(), configmap = %name, hash = %cfg.content_hash, "gateway config written");
+    }
+    Ok(ConfigEffect {
+        name,
+        hash: cfg.content_hash,
+        written,
+    })
+}
+
+/// The pool size: never in observe mode, never without an opinion, never
+/// against an HPA unless the mode says to raise its minimum.
+async fn pool_size(
+    ctx: &Context,
+    obs: &Observation,
+    decision: &ProfileDecision,
+) -> Result<(Option<Scaled>, Option<ScalingConflict>), Error> {
+    let profile = &obs.profile;
+    let (Some(target), false) = (&obs.target, obs.observe_only()) else {
+        return Ok((None, None));
+    };
+    let mode = profile.spec.scaling.mode;
+    if mode == ScalingMode::Disabled {
+        return Ok((None, None));
+    }
+    let ns = profile.namespace_str();
+    let target_ref = &profile.spec.pool.scale_target_ref;
+    let client = &ctx.client;
+    match (scale::find_hpa(client, ns, target_ref).await?, mode) {
+        (Some(h), ScalingMode::HpaMinReplicas) => {
+            let Some(d) = decision.desired_replicas else {
+                return Ok((None, None));
+            };
+            if scale::write_hpa_min(client, ns, &h, d, FIELD_MANAGER).await? {
+                ctx.metrics.write("HorizontalPodAutoscaler", "apply");
+                return Ok((
+                    Some(Scaled::HpaMin {
+                        hpa: h.name_any(),
+                        to: d,
+                    }),
+                    None,
+                ));
+            }
+            Ok((None, None))
+        }
+        (Some(h), _) => Ok((
+            None,
+            Some(ScalingConflict {
+                hpa: h.name_any(),
+                kind: target_ref.kind.clone(),
+                name: target_ref.name.clone(),
+            }),
+        )),
+        (None, _) => {
+            let Some(n) = scale::scale_write_due(decision.desired_replicas, target.replicas) else {
+                return Ok((None, None));
+            };
+            scale::write(client, &ctx.resolver, ns, target_ref, n, FIELD_MANAGER).await?;
+            ctx.metrics.write("Scale", "apply");
+            Ok((
+                Some(Scaled::Replicas {
+                    kind: target_ref.kind.clone(),
+                    name: target_ref.name.clone(),
+                    from: target.replicas,
+                    to: n,
+                }),
+                None,
+            ))
+        }
+    }
+}
+
+/// The bounded drain (only with a drain spec and a synced pod index).
+async fn bounded_drain(
+    ctx: &Context,
+    obs: &Observation,
+    decision: &ProfileDecision,
+) -> Result<Option<Drain>, Error> {
+    let profile = &obs.profile;
+    let (Some(spec), Some(_)) = (&profile.spec.drain, &obs.pods) else {
+        return Ok(None);
+    };
+    let selector = selector_of(profile).map_err(|e| Error::Invalid(e.to_string()))?;
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
+    let metrics = &ctx.metrics;
+    let done = drain::actuate(
+        &api,
+        &selector,
+        spec,
+        &decision.drain,
+        !obs.observe_only(),
+        obs.now,
+        |kind| metrics.write(kind, "patch"),
+    )
+    .await?;
+    Ok(Some(done))
+}

@@ -1,0 +1,114 @@
+//! One reconcile of one CapacityProfile, in the stages the design names:
+//!
+//! 1. [`observe`]: the profile, what binds to it, its pods, its scale target
+//!    and the signals, read once into an `Observation`;
+//! 2. decide: the pure engine (`policy::evaluate_profile`), the same call
+//!    `plan` and `simulate` make;
+//! 3. [`actuate`]: the gateway ConfigMap, the pool size, the bounded drain,
+//!    returning typed `Effects`;
+//! 4. [`report`]: statuses, approval consumption, metrics;
+//! 5. [`events`]: a pure function from what changed to the events, then
+//!    published.
+//!
+//! [`writes`] keeps what our writes returned (the watch lags behind them);
+//! [`sweep`] covers what no profile's reconcile sees.
+
+pub mod actuate;
+pub mod events;
+pub mod observe;
+pub mod report;
+pub mod sweep;
+pub mod writes;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::Action;
+
+use super::context::{Context, stores_ready};
+use super::error::Error;
+use crate::api::{CapacityProfile, ObjectKey};
+use crate::policy;
+use events::Target;
+
+/// Reconciles one profile (the entry point the kube runtime calls).
+pub async fn reconcile(
+    obj: Arc<DeserializeGuard<CapacityProfile>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let started = Instant::now();
+    let profile = match &obj.0 {
+        Ok(p) => p,
+        Err(invalid) => {
+            sweep::report_invalid(&ctx, "CapacityProfile", invalid).await;
+            return Ok(Action::await_change());
+        }
+    };
+    // Never decide on a partial index: lanes and policies must have synced.
+    // kube's `Store::wait_until_ready` wakes only the task that polled it
+    // last, so when many profiles reconcile at start-up, awaiting it left all
+    // but one asleep until the timeout (30 s); poll the readiness instead.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !stores_ready(&ctx.lanes, &ctx.policies) {
+        if Instant::now() >= deadline {
+            return Err(Error::IndexNotSynced);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let result = reconcile_profile(profile, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .with_label_values(&[profile.namespace_str(), profile.name_str()])
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .expect("not poisoned")
+            .remove(&profile.key());
+    }
+    result.map(|()| Action::requeue(ctx.settings.resync))
+}
+
+/// Observe → decide → actuate → report → events.
+async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(), Error> {
+    let obs = observe::observe(ctx, profile).await?;
+    let (decision, next) =
+        policy::evaluate_profile(&obs.binding(), &obs.snapshot, obs.approved, &obs.prev);
+    let effects = actuate::actuate(ctx, &obs, &decision).await?;
+    let reported = report::report(ctx, &obs, &decision, &next, &effects).await?;
+    for n in events::events(&reported, &decision, &effects, &obs.unknown) {
+        match n.target {
+            Target::Profile => events::publish(ctx, &obs.profile, &n).await,
+            Target::Policy => events::publish(ctx, &obs.policies[0], &n).await,
+            Target::Ignored(i) => events::publish(ctx, &obs.policies[i + 1], &n).await,
+        }
+    }
+    Ok(())
+}
+
+/// Backoff per object: 1 s doubling up to 5 minutes.
+pub fn error_policy(
+    obj: Arc<DeserializeGuard<CapacityProfile>>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .with_label_values(&[err.reason()])
+        .inc();
+    let key = match &obj.0 {
+        Ok(p) => p.key(),
+        Err(i) => format!(
+            "{}/{}",
+            i.metadata.namespace.as_deref().unwrap_or_default(),
+            i.metadata.name.as_deref().unwrap_or_default()
+        ),
+    };
+    let mut failures = ctx.failures.lock().expect("not poisoned");
+    let n = failures.entry(key.clone()).or_insert(0);
+    *n = n.saturating_add(1);
+    let delay = Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300));
+    tracing::warn!(profile = %key, error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}

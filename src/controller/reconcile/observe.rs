@@ -1,0 +1,245 @@
+//! Observe: everything one decision needs, read once, into an
+//! [`Observation`]: the profile and what binds to it (through
+//! `policy::bind_profile`, the rule `plan` uses), the pool's pods and scale
+//! target, the signal sources' snapshot and the engine's last state.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use super::super::context::{APPROVE_ANNOTATION, Context};
+use super::super::error::Error;
+use super::super::pods::{self, DRAIN_REASON_ANNOTATION, DRAINED_AT_ANNOTATION};
+use super::super::scale::{self, TargetState};
+use crate::api::{
+    CapacityProfile, DegradationPolicy, DrainReason, DrainedPod, LaneContract, ObjectKey,
+    PolicyMode, ProfileState,
+};
+use crate::policy::{self, Binding};
+use crate::signals::{SourceInput, SourceOutput, merge};
+use crate::snapshot::Snapshot;
+
+/// Now, in Unix seconds.
+pub fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Everything one reconcile of one profile knows, read once.
+pub struct Observation {
+    /// When it was read (Unix seconds).
+    pub now: i64,
+    /// The profile (freshest of the cache and our own writes).
+    pub profile: CapacityProfile,
+    /// Its lanes, by name.
+    pub lanes: Vec<LaneContract>,
+    /// The policies naming it: the governing one first, then those it
+    /// outranks.
+    pub policies: Vec<DegradationPolicy>,
+    /// Enforce or Observe, decided once from the governing policy.
+    pub mode: PolicyMode,
+    /// The level the governing policy's approval annotation approves.
+    pub approved: Option<u32>,
+    /// The pool's pods, once the pod index has synced.
+    pub pods: Option<Vec<Arc<Pod>>>,
+    /// The scale target, when it could be read.
+    pub target: Option<TargetState>,
+    /// Why the scale target could not be read.
+    pub scale_problem: Option<String>,
+    /// The signals for the engine.
+    pub snapshot: Snapshot,
+    /// The engine's last state (from status), with the drained set as the
+    /// cluster shows it.
+    pub prev: ProfileState,
+    /// Ready replicas (the scale target's, else the ready pods).
+    pub ready_replicas: Option<u32>,
+    /// Unknown signals with the reason.
+    pub unknown: BTreeMap<String, String>,
+    /// Pods the scheduler could not place, with its message for one.
+    pub unschedulable: Option<(usize, String)>,
+    /// Whether the calibration has expired (None without calibration).
+    pub calibration_expired: Option<bool>,
+}
+
+impl Observation {
+    /// The binding, by the one rule (`policy::bind_profile`).
+    pub fn binding(&self) -> Binding<'_> {
+        policy::bind_profile(&self.profile, &self.lanes, &self.policies)
+    }
+
+    /// Whether the governing policy only observes (nothing is enforced).
+    pub fn observe_only(&self) -> bool {
+        self.mode == PolicyMode::Observe
+    }
+}
+
+/// The approval granted by a policy's annotation.
+pub fn approved_level(policy: &DegradationPolicy) -> Option<u32> {
+    policy
+        .annotations()
+        .get(APPROVE_ANNOTATION)
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Whether the calibration of a profile has expired at `now`.
+pub fn calibration_expired(profile: &CapacityProfile, now: i64) -> Option<bool> {
+    let cal = profile.spec.capacity.calibration.as_ref()?;
+    let measured = crate::api::common::parse_rfc3339(cal.measured_at.as_deref()?)?;
+    let valid = cal.valid_for_seconds?;
+    Some(now > measured.saturating_add(valid))
+}
+
+/// The drained set as the cluster shows it: labelled pods, with the time and
+/// reason from their annotations and the healthy window from the engine's
+/// last state. Who is drained is read from the cluster, never from memory.
+pub fn drained_from_cluster(
+    pods: &[Arc<Pod>],
+    engine: &BTreeMap<String, DrainedPod>,
+    now: i64,
+) -> BTreeMap<String, DrainedPod> {
+    pods.iter()
+        .filter(|p| pods::pool_pod(p).drained)
+        .map(|p| {
+            let name = p.name_any();
+            let prev = engine.get(&name);
+            let since = p
+                .annotations()
+                .get(DRAINED_AT_ANNOTATION)
+                .and_then(|t| crate::api::common::parse_rfc3339(t))
+                .or(prev.map(|d| d.since))
+                .unwrap_or(now);
+            let reason = p
+                .annotations()
+                .get(DRAIN_REASON_ANNOTATION)
+                .map(|r| DrainReason::from(r.as_str()))
+                .or(prev.map(|d| d.reason.clone()))
+                .unwrap_or(DrainReason::LabelledByHand);
+            (
+                name,
+                DrainedPod {
+                    since,
+                    reason,
+                    healthy_since: prev.and_then(|d| d.healthy_since),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Reads everything the decision needs. Fails only on API errors worth a
+/// retry; what can't be had (pods not synced, no scale target, a signal
+/// source down) is recorded as unknown and the engine holds.
+pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observation, Error> {
+    let now = now();
+    let profile = ctx.writes.freshen(profile);
+    let ns = profile.namespace_str().to_owned();
+
+    // Bind from the watch caches, then keep the freshest copy of each bound
+    // object.
+    let lane_objs = ctx.lanes.state();
+    let policy_objs = ctx.policies.state();
+    let binding = policy::bind_profile(
+        &profile,
+        lane_objs.iter().filter_map(|g| g.0.as_ref().ok()),
+        policy_objs.iter().filter_map(|g| g.0.as_ref().ok()),
+    );
+    let lanes: Vec<LaneContract> = binding
+        .lanes
+        .iter()
+        .map(|l| ctx.writes.freshen(*l))
+        .collect();
+    let policies: Vec<DegradationPolicy> = binding
+        .policy
+        .into_iter()
+        .chain(binding.ignored.iter().copied())
+        .map(|p| ctx.writes.freshen(p))
+        .collect();
+    let governing = binding.policy.map(|_| &policies[0]);
+    let mode = governing.map_or(PolicyMode::Enforce, |p| p.spec.mode);
+    let approved = governing.and_then(approved_level);
+
+    // The pool: pods and the scale target.
+    let mut unknown = BTreeMap::new();
+    let raw_pods = match ctx.pods.pods(&profile) {
+        Ok(p) => p,
+        Err(e) => {
+            unknown.insert("pods".to_owned(), e.to_string());
+            None
+        }
+    };
+    let unschedulable = raw_pods.as_deref().and_then(pods::unschedulable);
+    let pool_pods: Option<Vec<crate::signals::PoolPod>> = raw_pods
+        .as_ref()
+        .map(|ps| ps.iter().map(|p| pods::pool_pod(p)).collect());
+    let target_ref = &profile.spec.pool.scale_target_ref;
+    let (target, scale_problem) = match scale::read(&ctx.client, &ctx.resolver, &ns, target_ref)
+        .await
+    {
+        Ok(t) => (Some(t), None),
+        Err(Error::Kube { source, context }) if !matches!(&source, kube::Error::Api(s) if s.code == 404) =>
+        {
+            return Err(Error::Kube { context, source });
+        }
+        Err(e) => (None, Some(e.to_string())),
+    };
+
+    // Signals, from every source in order.
+    let lane_refs: Vec<&LaneContract> = lanes.iter().collect();
+    let input = SourceInput {
+        profile: &profile,
+        lanes: &lane_refs,
+        target_ready_replicas: target.as_ref().and_then(|t| t.ready_replicas),
+        pods: pool_pods.as_deref(),
+        now,
+    };
+    let mut out = SourceOutput::default();
+    for source in &ctx.sources {
+        merge(&mut out, source.collect(&input).await);
+    }
+    let ready_replicas = out.profile.ready_replicas.or_else(|| {
+        pool_pods
+            .as_ref()
+            .map(|p| p.iter().filter(|p| p.signals().is_ready()).count() as u32)
+    });
+    unknown.extend(out.unknown.clone());
+    let mut snapshot = Snapshot {
+        at: now,
+        ..Default::default()
+    };
+    let mut profile_signals = out.profile;
+    profile_signals.unknown = out.unknown;
+    snapshot.profiles.insert(profile.key(), profile_signals);
+    snapshot.lanes = out.lanes;
+
+    // The engine's state, with the drained set read from the cluster.
+    let mut prev: ProfileState = profile
+        .status
+        .as_ref()
+        .and_then(|s| s.engine.clone())
+        .unwrap_or_default();
+    if let Some(ps) = &raw_pods {
+        prev.drained = drained_from_cluster(ps, &prev.drained, now);
+    }
+    let calibration_expired = calibration_expired(&profile, now);
+    Ok(Observation {
+        now,
+        profile,
+        lanes,
+        policies,
+        mode,
+        approved,
+        pods: raw_pods,
+        target,
+        scale_problem,
+        snapshot,
+        prev,
+        ready_replicas,
+        unknown,
+        unschedulable,
+        calibration_expired,
+    })
+}

@@ -1,0 +1,203 @@
+//! Report: the statuses of the profile, its lanes, its policy and the
+//! policies it ignores; the approval consumed once used; the metrics. What
+//! was written comes back as [`Reported`] for the events.
+
+use kube::ResourceExt;
+
+use super::super::context::{APPROVE_ANNOTATION, Context, Reconciled};
+use super::super::error::Error;
+use super::super::status::{self, Observed};
+use super::actuate::Effects;
+use super::observe::Observation;
+use crate::api::{CapacityProfileStatus, DegradationPolicyStatus, ObjectKey};
+use crate::policy::{self, BindProblem, ProfileDecision, ProfileState, Telemetry, Warning};
+
+/// The statuses before and after, for the events.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reported {
+    /// The profile's status before this step.
+    pub profile_before: CapacityProfileStatus,
+    /// And after.
+    pub profile_after: CapacityProfileStatus,
+    /// The governing policy's, if any.
+    pub policy: Option<PolicyReport>,
+    /// The policies the binding ignores (same order as the binding's).
+    pub ignored: Vec<IgnoredReport>,
+}
+
+/// The governing policy's report.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyReport {
+    /// Status before.
+    pub before: DegradationPolicyStatus,
+    /// Status after.
+    pub after: DegradationPolicyStatus,
+    /// The level the annotation approves.
+    pub approved: Option<u32>,
+    /// Actions lane contracts override, at any level.
+    pub overrides: Vec<Warning>,
+    /// The approval consumed in this step.
+    pub consumed: Option<u32>,
+}
+
+/// An ignored policy's report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IgnoredReport {
+    /// Why it is ignored.
+    pub problem: BindProblem,
+    /// Whether its status was written now (it changed).
+    pub written: bool,
+}
+
+/// Writes the statuses and consumes a used approval.
+pub async fn report(
+    ctx: &Context,
+    obs: &Observation,
+    decision: &ProfileDecision,
+    next: &ProfileState,
+    effects: &Effects,
+) -> Result<Reported, Error> {
+    let now = obs.now;
+    let profile = &obs.profile;
+    let observed = Observed {
+        ready_replicas: obs.ready_replicas,
+        scale_problem: obs.scale_problem.clone(),
+        scaling_conflict: effects.scaling_conflict.as_ref().map(ToString::to_string),
+        unknown: obs.unknown.clone(),
+        calibration_expired: obs.calibration_expired,
+        drain: effects.drain.clone(),
+        unschedulable: obs.unschedulable.clone(),
+    };
+    let profile_before = profile.status.clone().unwrap_or_default();
+    let profile_after = status::profile_status(profile, decision, next, &observed, now);
+    ctx.writes
+        .status(profile, profile.status.as_ref(), &profile_after)
+        .await?;
+    ctx.seen.reconciled.lock().expect("not poisoned").insert(
+        profile.uid().unwrap_or_default(),
+        Reconciled {
+            namespace: profile.namespace_str().to_owned(),
+            name: profile.name_str().to_owned(),
+            lanes: decision.lanes.iter().map(|l| l.name.clone()).collect(),
+        },
+    );
+
+    let binding = obs.binding();
+    for lane in &binding.lanes {
+        let d = decision.lanes.iter().find(|d| d.name == lane.name_str());
+        let floor = lane
+            .spec
+            .floor_units_per_second
+            .as_ref()
+            .map_or(0.0, |f| f.value());
+        let st = status::lane_status(lane, d, None, floor, now);
+        ctx.writes.status(*lane, lane.status.as_ref(), &st).await?;
+    }
+
+    let mut policy_report = None;
+    if let Some(p) = binding.policy {
+        let approved = obs.approved;
+        let overrides = policy::contract_overrides(p, &binding.lanes);
+        let after = status::policy_status(p, Some(decision), None, approved, &overrides, now);
+        ctx.writes.status(p, p.status.as_ref(), &after).await?;
+        // An approval is consumed once the ladder has reached it and falls
+        // below it again.
+        let consumed = approved.filter(|a| after.approved_level_reached && decision.level < *a);
+        if consumed.is_some() {
+            ctx.writes.remove_annotation(p, APPROVE_ANNOTATION).await?;
+        }
+        policy_report = Some(PolicyReport {
+            before: p.status.clone().unwrap_or_default(),
+            after,
+            approved,
+            overrides,
+            consumed,
+        });
+    }
+    let mut ignored = Vec::new();
+    for (loser, problem) in binding.ignored.iter().zip(&binding.warnings) {
+        let st = status::policy_status(loser, None, Some(problem.to_string()), None, &[], now);
+        let written = ctx
+            .writes
+            .status(*loser, loser.status.as_ref(), &st)
+            .await?;
+        ignored.push(IgnoredReport {
+            problem: problem.clone(),
+            written,
+        });
+    }
+    record_metrics(ctx, obs, decision, effects);
+    Ok(Reported {
+        profile_before,
+        profile_after,
+        policy: policy_report,
+        ignored,
+    })
+}
+
+/// The profile's gauges and the drain counters.
+fn record_metrics(ctx: &Context, obs: &Observation, decision: &ProfileDecision, effects: &Effects) {
+    let m = &ctx.metrics;
+    let (ns, name) = (obs.profile.namespace_str(), obs.profile.name_str());
+    let l = [ns, name];
+    m.level.with_label_values(&l).set(f64::from(decision.level));
+    match decision.capacity_units_per_second {
+        Some(c) => m.capacity.with_label_values(&l).set(c),
+        None => {
+            let _ = m.capacity.remove_label_values(&l);
+        }
+    }
+    m.demand
+        .with_label_values(&l)
+        .set(decision.demand_units_per_second);
+    m.admitted
+        .with_label_values(&l)
+        .set(decision.admitted_units_per_second);
+    if let Some(u) = decision.utilization_percent {
+        m.utilization.with_label_values(&l).set(u);
+    }
+    if let Some(d) = decision.desired_replicas {
+        m.desired_replicas.with_label_values(&l).set(f64::from(d));
+    }
+    if let Some(r) = obs.ready_replicas {
+        m.ready_replicas.with_label_values(&l).set(f64::from(r));
+    }
+    m.telemetry_known
+        .with_label_values(&l)
+        .set(if decision.telemetry == Telemetry::Known {
+            1.0
+        } else {
+            0.0
+        });
+    for lane in &decision.lanes {
+        let ll = [ns, name, lane.name.as_str()];
+        m.lane_demand
+            .with_label_values(&ll)
+            .set(lane.demand_units_per_second);
+        m.lane_admitted
+            .with_label_values(&ll)
+            .set(lane.admitted_units_per_second);
+    }
+    if let (Some(done), Some(_)) = (&effects.drain, &obs.profile.spec.drain) {
+        use crate::policy::DrainAction;
+        for a in &done.actions {
+            let counter = match a.action {
+                DrainAction::Drain => &m.drains,
+                DrainAction::Undrain => &m.undrains,
+                _ => continue,
+            };
+            counter
+                .with_label_values(&[ns, name, a.reason.code()])
+                .inc();
+        }
+        let refused = done.refused_by_bound().count();
+        if refused > 0 {
+            m.drains_refused
+                .with_label_values(&l)
+                .inc_by(refused as u64);
+        }
+        m.drained_pods
+            .with_label_values(&l)
+            .set(f64::from(done.drained_pods));
+    }
+}
