@@ -6,10 +6,127 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use lanekeeper::controller;
 use lanekeeper::manifest;
 use lanekeeper::plan;
 use lanekeeper::policy::Approvals;
+use lanekeeper::signals::prometheus::PrometheusError;
+use lanekeeper::sim;
 use lanekeeper::snapshot::SignalsFile;
+
+/// Why a command failed; [`CliError::exit_code`] is the process' exit code
+/// and the Display text follows `error: ` on stderr.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    /// The manifests could not be loaded.
+    #[error(transparent)]
+    Manifests(#[from] manifest::LoadError),
+    /// `--approve` without `NAMESPACE/PROFILE=`.
+    #[error("--approve {item:?}: expected NAMESPACE/PROFILE=LEVEL")]
+    ApproveSyntax { item: String },
+    /// `--approve` with a LEVEL that is not a number.
+    #[error("--approve {item:?}: LEVEL must be a number")]
+    ApproveLevel {
+        item: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// `--signals` could not be read.
+    #[error("{}: {source}", .path.display())]
+    ReadSignals {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--signals` is not valid YAML for the format.
+    #[error("{}: {at}: {source}", .path.display())]
+    ParseSignals {
+        path: PathBuf,
+        at: serde_path_to_error::Path,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// `--signals` has unusable steps.
+    #[error("{}: {source}", .path.display())]
+    Timeline {
+        path: PathBuf,
+        #[source]
+        source: plan::TimelineError,
+    },
+    /// `--at`, `--from` or `--to` is not a time.
+    #[error("--{flag} {value:?}: expected RFC 3339 or Unix seconds: {source}")]
+    Time {
+        flag: &'static str,
+        value: String,
+        #[source]
+        source: k8s_openapi::jiff::Error,
+    },
+    /// `--step` has an unknown unit.
+    #[error("--step {value:?}: expected e.g. 60s, 5m or 1h")]
+    StepUnit { value: String },
+    /// `--step` is not a positive number of units.
+    #[error("--step {value:?}: expected a positive duration")]
+    StepValue { value: String },
+    /// `plan --prometheus` could not set up its queries.
+    #[error("--prometheus {url}: {source}")]
+    Prometheus {
+        url: String,
+        #[source]
+        source: PrometheusError,
+    },
+    /// `--metrics-addr` or `--health-addr` is not an address (the text is
+    /// the controller's).
+    #[error("--{flag}: {message}")]
+    Addr { flag: &'static str, message: String },
+    /// The JSON output could not be produced.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The async runtime could not start.
+    #[error(transparent)]
+    Runtime(std::io::Error),
+    /// No Kubernetes client.
+    #[error("cannot reach the cluster (kubeconfig or in-cluster config): {0}")]
+    Cluster(#[source] kube::Error),
+    /// The operator stopped with an error.
+    #[error(transparent)]
+    Controller(#[from] controller::Error),
+    /// `crdgen --out-dir` could not write.
+    #[error("{}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `simulate` or `diff` failed.
+    #[error(transparent)]
+    Sim(#[from] sim::cli::CliError),
+}
+
+impl CliError {
+    /// 2 for bad input, 3 when the CRDs are not installed, 1 otherwise.
+    fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Manifests(_)
+            | CliError::ApproveSyntax { .. }
+            | CliError::ApproveLevel { .. }
+            | CliError::ReadSignals { .. }
+            | CliError::ParseSignals { .. }
+            | CliError::Timeline { .. }
+            | CliError::Time { .. }
+            | CliError::StepUnit { .. }
+            | CliError::StepValue { .. }
+            | CliError::Prometheus { .. }
+            | CliError::Addr { .. } => 2,
+            CliError::Controller(controller::Error::CrdsMissing(_)) => 3,
+            CliError::Json(_)
+            | CliError::Runtime(_)
+            | CliError::Cluster(_)
+            | CliError::Controller(_)
+            | CliError::Write { .. } => 1,
+            CliError::Sim(e) => e.exit_code(),
+        }
+    }
+}
 
 /// lanekeeper: traffic lanes, capacity profiles and degradation ladders for
 /// shared GPU inference pools.
@@ -132,43 +249,46 @@ struct PlanArgs {
     output: Output,
 }
 
-fn parse_approvals(items: &[String]) -> Result<Approvals, String> {
+fn parse_approvals(items: &[String]) -> Result<Approvals, CliError> {
     let mut out = Approvals::new();
     for item in items {
-        let (k, v) = item
-            .split_once('=')
-            .ok_or_else(|| format!("--approve {item:?}: expected NAMESPACE/PROFILE=LEVEL"))?;
+        let syntax = || CliError::ApproveSyntax { item: item.clone() };
+        let (k, v) = item.split_once('=').ok_or_else(syntax)?;
         if !k.contains('/') {
-            return Err(format!(
-                "--approve {item:?}: expected NAMESPACE/PROFILE=LEVEL"
-            ));
+            return Err(syntax());
         }
-        let level: u32 = v
-            .parse()
-            .map_err(|_| format!("--approve {item:?}: LEVEL must be a number"))?;
+        let level: u32 = v.parse().map_err(|source| CliError::ApproveLevel {
+            item: item.clone(),
+            source,
+        })?;
         out.insert(k.to_owned(), level);
     }
     Ok(out)
 }
 
-fn run_plan(args: &PlanArgs) -> Result<(), (u8, String)> {
-    let loaded = manifest::load(&args.files).map_err(|e| (2, e.to_string()))?;
+fn run_plan(args: &PlanArgs) -> Result<(), CliError> {
+    let loaded = manifest::load(&args.files)?;
     for n in &loaded.notes {
         eprintln!("note: {n}");
     }
-    let approvals = parse_approvals(&args.approve).map_err(|e| (2, e))?;
+    let approvals = parse_approvals(&args.approve)?;
     let timeline = match &args.signals {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| (2, format!("{}: {e}", path.display())))?;
-            let de = serde_yaml::Deserializer::from_str(&text);
-            let t: SignalsFile = serde_path_to_error::deserialize(de).map_err(|e| {
-                (
-                    2,
-                    format!("{}: {}: {}", path.display(), e.path(), e.inner()),
-                )
+            let text = std::fs::read_to_string(path).map_err(|source| CliError::ReadSignals {
+                path: path.clone(),
+                source,
             })?;
-            plan::check_timeline(&t).map_err(|e| (2, format!("{}: {e}", path.display())))?;
+            let de = serde_yaml::Deserializer::from_str(&text);
+            let t: SignalsFile =
+                serde_path_to_error::deserialize(de).map_err(|e| CliError::ParseSignals {
+                    path: path.clone(),
+                    at: e.path().clone(),
+                    source: e.into_inner(),
+                })?;
+            plan::check_timeline(&t).map_err(|source| CliError::Timeline {
+                path: path.clone(),
+                source,
+            })?;
             t
         }
         None => match &args.prometheus {
@@ -182,31 +302,27 @@ fn run_plan(args: &PlanArgs) -> Result<(), (u8, String)> {
     let p = plan::plan(&loaded.world, &timeline, &approvals);
     match args.output {
         Output::Table => print!("{}", plan::render_table(&p)),
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&p).map_err(|e| (1, e.to_string()))?
-        ),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&p)?),
     }
     Ok(())
 }
 
 /// Parses RFC 3339 or Unix seconds.
-fn parse_time(flag: &str, v: &str) -> Result<i64, (u8, String)> {
+fn parse_time(flag: &'static str, v: &str) -> Result<i64, CliError> {
     if let Ok(s) = v.parse::<i64>() {
         return Ok(s);
     }
     v.parse::<k8s_openapi::jiff::Timestamp>()
         .map(|t| t.as_second())
-        .map_err(|e| {
-            (
-                2,
-                format!("--{flag} {v:?}: expected RFC 3339 or Unix seconds: {e}"),
-            )
+        .map_err(|source| CliError::Time {
+            flag,
+            value: v.to_owned(),
+            source,
         })
 }
 
 /// Parses `60s`, `5m`, `1h` or plain seconds.
-fn parse_step(v: &str) -> Result<i64, (u8, String)> {
+fn parse_step(v: &str) -> Result<i64, CliError> {
     let (n, unit) = match v.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         Some((i, _)) => v.split_at(i),
         None => (v, "s"),
@@ -215,11 +331,17 @@ fn parse_step(v: &str) -> Result<i64, (u8, String)> {
         "s" => 1,
         "m" => 60,
         "h" => 3600,
-        _ => return Err((2, format!("--step {v:?}: expected e.g. 60s, 5m or 1h"))),
+        _ => {
+            return Err(CliError::StepUnit {
+                value: v.to_owned(),
+            });
+        }
     };
     match n.parse::<i64>() {
         Ok(n) if n > 0 => Ok(n * mult),
-        _ => Err((2, format!("--step {v:?}: expected a positive duration"))),
+        _ => Err(CliError::StepValue {
+            value: v.to_owned(),
+        }),
     }
 }
 
@@ -228,7 +350,7 @@ fn prometheus_timeline(
     args: &PlanArgs,
     url: &str,
     world: &lanekeeper::policy::World,
-) -> Result<SignalsFile, (u8, String)> {
+) -> Result<SignalsFile, CliError> {
     use lanekeeper::signals::prometheus::{Window, signals_file};
     let window = match (&args.from, &args.to) {
         (Some(f), Some(t)) => Window::Range {
@@ -243,7 +365,7 @@ fn prometheus_timeline(
                 .map_or(0, |d| d.as_secs() as i64),
         }),
     };
-    let rt = tokio::runtime::Runtime::new().map_err(|e| (1, e.to_string()))?;
+    let rt = tokio::runtime::Runtime::new().map_err(CliError::Runtime)?;
     let (t, notes) = rt
         .block_on(signals_file(
             world,
@@ -251,7 +373,10 @@ fn prometheus_timeline(
             std::time::Duration::from_secs(args.prometheus_timeout.max(1)),
             &window,
         ))
-        .map_err(|e| (2, format!("--prometheus {url}: {e}")))?;
+        .map_err(|source| CliError::Prometheus {
+            url: url.to_owned(),
+            source,
+        })?;
     for n in notes {
         eprintln!("note: {n}");
     }
@@ -294,13 +419,13 @@ async fn shutdown_signal() {
     tracing::info!("shutdown requested: finishing in-flight work");
 }
 
-fn run_operator(args: &RunArgs) -> Result<(), (u8, String)> {
-    use lanekeeper::controller::{self, Metrics, Readiness, Settings, http};
+fn run_operator(args: &RunArgs) -> Result<(), CliError> {
+    use lanekeeper::controller::{Metrics, Readiness, Settings, http};
     init_logging(args.log_format);
-    let metrics_addr =
-        http::parse_addr(&args.metrics_addr).map_err(|e| (2, format!("--metrics-addr: {e}")))?;
-    let health_addr =
-        http::parse_addr(&args.health_addr).map_err(|e| (2, format!("--health-addr: {e}")))?;
+    let addr =
+        |flag, raw: &str| http::parse_addr(raw).map_err(|message| CliError::Addr { flag, message });
+    let metrics_addr = addr("metrics-addr", &args.metrics_addr)?;
+    let health_addr = addr("health-addr", &args.health_addr)?;
     let identity = args
         .identity
         .clone()
@@ -315,11 +440,11 @@ fn run_operator(args: &RunArgs) -> Result<(), (u8, String)> {
         lease_duration_seconds: args.lease_duration_seconds,
         identity,
     };
-    let rt = tokio::runtime::Runtime::new().map_err(|e| (1, e.to_string()))?;
+    let rt = tokio::runtime::Runtime::new().map_err(CliError::Runtime)?;
     rt.block_on(async move {
         let client = kube::Client::try_default()
             .await
-            .map_err(|e| (1, format!("cannot reach the cluster (kubeconfig or in-cluster config): {e}")))?;
+            .map_err(CliError::Cluster)?;
         let metrics = Metrics::new();
         let readiness = Readiness::default();
         let m = tokio::spawn(http::serve(metrics_addr, http::metrics_router(metrics.clone())));
@@ -334,24 +459,24 @@ fn run_operator(args: &RunArgs) -> Result<(), (u8, String)> {
         let result = controller::run(client, settings, metrics, readiness, extra, shutdown_signal()).await;
         m.abort();
         h.abort();
-        result.map_err(|e| {
-            let code = if matches!(e, controller::Error::CrdsMissing(_)) { 3 } else { 1 };
-            (code, e.to_string())
-        })
+        result.map_err(CliError::from)
     })
 }
 
-fn crdgen(out_dir: Option<&std::path::Path>) -> Result<(), (u8, String)> {
+fn crdgen(out_dir: Option<&std::path::Path>) -> Result<(), CliError> {
     match out_dir {
         None => {
             print!("{}", lanekeeper::api::crds_yaml());
             Ok(())
         }
         Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|e| (1, format!("{}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|source| CliError::Write {
+                path: dir.to_owned(),
+                source,
+            })?;
             for (name, yaml) in lanekeeper::api::crd_files() {
                 let path = dir.join(name);
-                std::fs::write(&path, yaml).map_err(|e| (1, format!("{}: {e}", path.display())))?;
+                std::fs::write(&path, yaml).map_err(|source| CliError::Write { path, source })?;
             }
             Ok(())
         }
@@ -364,14 +489,14 @@ fn main() -> ExitCode {
         Command::Crdgen { out_dir } => crdgen(out_dir.as_deref()),
         Command::Plan(args) => run_plan(&args),
         Command::Run(args) => run_operator(&args),
-        Command::Simulate(args) => lanekeeper::sim::cli::run_simulate(&args),
-        Command::Diff(args) => lanekeeper::sim::cli::run_diff(&args),
+        Command::Simulate(args) => sim::cli::run_simulate(&args).map_err(CliError::from),
+        Command::Diff(args) => sim::cli::run_diff(&args).map_err(CliError::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err((code, msg)) => {
-            eprintln!("error: {msg}");
-            ExitCode::from(code)
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -20,24 +20,55 @@ pub struct Decimal {
 /// The pattern every decimal quantity must match (also enforced by the schema).
 pub const DECIMAL_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?$";
 
+/// Why a string is not a [`Decimal`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DecimalError {
+    /// Not digits with an optional fraction (a sign, an exponent, a unit...).
+    #[error(
+        "{raw:?} is not a decimal quantity (expected digits with an optional fraction, e.g. \"93.6\")"
+    )]
+    Syntax {
+        /// The string as given.
+        raw: String,
+    },
+    /// Digits that `f64` would not parse.
+    #[error("{raw:?} is not a decimal quantity: {source}")]
+    Number {
+        /// The string as given.
+        raw: String,
+        /// The parser's complaint.
+        #[source]
+        source: std::num::ParseFloatError,
+    },
+    /// Too large for an `f64`.
+    #[error("{raw:?} is out of range")]
+    OutOfRange {
+        /// The string as given.
+        raw: String,
+    },
+}
+
 impl Decimal {
     /// Parses a plain decimal string (`"93.6"`). Signs, exponents and unit
     /// suffixes are rejected.
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub fn parse(raw: &str) -> Result<Self, DecimalError> {
         let mut parts = raw.splitn(2, '.');
         let int = parts.next().unwrap_or_default();
         let frac = parts.next();
         let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
         if !digits(int) || frac.is_some_and(|f| !digits(f)) {
-            return Err(format!(
-                "{raw:?} is not a decimal quantity (expected digits with an optional fraction, e.g. \"93.6\")"
-            ));
+            return Err(DecimalError::Syntax {
+                raw: raw.to_owned(),
+            });
         }
-        let value: f64 = raw
-            .parse()
-            .map_err(|e| format!("{raw:?} is not a decimal quantity: {e}"))?;
+        let value: f64 = raw.parse().map_err(|source| DecimalError::Number {
+            raw: raw.to_owned(),
+            source,
+        })?;
         if !value.is_finite() {
-            return Err(format!("{raw:?} is out of range"));
+            return Err(DecimalError::OutOfRange {
+                raw: raw.to_owned(),
+            });
         }
         Ok(Self {
             raw: raw.to_owned(),

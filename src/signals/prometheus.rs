@@ -171,6 +171,32 @@ struct MatrixSeries {
     values: Vec<(f64, String)>,
 }
 
+/// Why a [`PromClient`] or a [`signals_file`] timeline could not be set up
+/// (problems of single queries are [`Problem`]s instead).
+#[derive(Debug, thiserror::Error)]
+pub enum PrometheusError {
+    /// The CA bundle is not PEM.
+    #[error("CA bundle: {0}")]
+    CaBundle(#[source] reqwest::Error),
+    /// The CA bundle holds no certificate.
+    #[error("CA bundle: no certificate in it")]
+    EmptyCaBundle,
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Client(reqwest::Error),
+    /// The window has no evaluation time.
+    #[error("the window has no evaluation time (is --from after --to?)")]
+    EmptyWindow,
+    /// More evaluation times than Prometheus returns points per series.
+    #[error(
+        "{steps} steps: Prometheus answers at most 11,000 points per series; use a larger --step"
+    )]
+    TooManySteps {
+        /// Evaluation times in the window.
+        steps: usize,
+    },
+}
+
 /// A Prometheus HTTP API client (reqwest with rustls).
 #[derive(Clone, Debug)]
 pub struct PromClient {
@@ -187,22 +213,22 @@ impl PromClient {
         timeout: Duration,
         token: Option<String>,
         ca_pem: Option<&[u8]>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PrometheusError> {
         let mut b = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
             .user_agent(concat!("lanekeeper/", env!("CARGO_PKG_VERSION")));
         if let Some(pem) = ca_pem {
-            let certs = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| format!("CA bundle: {e}"))?;
+            let certs =
+                reqwest::Certificate::from_pem_bundle(pem).map_err(PrometheusError::CaBundle)?;
             if certs.is_empty() {
-                return Err("CA bundle: no certificate in it".into());
+                return Err(PrometheusError::EmptyCaBundle);
             }
             for c in certs {
                 b = b.add_root_certificate(c);
             }
         }
-        let http = b.build().map_err(|e| e.to_string())?;
+        let http = b.build().map_err(PrometheusError::Client)?;
         Ok(Self {
             http,
             base: url.trim_end_matches('/').to_owned(),
@@ -681,7 +707,7 @@ impl PrometheusSource {
             token,
             ca.as_deref(),
         )
-        .map_err(Problem::Auth)?;
+        .map_err(|e| Problem::Auth(e.to_string()))?;
         let mut cache = self.clients.lock().expect("not poisoned");
         if cache.len() > 256 {
             cache.clear();
@@ -799,16 +825,13 @@ pub async fn signals_file(
     url: Option<&str>,
     timeout: Duration,
     window: &Window,
-) -> Result<(SignalsFile, Vec<String>), String> {
+) -> Result<(SignalsFile, Vec<String>), PrometheusError> {
     let times = window.times();
     if times.is_empty() {
-        return Err("the window has no evaluation time (is --from after --to?)".into());
+        return Err(PrometheusError::EmptyWindow);
     }
     if times.len() > 11_000 {
-        return Err(format!(
-            "{} steps: Prometheus answers at most 11,000 points per series; use a larger --step",
-            times.len()
-        ));
+        return Err(PrometheusError::TooManySteps { steps: times.len() });
     }
     let mut steps: Vec<Snapshot> = times
         .iter()

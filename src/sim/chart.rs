@@ -2,8 +2,9 @@
 //! the level as a step line on the right axis. SVG only (no fonts needed:
 //! text is written as SVG text elements).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::*;
 
 use super::report::SimReport;
@@ -19,20 +20,40 @@ const LANE_COLORS: [RGBColor; 8] = [
     RGBColor(23, 190, 207),
 ];
 
+/// Why a chart could not be drawn or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ChartError {
+    /// plotters failed to draw.
+    #[error(transparent)]
+    Draw(#[from] DrawingAreaErrorKind<std::io::Error>),
+    /// The SVG could not be written.
+    #[error("{}: {source}", .path.display())]
+    Write {
+        /// The output file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Writes the chart of a report to `path`.
-pub fn write_svg(r: &SimReport, path: &Path) -> Result<(), String> {
+pub fn write_svg(r: &SimReport, path: &Path) -> Result<(), ChartError> {
     let mut svg = String::new();
     render_svg(r, &mut svg)?;
-    std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(path, svg).map_err(|source| ChartError::Write {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Renders the chart of a report as SVG text.
-pub fn render_svg(r: &SimReport, out: &mut String) -> Result<(), String> {
+pub fn render_svg(r: &SimReport, out: &mut String) -> Result<(), ChartError> {
     let n = r.profiles.len().max(1);
     let height = 520 * n as u32;
     {
         let root = SVGBackend::with_string(out, (1200, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        root.fill(&WHITE)?;
         let areas = root.split_evenly((n, 1));
         for (area, p) in areas.iter().zip(&r.profiles) {
             let dur = r.duration_seconds.max(1.0);
@@ -65,22 +86,19 @@ pub fn render_svg(r: &SimReport, out: &mut String) -> Result<(), String> {
                 .x_label_area_size(40)
                 .y_label_area_size(60)
                 .right_y_label_area_size(50)
-                .build_cartesian_2d(0f64..dur, 0f64..ymax)
-                .map_err(|e| e.to_string())?
+                .build_cartesian_2d(0f64..dur, 0f64..ymax)?
                 .set_secondary_coord(0f64..dur, 0f64..(f64::from(max_level.max(1)) + 0.5));
             chart
                 .configure_mesh()
                 .x_desc("seconds")
                 .y_desc("work units/s")
                 .light_line_style(WHITE)
-                .draw()
-                .map_err(|e| e.to_string())?;
+                .draw()?;
             chart
                 .configure_secondary_axes()
                 .y_desc("level")
                 .y_labels(max_level.max(1) as usize + 1)
-                .draw()
-                .map_err(|e| e.to_string())?;
+                .draw()?;
             let step = |f: &dyn Fn(&super::report::SeriesPoint) -> Option<f64>| {
                 let mut pts = Vec::new();
                 for (i, s) in p.series.iter().enumerate() {
@@ -94,8 +112,7 @@ pub fn render_svg(r: &SimReport, out: &mut String) -> Result<(), String> {
             };
             let cap = step(&|s| Some(s.capacity_units_per_second));
             chart
-                .draw_series(LineSeries::new(cap, BLACK.stroke_width(3)))
-                .map_err(|e| e.to_string())?
+                .draw_series(LineSeries::new(cap, BLACK.stroke_width(3)))?
                 .label("capacity")
                 .legend(|(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3))
@@ -103,8 +120,7 @@ pub fn render_svg(r: &SimReport, out: &mut String) -> Result<(), String> {
             let dem = step(&|s| Some(s.demand_units_per_second));
             let grey = RGBColor(120, 120, 120);
             chart
-                .draw_series(LineSeries::new(dem, grey.stroke_width(2)))
-                .map_err(|e| e.to_string())?
+                .draw_series(LineSeries::new(dem, grey.stroke_width(2)))?
                 .label("demand (offered, all lanes)")
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], grey.stroke_width(2))
@@ -113,25 +129,26 @@ pub fn render_svg(r: &SimReport, out: &mut String) -> Result<(), String> {
                 let color = LANE_COLORS[li % LANE_COLORS.len()];
                 let served = step(&|s| s.lanes.get(li).map(|x| x.served));
                 chart
-                    .draw_series(LineSeries::new(served, color.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
+                    .draw_series(LineSeries::new(served, color.stroke_width(2)))?
                     .label(format!("{} served", l.name))
                     .legend(move |(x, y)| {
                         PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
                     });
                 let allowed = step(&|s| s.lanes.get(li).and_then(|x| x.admitted));
                 if !allowed.is_empty() {
-                    chart
-                        .draw_series(DashedLineSeries::new(allowed, 6, 4, color.stroke_width(1)))
-                        .map_err(|e| e.to_string())?;
+                    chart.draw_series(DashedLineSeries::new(
+                        allowed,
+                        6,
+                        4,
+                        color.stroke_width(1),
+                    ))?;
                 }
             }
             if r.policy == "lanekeeper" {
                 let lvl = step(&|s| Some(f64::from(s.level)));
                 let purple = RGBColor(90, 0, 140);
                 chart
-                    .draw_secondary_series(LineSeries::new(lvl, purple.stroke_width(3)))
-                    .map_err(|e| e.to_string())?
+                    .draw_secondary_series(LineSeries::new(lvl, purple.stroke_width(3)))?
                     .label("level (right axis)")
                     .legend(move |(x, y)| {
                         PathElement::new(vec![(x, y), (x + 20, y)], purple.stroke_width(3))
@@ -142,10 +159,9 @@ pub fn render_svg(r: &SimReport, out: &mut String) -> Result<(), String> {
                 .position(SeriesLabelPosition::UpperRight)
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK)
-                .draw()
-                .map_err(|e| e.to_string())?;
+                .draw()?;
         }
-        root.present().map_err(|e| e.to_string())?;
+        root.present()?;
     }
     Ok(())
 }

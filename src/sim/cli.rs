@@ -1,7 +1,8 @@
 //! Command-line arguments and entry points of `simulate` and `diff`.
 //!
-//! Entry points return `Err((exit code, message))`: 2 for bad input, 1 when a
-//! `--fail-on` condition holds or output cannot be written.
+//! Entry points return a [`CliError`], whose [`CliError::exit_code`] is 2 for
+//! bad input, 1 when a `--fail-on` condition holds or output cannot be
+//! written.
 
 use std::path::PathBuf;
 
@@ -10,8 +11,10 @@ use clap::ValueEnum;
 use crate::manifest;
 use crate::policy::World;
 
-use super::diff::{self, FailOn};
-use super::engine::Policy;
+use super::chart::ChartError;
+use super::diff::{self, DiffError, FailOn};
+use super::engine::{Policy, SimError};
+use super::scenario::ScenarioError;
 use super::{chart, report, scenario};
 
 /// The policy a simulation runs.
@@ -107,9 +110,66 @@ pub struct DiffArgs {
     pub fail_on: Vec<FailOn>,
 }
 
+/// Why `simulate` or `diff` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The manifests could not be loaded.
+    #[error(transparent)]
+    Manifests(#[from] manifest::LoadError),
+    /// `simulate` found no CapacityProfile.
+    #[error("no CapacityProfile found in the manifests: nothing to simulate")]
+    NoProfiles,
+    /// The scenario could not be loaded.
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+    /// The scenario does not run against the manifests.
+    #[error("{}: {source}", .path.display())]
+    Simulate {
+        /// The scenario file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: SimError,
+    },
+    /// `diff` was given nothing to run.
+    #[error("give at least one --scenario or --signals")]
+    NothingToDiff,
+    /// The diff could not be computed.
+    #[error(transparent)]
+    Diff(#[from] DiffError),
+    /// The JSON output could not be produced.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The chart could not be drawn or written.
+    #[error(transparent)]
+    Chart(#[from] ChartError),
+    /// `--fail-on` conditions hold, each with its evidence.
+    #[error("--fail-on: {}", .failures.join("; "))]
+    FailOn {
+        /// The conditions that hold, as [`diff::gate`] words them.
+        failures: Vec<String>,
+    },
+}
+
+impl CliError {
+    /// The process exit code: 2 for bad input, 1 for a `--fail-on` condition
+    /// or output that could not be produced.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Manifests(_)
+            | CliError::NoProfiles
+            | CliError::Scenario(_)
+            | CliError::Simulate { .. }
+            | CliError::NothingToDiff
+            | CliError::Diff(_) => 2,
+            CliError::Json(_) | CliError::Chart(_) | CliError::FailOn { .. } => 1,
+        }
+    }
+}
+
 /// Loads manifests, printing notes to stderr.
-pub fn load_world(files: &[PathBuf]) -> Result<World, (u8, String)> {
-    let loaded = manifest::load(files).map_err(|e| (2, e.to_string()))?;
+pub fn load_world(files: &[PathBuf]) -> Result<World, CliError> {
+    let loaded = manifest::load(files)?;
     for n in &loaded.notes {
         eprintln!("note: {n}");
     }
@@ -117,43 +177,40 @@ pub fn load_world(files: &[PathBuf]) -> Result<World, (u8, String)> {
 }
 
 /// Runs `lanekeeper simulate`.
-pub fn run_simulate(args: &SimulateArgs) -> Result<(), (u8, String)> {
+pub fn run_simulate(args: &SimulateArgs) -> Result<(), CliError> {
     let world = load_world(&args.files)?;
     if world.profiles.is_empty() {
-        return Err((
-            2,
-            "no CapacityProfile found in the manifests: nothing to simulate".into(),
-        ));
+        return Err(CliError::NoProfiles);
     }
-    let mut sc = scenario::load(&args.scenario).map_err(|e| (2, e))?;
+    let mut sc = scenario::load(&args.scenario)?;
     if let Some(s) = args.seed {
         sc.seed = s;
     }
-    let (_, rep) = super::simulate(&world, &sc, args.policy.into())
-        .map_err(|e| (2, format!("{}: {e}", args.scenario.display())))?;
+    let (_, rep) =
+        super::simulate(&world, &sc, args.policy.into()).map_err(|source| CliError::Simulate {
+            path: args.scenario.clone(),
+            source,
+        })?;
     match args.output {
         SimOutput::Table => print!("{}", report::render_table(&rep)),
         SimOutput::Markdown => print!("{}", report::render_markdown(&rep)),
-        SimOutput::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&rep).map_err(|e| (1, e.to_string()))?
-        ),
+        SimOutput::Json => println!("{}", serde_json::to_string_pretty(&rep)?),
     }
     if let Some(path) = &args.chart {
-        chart::write_svg(&rep, path).map_err(|e| (1, e))?;
+        chart::write_svg(&rep, path)?;
         eprintln!("note: chart written to {}", path.display());
     }
     Ok(())
 }
 
 /// Runs `lanekeeper diff`.
-pub fn run_diff(args: &DiffArgs) -> Result<(), (u8, String)> {
+pub fn run_diff(args: &DiffArgs) -> Result<(), CliError> {
     if args.scenario.is_empty() && args.signals.is_empty() {
-        return Err((2, "give at least one --scenario or --signals".into()));
+        return Err(CliError::NothingToDiff);
     }
     let base = load_world(&args.base)?;
     let head = load_world(&args.head)?;
-    let d = diff::diff(&base, &head, &args.scenario, &args.signals).map_err(|e| (2, e))?;
+    let d = diff::diff(&base, &head, &args.scenario, &args.signals)?;
     let d = diff::Labelled {
         base: args
             .base
@@ -173,14 +230,11 @@ pub fn run_diff(args: &DiffArgs) -> Result<(), (u8, String)> {
     match args.output {
         DiffOutput::Table => print!("{}", diff::render_text(&d, &failures)),
         DiffOutput::Markdown => print!("{}", diff::render_markdown(&d, &failures)),
-        DiffOutput::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&d).map_err(|e| (1, e.to_string()))?
-        ),
+        DiffOutput::Json => println!("{}", serde_json::to_string_pretty(&d)?),
     }
     if failures.is_empty() {
         Ok(())
     } else {
-        Err((1, format!("--fail-on: {}", failures.join("; "))))
+        Err(CliError::FailOn { failures })
     }
 }

@@ -13,7 +13,7 @@ use crate::plan;
 use crate::policy::{Approvals, Evaluation, ProfileDecision, World};
 use crate::snapshot::SignalsFile;
 
-use super::engine::Policy;
+use super::engine::{Policy, SimError};
 use super::report::LaneReport;
 use super::scenario;
 
@@ -262,13 +262,79 @@ fn warnings_of(evals: &[Evaluation], out: &mut BTreeSet<String>) {
     }
 }
 
+/// Which manifests a simulation ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// `--base`.
+    Base,
+    /// `--head`.
+    Head,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Base => "base",
+            Side::Head => "head",
+        })
+    }
+}
+
+/// Why a diff could not be computed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiffError {
+    /// A scenario could not be loaded.
+    #[error(transparent)]
+    Scenario(#[from] scenario::ScenarioError),
+    /// A scenario does not run against one side's manifests.
+    #[error("{} ({side}): {source}", .path.display())]
+    Simulate {
+        /// The scenario file.
+        path: PathBuf,
+        /// Base or head.
+        side: Side,
+        /// Why.
+        #[source]
+        source: SimError,
+    },
+    /// A signals file could not be read.
+    #[error("{}: {source}", .path.display())]
+    ReadSignals {
+        /// The signals file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A signals file is not valid YAML for the format.
+    #[error("{}: {at}: {source}", .path.display())]
+    ParseSignals {
+        /// The signals file.
+        path: PathBuf,
+        /// Where in the document.
+        at: serde_path_to_error::Path,
+        /// The YAML error.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A signals file's steps are unusable.
+    #[error("{}: {source}", .path.display())]
+    Timeline {
+        /// The signals file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: plan::TimelineError,
+    },
+}
+
 /// Computes the diff.
 pub fn diff(
     base: &World,
     head: &World,
     scenarios: &[PathBuf],
     signals: &[PathBuf],
-) -> Result<Diff, String> {
+) -> Result<Diff, DiffError> {
     let mut wb = BTreeSet::new();
     let mut wh = BTreeSet::new();
     let mut out = Diff {
@@ -279,10 +345,15 @@ pub fn diff(
     };
     for path in scenarios {
         let sc = scenario::load(path)?;
-        let (rb, repb) = super::simulate(base, &sc, Policy::Lanekeeper)
-            .map_err(|e| format!("{} (base): {e}", path.display()))?;
-        let (rh, reph) = super::simulate(head, &sc, Policy::Lanekeeper)
-            .map_err(|e| format!("{} (head): {e}", path.display()))?;
+        let simulate = |world, side| {
+            super::simulate(world, &sc, Policy::Lanekeeper).map_err(|source| DiffError::Simulate {
+                path: path.clone(),
+                side,
+                source,
+            })
+        };
+        let (rb, repb) = simulate(base, Side::Base)?;
+        let (rh, reph) = simulate(head, Side::Head)?;
         warnings_of(&rb.evaluations, &mut wb);
         warnings_of(&rh.evaluations, &mut wh);
         wb.extend(rb.warnings.iter().cloned());
@@ -331,11 +402,21 @@ pub fn diff(
         });
     }
     for path in signals {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| DiffError::ReadSignals {
+            path: path.clone(),
+            source,
+        })?;
         let de = serde_yaml::Deserializer::from_str(&text);
-        let t: SignalsFile = serde_path_to_error::deserialize(de)
-            .map_err(|e| format!("{}: {}: {}", path.display(), e.path(), e.inner()))?;
-        plan::check_timeline(&t).map_err(|e| format!("{}: {e}", path.display()))?;
+        let t: SignalsFile =
+            serde_path_to_error::deserialize(de).map_err(|e| DiffError::ParseSignals {
+                path: path.clone(),
+                at: e.path().clone(),
+                source: e.into_inner(),
+            })?;
+        plan::check_timeline(&t).map_err(|source| DiffError::Timeline {
+            path: path.clone(),
+            source,
+        })?;
         let pb = plan::plan(base, &t, &Approvals::new());
         let ph = plan::plan(head, &t, &Approvals::new());
         warnings_of(&pb.steps, &mut wb);

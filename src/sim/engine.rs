@@ -228,9 +228,62 @@ enum Fail {
     Failed,
 }
 
+/// What a scenario key names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    /// A key of `profiles`.
+    Profile,
+    /// A key of `lanes`.
+    Lane,
+}
+
+impl std::fmt::Display for KeyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeyKind::Profile => "profile",
+            KeyKind::Lane => "lane",
+        })
+    }
+}
+
+/// Why a scenario cannot run against the manifests.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    /// A scenario key names no profile or lane of the manifests.
+    #[error("{kind} {key:?} matches nothing in the manifests (known: {})", .known.join(", "))]
+    UnknownKey {
+        /// Profile or lane.
+        kind: KeyKind,
+        /// The key as written in the scenario.
+        key: String,
+        /// The full keys of that kind in the manifests.
+        known: Vec<String>,
+    },
+    /// A bare name matches in several namespaces.
+    #[error("{kind} {key:?} is ambiguous: write namespace/name")]
+    AmbiguousKey {
+        /// Profile or lane.
+        kind: KeyKind,
+        /// The key as written in the scenario.
+        key: String,
+    },
+    /// Two scenario keys resolve to the same lane.
+    #[error("lane {lane} appears twice in the scenario")]
+    LaneTwice {
+        /// The lane's full key.
+        lane: String,
+    },
+    /// More lanes than the engine indexes.
+    #[error("too many lanes for one simulation")]
+    TooManyLanes {
+        /// How many lanes there are.
+        lanes: usize,
+    },
+}
+
 /// Resolves scenario keys (`namespace/name`, or `name` when unique) to
 /// full keys among `known`.
-fn resolve<'a>(what: &str, k: &str, known: &'a [String]) -> Result<&'a String, String> {
+fn resolve<'a>(kind: KeyKind, k: &str, known: &'a [String]) -> Result<&'a String, SimError> {
     if let Some(f) = known.iter().find(|x| *x == k) {
         return Ok(f);
     }
@@ -240,17 +293,21 @@ fn resolve<'a>(what: &str, k: &str, known: &'a [String]) -> Result<&'a String, S
         .collect();
     match by_name.as_slice() {
         [one] => Ok(one),
-        [] => Err(format!(
-            "{what} {k:?} matches nothing in the manifests (known: {})",
-            known.join(", ")
-        )),
-        _ => Err(format!("{what} {k:?} is ambiguous: write namespace/name")),
+        [] => Err(SimError::UnknownKey {
+            kind,
+            key: k.to_owned(),
+            known: known.to_vec(),
+        }),
+        _ => Err(SimError::AmbiguousKey {
+            kind,
+            key: k.to_owned(),
+        }),
     }
 }
 
 /// Runs a scenario under a policy.
-pub fn run(world: &World, scenario: &Scenario, policy: Policy) -> Result<Run, String> {
-    Sim::new(world, scenario, policy)?.run()
+pub fn run(world: &World, scenario: &Scenario, policy: Policy) -> Result<Run, SimError> {
+    Ok(Sim::new(world, scenario, policy)?.run())
 }
 
 struct Sim<'a> {
@@ -295,7 +352,7 @@ fn stream(seed: u64, s: u64) -> ChaCha8Rng {
 }
 
 impl<'a> Sim<'a> {
-    fn new(world: &'a World, sc: &'a Scenario, policy: Policy) -> Result<Self, String> {
+    fn new(world: &'a World, sc: &'a Scenario, policy: Policy) -> Result<Self, SimError> {
         let bound = policy::bind(world);
         let mut warnings: Vec<String> = bound.warnings.iter().map(ToString::to_string).collect();
         let pkeys: Vec<String> = bound
@@ -319,7 +376,7 @@ impl<'a> Sim<'a> {
         }
         let mut cap_by_key = BTreeMap::new();
         for (k, p) in &sc.profiles {
-            let full = resolve("profile", k, &pkeys)?;
+            let full = resolve(KeyKind::Profile, k, &pkeys)?;
             if !p.capacity.is_empty() {
                 cap_by_key.insert(
                     full.clone(),
@@ -334,9 +391,9 @@ impl<'a> Sim<'a> {
         }
         let mut lane_sc = BTreeMap::new();
         for (k, l) in &sc.lanes {
-            let full = resolve("lane", k, &lane_keys)?;
+            let full = resolve(KeyKind::Lane, k, &lane_keys)?;
             if lane_sc.insert(full.clone(), l).is_some() {
-                return Err(format!("lane {full} appears twice in the scenario"));
+                return Err(SimError::LaneTwice { lane: full.clone() });
             }
         }
         let dur = sc.duration_seconds;
@@ -450,7 +507,7 @@ impl<'a> Sim<'a> {
             });
         }
         if lanes.len() > usize::from(u16::MAX) {
-            return Err("too many lanes for one simulation".into());
+            return Err(SimError::TooManyLanes { lanes: lanes.len() });
         }
         let np = profiles.len();
         let nl = lanes.len();
@@ -573,7 +630,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn run(mut self) -> Result<Run, String> {
+    fn run(mut self) -> Run {
         let dt = self.sc.tick_seconds;
         let dur = self.sc.duration_seconds;
         let ticks = (dur / dt).ceil() as usize;
@@ -682,7 +739,7 @@ impl<'a> Sim<'a> {
                 *last = self.queued[i] as u32;
             }
         }
-        Ok(self.out)
+        self.out
     }
 
     fn draw_compliance(&mut self, i: usize) -> bool {

@@ -9,7 +9,7 @@ pub mod engine;
 pub mod report;
 pub mod scenario;
 
-pub use engine::{Policy, Run, run};
+pub use engine::{Policy, Run, SimError, run};
 pub use report::{SimReport, report};
 pub use scenario::Scenario;
 
@@ -19,7 +19,7 @@ pub fn simulate(
     world: &crate::policy::World,
     scenario: &Scenario,
     policy: Policy,
-) -> Result<(Run, SimReport), String> {
+) -> Result<(Run, SimReport), SimError> {
     let r = run(world, scenario, policy)?;
     let rep = report(&r, scenario.controller.evaluation_interval_seconds);
     Ok((r, rep))

@@ -307,38 +307,186 @@ impl Steps {
     }
 }
 
+/// Why a scenario (or a rates CSV) cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// A file could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The scenario is not valid YAML for the format.
+    #[error("{}: {at}: {source}", .path.display())]
+    Parse {
+        /// The scenario file.
+        path: PathBuf,
+        /// Where in the document.
+        at: serde_path_to_error::Path,
+        /// The YAML error.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A lane gives both `arrivals` and `arrivalsCsv`.
+    #[error("{}: lanes.{lane}: give arrivals or arrivalsCsv, not both", .path.display())]
+    ArrivalsTwice {
+        /// The scenario file.
+        path: PathBuf,
+        /// The lane's key in the scenario.
+        lane: String,
+    },
+    /// An error in the content of a file (CSV rows or scenario numbers).
+    #[error("{}: {source}", .path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it.
+        #[source]
+        source: Box<ScenarioError>,
+    },
+    /// A CSV row without exactly two columns.
+    #[error("line {line}: expected two columns: at,requestsPerSecond")]
+    CsvColumns {
+        /// 1-based line number.
+        line: usize,
+    },
+    /// A CSV row whose columns are not numbers (past the header).
+    #[error("line {line}: not numbers: {text:?}")]
+    CsvNotNumbers {
+        /// 1-based line number.
+        line: usize,
+        /// The row, without its comment.
+        text: String,
+    },
+    /// `durationSeconds` is not positive.
+    #[error("durationSeconds must be > 0")]
+    Duration,
+    /// `tickSeconds` is outside (0, 10].
+    #[error("tickSeconds must be within (0, 10]")]
+    Tick,
+    /// More than 50 million ticks.
+    #[error("durationSeconds / tickSeconds is too large (more than 50 million ticks)")]
+    TooManyTicks,
+    /// `controller.evaluationIntervalSeconds` is below 1.
+    #[error("controller.evaluationIntervalSeconds must be >= 1")]
+    EvaluationInterval,
+    /// `controller.telemetryLagSeconds` is negative.
+    #[error("controller.telemetryLagSeconds must be >= 0")]
+    TelemetryLag,
+    /// `controller.windowSeconds` is below 1.
+    #[error("controller.windowSeconds must be >= 1")]
+    Window,
+    /// An outage is not `0 <= from < to`.
+    #[error("controller.telemetryOutages: each needs 0 <= from < to")]
+    Outage,
+    /// `gateway.admittedHeadroomPercent` is outside 0..100.
+    #[error("gateway.admittedHeadroomPercent must be within 0..100")]
+    Headroom,
+    /// `gateway.burstSeconds` is outside (0, 60].
+    #[error("gateway.burstSeconds must be within (0, 60]")]
+    Burst,
+    /// A time or value of a series is negative or not finite.
+    #[error("{field}: times and values must be finite and >= 0")]
+    PointValue {
+        /// The series, e.g. `lanes.chat.arrivals`.
+        field: String,
+    },
+    /// A series' times do not increase.
+    #[error("{field}: points must be in increasing time (at {at} follows at {previous})")]
+    PointOrder {
+        /// The series, e.g. `lanes.chat.arrivals`.
+        field: String,
+        /// The offending time.
+        at: f64,
+        /// The time before it.
+        previous: f64,
+    },
+    /// A lane's service times are not `0 < p50Seconds <= p95Seconds`.
+    #[error("lanes.{lane}.service: need 0 < p50Seconds <= p95Seconds")]
+    Service {
+        /// The lane's key in the scenario.
+        lane: String,
+    },
+    /// A lane's `failureRatio` is outside 0..1.
+    #[error("lanes.{lane}.failureRatio must be within 0..1")]
+    FailureRatio {
+        /// The lane's key in the scenario.
+        lane: String,
+    },
+    /// `maxRetries` above 20.
+    #[error("{field}.maxRetries must be <= 20")]
+    MaxRetries {
+        /// The client settings, `clients` or `lanes.<key>.clients`.
+        field: String,
+    },
+    /// Negative backoffs or a multiplier below 1.
+    #[error("{field}: backoffSeconds, maxBackoffSeconds >= 0 and backoffMultiplier >= 1")]
+    Backoff {
+        /// The client settings, `clients` or `lanes.<key>.clients`.
+        field: String,
+    },
+    /// `jitter` or `ignoreRetryAfterShare` outside 0..1.
+    #[error("{field}: jitter and ignoreRetryAfterShare must be within 0..1")]
+    Share {
+        /// The client settings, `clients` or `lanes.<key>.clients`.
+        field: String,
+    },
+}
+
+impl ScenarioError {
+    fn in_file(path: &Path) -> impl FnOnce(ScenarioError) -> ScenarioError {
+        move |e| ScenarioError::InFile {
+            path: path.to_owned(),
+            source: Box::new(e),
+        }
+    }
+}
+
 /// Reads and checks a scenario; CSV paths are resolved against its folder.
-pub fn load(path: &Path) -> Result<Scenario, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
     let de = serde_yaml::Deserializer::from_str(&text);
-    let mut s: Scenario = serde_path_to_error::deserialize(de)
-        .map_err(|e| format!("{}: {}: {}", path.display(), e.path(), e.inner()))?;
+    let mut s: Scenario =
+        serde_path_to_error::deserialize(de).map_err(|e| ScenarioError::Parse {
+            path: path.to_owned(),
+            at: e.path().clone(),
+            source: e.into_inner(),
+        })?;
     let base = path.parent().unwrap_or(Path::new("."));
     for (k, lane) in &mut s.lanes {
         if let Some(csv) = lane.arrivals_csv.take() {
             if !lane.arrivals.is_empty() {
-                return Err(format!(
-                    "{}: lanes.{k}: give arrivals or arrivalsCsv, not both",
-                    path.display()
-                ));
+                return Err(ScenarioError::ArrivalsTwice {
+                    path: path.to_owned(),
+                    lane: k.clone(),
+                });
             }
             let full = base.join(&csv);
             lane.arrivals = read_rates_csv(&full)?;
         }
     }
-    check(&s).map_err(|e| format!("{}: {e}", path.display()))?;
+    check(&s).map_err(ScenarioError::in_file(path))?;
     Ok(s)
 }
 
 /// Parses a CSV of `at,requestsPerSecond` (a header line is allowed, `#`
 /// starts a comment).
-pub fn read_rates_csv(path: &Path) -> Result<Vec<RatePoint>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    parse_rates_csv(&text).map_err(|e| format!("{}: {e}", path.display()))
+pub fn read_rates_csv(path: &Path) -> Result<Vec<RatePoint>, ScenarioError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_rates_csv(&text).map_err(ScenarioError::in_file(path))
 }
 
 /// Parses CSV text of `at,requestsPerSecond` rows.
-pub fn parse_rates_csv(text: &str) -> Result<Vec<RatePoint>, String> {
+pub fn parse_rates_csv(text: &str) -> Result<Vec<RatePoint>, ScenarioError> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or_default().trim();
@@ -347,10 +495,7 @@ pub fn parse_rates_csv(text: &str) -> Result<Vec<RatePoint>, String> {
         }
         let mut cols = line.split(',').map(str::trim);
         let (Some(a), Some(r), None) = (cols.next(), cols.next(), cols.next()) else {
-            return Err(format!(
-                "line {}: expected two columns: at,requestsPerSecond",
-                n + 1
-            ));
+            return Err(ScenarioError::CsvColumns { line: n + 1 });
         };
         match (a.parse::<f64>(), r.parse::<f64>()) {
             (Ok(at), Ok(rps)) => out.push(RatePoint {
@@ -358,7 +503,12 @@ pub fn parse_rates_csv(text: &str) -> Result<Vec<RatePoint>, String> {
                 requests_per_second: rps,
             }),
             _ if out.is_empty() && a.parse::<f64>().is_err() => continue, // header
-            _ => return Err(format!("line {}: not numbers: {line:?}", n + 1)),
+            _ => {
+                return Err(ScenarioError::CsvNotNumbers {
+                    line: n + 1,
+                    text: line.to_owned(),
+                });
+            }
         }
     }
     Ok(out)
@@ -369,39 +519,37 @@ fn finite_nonneg(v: f64) -> bool {
 }
 
 /// Checks the scenario's numbers.
-pub fn check(s: &Scenario) -> Result<(), String> {
+pub fn check(s: &Scenario) -> Result<(), ScenarioError> {
     if !(s.duration_seconds.is_finite() && s.duration_seconds > 0.0) {
-        return Err("durationSeconds must be > 0".into());
+        return Err(ScenarioError::Duration);
     }
     if !(s.tick_seconds.is_finite() && s.tick_seconds > 0.0 && s.tick_seconds <= 10.0) {
-        return Err("tickSeconds must be within (0, 10]".into());
+        return Err(ScenarioError::Tick);
     }
     if s.duration_seconds / s.tick_seconds > 50_000_000.0 {
-        return Err(
-            "durationSeconds / tickSeconds is too large (more than 50 million ticks)".into(),
-        );
+        return Err(ScenarioError::TooManyTicks);
     }
     let c = &s.controller;
     if !(c.evaluation_interval_seconds.is_finite() && c.evaluation_interval_seconds >= 1.0) {
-        return Err("controller.evaluationIntervalSeconds must be >= 1".into());
+        return Err(ScenarioError::EvaluationInterval);
     }
     if !finite_nonneg(c.telemetry_lag_seconds) {
-        return Err("controller.telemetryLagSeconds must be >= 0".into());
+        return Err(ScenarioError::TelemetryLag);
     }
     if !(c.window_seconds.is_finite() && c.window_seconds >= 1.0) {
-        return Err("controller.windowSeconds must be >= 1".into());
+        return Err(ScenarioError::Window);
     }
     for o in &c.telemetry_outages {
         if !(finite_nonneg(o.from) && o.to.is_finite() && o.to > o.from) {
-            return Err("controller.telemetryOutages: each needs 0 <= from < to".into());
+            return Err(ScenarioError::Outage);
         }
     }
     let g = &s.gateway;
     if !(finite_nonneg(g.admitted_headroom_percent) && g.admitted_headroom_percent <= 100.0) {
-        return Err("gateway.admittedHeadroomPercent must be within 0..100".into());
+        return Err(ScenarioError::Headroom);
     }
     if !(g.burst_seconds.is_finite() && g.burst_seconds > 0.0 && g.burst_seconds <= 60.0) {
-        return Err("gateway.burstSeconds must be within (0, 60]".into());
+        return Err(ScenarioError::Burst);
     }
     check_clients("clients", &s.clients)?;
     for (k, p) in &s.profiles {
@@ -421,12 +569,10 @@ pub fn check(s: &Scenario) -> Result<(), String> {
             && sv.p95_seconds.is_finite()
             && sv.p95_seconds >= sv.p50_seconds)
         {
-            return Err(format!(
-                "lanes.{k}.service: need 0 < p50Seconds <= p95Seconds"
-            ));
+            return Err(ScenarioError::Service { lane: k.clone() });
         }
         if !(0.0..=1.0).contains(&l.failure_ratio) {
-            return Err(format!("lanes.{k}.failureRatio must be within 0..1"));
+            return Err(ScenarioError::FailureRatio { lane: k.clone() });
         }
         if let Some(cl) = &l.clients {
             check_clients(&format!("lanes.{k}.clients"), cl)?;
@@ -435,40 +581,40 @@ pub fn check(s: &Scenario) -> Result<(), String> {
     Ok(())
 }
 
-fn check_points(what: &str, pts: impl Iterator<Item = (f64, f64)>) -> Result<(), String> {
+fn check_points(field: &str, pts: impl Iterator<Item = (f64, f64)>) -> Result<(), ScenarioError> {
     let mut last: Option<f64> = None;
     for (at, v) in pts {
         if !finite_nonneg(at) || !finite_nonneg(v) {
-            return Err(format!("{what}: times and values must be finite and >= 0"));
+            return Err(ScenarioError::PointValue {
+                field: field.to_owned(),
+            });
         }
-        if last.is_some_and(|l| at <= l) {
-            return Err(format!(
-                "{what}: points must be in increasing time (at {at} follows at {})",
-                last.unwrap_or(0.0)
-            ));
+        if let Some(previous) = last.filter(|&l| at <= l) {
+            return Err(ScenarioError::PointOrder {
+                field: field.to_owned(),
+                at,
+                previous,
+            });
         }
         last = Some(at);
     }
     Ok(())
 }
 
-fn check_clients(what: &str, c: &ClientSpec) -> Result<(), String> {
+fn check_clients(field: &str, c: &ClientSpec) -> Result<(), ScenarioError> {
+    let field = || field.to_owned();
     if c.max_retries > 20 {
-        return Err(format!("{what}.maxRetries must be <= 20"));
+        return Err(ScenarioError::MaxRetries { field: field() });
     }
     if !(finite_nonneg(c.backoff_seconds)
         && finite_nonneg(c.max_backoff_seconds)
         && c.backoff_multiplier.is_finite()
         && c.backoff_multiplier >= 1.0)
     {
-        return Err(format!(
-            "{what}: backoffSeconds, maxBackoffSeconds >= 0 and backoffMultiplier >= 1"
-        ));
+        return Err(ScenarioError::Backoff { field: field() });
     }
     if !(0.0..=1.0).contains(&c.jitter) || !(0.0..=1.0).contains(&c.ignore_retry_after_share) {
-        return Err(format!(
-            "{what}: jitter and ignoreRetryAfterShare must be within 0..1"
-        ));
+        return Err(ScenarioError::Share { field: field() });
     }
     Ok(())
 }
