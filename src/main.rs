@@ -76,8 +76,12 @@ enum CliError {
     },
     /// `--metrics-addr` or `--health-addr` is not an address (the text is
     /// the controller's).
-    #[error("--{flag}: {message}")]
-    Addr { flag: &'static str, message: String },
+    #[error("--{flag}: {source}")]
+    Addr {
+        flag: &'static str,
+        #[source]
+        source: controller::http::AddrError,
+    },
     /// The JSON output could not be produced.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
@@ -293,7 +297,12 @@ fn run_plan(args: &PlanArgs) -> Result<(), CliError> {
         }
         None => match &args.prometheus {
             Some(url) => prometheus_timeline(args, url, &loaded.world)?,
-            None => plan::default_timeline(&loaded.world),
+            None => {
+                if !loaded.world.profiles.is_empty() {
+                    eprintln!("{}", plan::DEFAULT_TIMELINE_NOTE);
+                }
+                plan::default_timeline(&loaded.world)
+            }
         },
     };
     if loaded.world.profiles.is_empty() {
@@ -423,7 +432,7 @@ fn run_operator(args: &RunArgs) -> Result<(), CliError> {
     use lanekeeper::controller::{Metrics, Readiness, Settings, http};
     init_logging(args.log_format);
     let addr =
-        |flag, raw: &str| http::parse_addr(raw).map_err(|message| CliError::Addr { flag, message });
+        |flag, raw: &str| http::parse_addr(raw).map_err(|source| CliError::Addr { flag, source });
     let metrics_addr = addr("metrics-addr", &args.metrics_addr)?;
     let health_addr = addr("health-addr", &args.health_addr)?;
     let identity = args

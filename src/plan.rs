@@ -17,9 +17,15 @@ pub struct Plan {
     pub steps: Vec<Evaluation>,
 }
 
-/// The default timeline when no signals are given: one step at 0 in which
-/// every profile's capacity is its `safeUnitsPerSecond` (and every lane's
-/// demand its `expectedRequestsPerSecond`).
+/// What `plan` says on stderr when it runs the default timeline.
+pub const DEFAULT_TIMELINE_NOTE: &str = "note: no --signals: one step at t=0 assuming each pool measures its calibrated spec.capacity.safeUnitsPerSecond and each lane sends its expectedRequestsPerSecond (a what-if: the controller reads live signals, and without them says telemetry Unknown)";
+
+/// The default timeline when no signals are given: the what-if "every pool
+/// delivers its calibrated capacity" (`safeUnitsPerSecond`, docs/reference.md)
+/// as one step at 0, with every lane's demand its
+/// `expectedRequestsPerSecond`. It is a stated assumption, written into the
+/// snapshot as a measurement, so the engine evaluates it like any other
+/// step; `plan` prints [`DEFAULT_TIMELINE_NOTE`].
 pub fn default_timeline(world: &World) -> SignalsFile {
     let mut snap = Snapshot::default();
     for p in &world.profiles {

@@ -42,6 +42,13 @@ impl<K: kube::Resource> ObjectKey for K {
     }
 }
 
+/// The field manager of every write lanekeeper makes (what `managedFields`
+/// shows).
+pub const FIELD_MANAGER: &str = "lanekeeper";
+/// Annotation on a DegradationPolicy that approves entering levels up to its
+/// value.
+pub const APPROVE_ANNOTATION: &str = "lanekeeper.dev/approve-level";
+
 /// The API group of every lanekeeper resource.
 pub const GROUP: &str = "lanekeeper.dev";
 

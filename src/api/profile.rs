@@ -89,11 +89,11 @@ pub struct ScaleTargetRef {
 #[x_kube(validation = Rule::new("quantity(self.safeUnitsPerSecond).isGreaterThan(quantity('0'))").message("safeUnitsPerSecond must be greater than 0"))]
 #[x_kube(validation = Rule::new("quantity(self.unitsPerReplica).isGreaterThan(quantity('0'))").message("unitsPerReplica must be greater than 0"))]
 pub struct CapacitySpec {
-    /// The pool's measured safe capacity in work units per second: the last
-    /// load-test step at which every quality, tail-latency, error and memory
-    /// gate still held. `plan` without signals uses it as the capacity; the
-    /// controller admits against it only while telemetry has never been known
-    /// (live capacity comes from signals or ready replicas).
+    /// The pool's calibrated safe capacity in work units per second: the
+    /// last load-test step at which every quality, tail-latency, error and
+    /// memory gate still held. Never a live measurement: it is assumed only
+    /// where nothing measures (admission before any capacity was ever known,
+    /// `plan` without signals, `simulate` without a capacity curve).
     pub safe_units_per_second: Decimal,
     /// Work units per second one ready replica serves safely. Capacity from
     /// ready replicas is `readyReplicas × unitsPerReplica`; pool sizing divides

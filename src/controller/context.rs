@@ -18,10 +18,7 @@ use crate::api::{DegradationPolicy, LaneContract};
 use crate::metrics::Metrics;
 use crate::signals::SignalSource;
 
-/// The field manager of every write.
-pub const FIELD_MANAGER: &str = "lanekeeper";
-/// Annotation that approves entering levels up to its value.
-pub const APPROVE_ANNOTATION: &str = "lanekeeper.dev/approve-level";
+pub use crate::api::{APPROVE_ANNOTATION, FIELD_MANAGER};
 
 /// How the controller runs.
 #[derive(Clone, Debug)]

@@ -7,17 +7,31 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 
-use super::{Metrics, Readiness};
+use super::context::Readiness;
+use crate::metrics::Metrics;
+
+/// An address that is not `:port` or `host:port`.
+#[derive(Debug, thiserror::Error)]
+#[error("{raw:?} is not an address like :8080 or 127.0.0.1:8080: {source}")]
+pub struct AddrError {
+    /// What was given.
+    pub raw: String,
+    /// Why it does not parse.
+    #[source]
+    pub source: std::net::AddrParseError,
+}
 
 /// Parses `:8080` or `host:port`.
-pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_addr(s: &str) -> Result<SocketAddr, AddrError> {
     let full = if s.starts_with(':') {
         format!("0.0.0.0{s}")
     } else {
         s.to_owned()
     };
-    full.parse()
-        .map_err(|e| format!("{s:?} is not an address like :8080 or 127.0.0.1:8080: {e}"))
+    full.parse().map_err(|source| AddrError {
+        raw: s.to_owned(),
+        source,
+    })
 }
 
 /// The metrics router.

@@ -27,7 +27,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
@@ -109,149 +109,186 @@ pub async fn run_controllers(
     } else {
         settings.namespaces.iter().cloned().map(Some).collect()
     };
-    let mut runs = Vec::new();
-    for ns in namespaces {
-        let (profiles, lanes, policies) = (
-            scoped_api(&client, &ns),
-            scoped_api(&client, &ns),
-            scoped_api(&client, &ns),
-        );
-        let (trigger_tx, trigger_rx) = futures::channel::mpsc::unbounded();
-        let controller = Controller::new(profiles, watch_config());
-        let lane_map = |lane: DeserializeGuard<LaneContract>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
-            let l = lane.0.ok()?;
-            Some(ObjectRef::new(&l.spec.profile).within(&l.namespace()?))
-        };
-        let policy_map = |p: DeserializeGuard<DegradationPolicy>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
-            let p = p.0.ok()?;
-            Some(ObjectRef::new(&p.spec.profile).within(&p.namespace()?))
-        };
-        let (lane_store, lane_writer) = kube::runtime::reflector::store();
-        let lane_stream = kube::runtime::reflector(
-            lane_writer,
-            watcher(lanes, watch_config()).default_backoff(),
-        )
-        .touched_objects();
-        let (policy_store, policy_writer) = kube::runtime::reflector::store();
-        let policy_stream = kube::runtime::reflector(
-            policy_writer,
-            watcher(policies, watch_config()).default_backoff(),
-        )
-        .touched_objects();
-        let recorder = Recorder::new(
+    let runs = namespaces.into_iter().map(|ns| {
+        run_namespace(
+            ns,
             client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: Some(settings.identity.clone()),
-            },
-        );
-        let mut sources: Vec<Arc<dyn SignalSource>> = vec![Arc::new(ClusterSource)];
-        sources.extend(extra_sources.iter().cloned());
-        let ctx = Arc::new(Context {
-            client: client.clone(),
-            settings: settings.clone(),
-            metrics: metrics.clone(),
-            recorder,
-            sources,
-            lanes: lane_store.clone(),
-            policies: policy_store.clone(),
-            pods: pods::PodIndex::new(client.clone(), trigger_tx),
-            resolver: scale::Resolver::default(),
-            writes: Writes::new(client.clone(), metrics.clone()),
-            seen: context::Seen::default(),
-            failures: Mutex::new(HashMap::new()),
-        });
-        let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> = scoped_api(&client, &ns);
-        let profile_store = controller.store();
-        let resync = settings.resync;
-        let ticker = futures::stream::unfold((), move |()| async move {
-            tokio::time::sleep(resync).await;
-            Some(((), ()))
-        });
-        let ready_flag = readiness.clone();
-        let stores = (
-            profile_store.clone(),
-            lane_store.clone(),
-            policy_store.clone(),
-        );
-        let ready_task = tokio::spawn(async move {
-            // Polled: reconciles poll the same stores' readiness, and
-            // `wait_until_ready` wakes only the last task that polled it.
-            while !(context::stores_ready(&stores.1, &stores.2)
-                && futures::FutureExt::now_or_never(stores.0.wait_until_ready()).is_some())
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            ready_flag.set(true);
-        });
-        let pod_trigger = trigger_rx.map(|r: ObjectRef<CapacityProfile>| {
-            let mut o = ObjectRef::<DeserializeGuard<CapacityProfile>>::new(&r.name);
-            o.namespace = r.namespace;
-            o
-        });
-        let report_ctx = ctx.clone();
-        let report_stores = (
-            profile_store.clone(),
-            lane_store.clone(),
-            policy_store.clone(),
-        );
-        let reporter_shutdown = shutdown.clone();
-        let reporter = tokio::spawn(async move {
-            let tick = async {
-                loop {
-                    reconcile::sweep::sweep(
-                        &report_ctx,
-                        &report_stores.0,
-                        &report_stores.1,
-                        &report_stores.2,
-                    )
-                    .await;
-                    tokio::time::sleep(resync).await;
-                }
-            };
-            tokio::select! {
-                _ = tick => {},
-                _ = reporter_shutdown => {},
-            }
-        });
-        let ctx_for_stop = ctx.clone();
-        let run = controller
-            .owns(
-                cm_api,
-                watcher::Config::default()
-                    .labels("app.kubernetes.io/managed-by=lanekeeper")
-                    .any_semantic(),
-            )
-            .watches_stream(lane_stream, lane_map)
-            .watches_stream(policy_stream, policy_map)
-            .reconcile_on(pod_trigger)
-            .reconcile_all_on(ticker)
-            .graceful_shutdown_on(shutdown.clone())
-            .run(reconcile::reconcile, reconcile::error_policy, ctx)
-            .for_each(|res| async move {
-                if let Err(e) = res {
-                    tracing::debug!(error = %e, "reconcile stream");
-                }
-            });
-        let deadline = shutdown.clone();
-        runs.push(async move {
-            // In-flight reconciles get a grace period to finish their writes;
-            // a controller still waiting for its first list when asked to stop
-            // is not waited for forever.
-            tokio::select! {
-                _ = run => {},
-                _ = async {
-                    deadline.await;
-                    tokio::time::sleep(SHUTDOWN_GRACE).await;
-                } => tracing::warn!("controller did not stop within the grace period; stopping it"),
-            }
-            reporter.abort();
-            ready_task.abort();
-            ctx_for_stop.pods.shutdown();
-        });
-    }
+            settings.clone(),
+            metrics.clone(),
+            readiness.clone(),
+            extra_sources.clone(),
+            shutdown.clone(),
+        )
+    });
     futures::future::join_all(runs).await;
     Ok(())
+}
+
+/// The controller of one namespace (or all): the profile controller with the
+/// lane, policy, ConfigMap and pod triggers, the resync ticker, the sweep and
+/// the readiness flag, until `shutdown` resolves.
+async fn run_namespace(
+    ns: Option<String>,
+    client: Client,
+    settings: Settings,
+    metrics: Metrics,
+    readiness: Readiness,
+    extra_sources: Vec<Arc<dyn SignalSource>>,
+    shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
+) {
+    let (profiles, lanes, policies) = (
+        scoped_api(&client, &ns),
+        scoped_api(&client, &ns),
+        scoped_api(&client, &ns),
+    );
+    let (trigger_tx, trigger_rx) = futures::channel::mpsc::unbounded();
+    let controller = Controller::new(profiles, watch_config());
+    let lane_map = |lane: DeserializeGuard<LaneContract>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
+        let l = lane.0.ok()?;
+        Some(ObjectRef::new(&l.spec.profile).within(&l.namespace()?))
+    };
+    let policy_map = |p: DeserializeGuard<DegradationPolicy>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
+        let p = p.0.ok()?;
+        Some(ObjectRef::new(&p.spec.profile).within(&p.namespace()?))
+    };
+    let (lane_store, lane_writer) = kube::runtime::reflector::store();
+    let lane_stream = kube::runtime::reflector(
+        lane_writer,
+        watcher(lanes, watch_config()).default_backoff(),
+    )
+    .touched_objects();
+    let (policy_store, policy_writer) = kube::runtime::reflector::store();
+    let policy_stream = kube::runtime::reflector(
+        policy_writer,
+        watcher(policies, watch_config()).default_backoff(),
+    )
+    .touched_objects();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(settings.identity.clone()),
+        },
+    );
+    let mut sources: Vec<Arc<dyn SignalSource>> = vec![Arc::new(ClusterSource)];
+    sources.extend(extra_sources.iter().cloned());
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        settings: settings.clone(),
+        metrics: metrics.clone(),
+        recorder,
+        sources,
+        lanes: lane_store.clone(),
+        policies: policy_store.clone(),
+        pods: pods::PodIndex::new(client.clone(), trigger_tx),
+        resolver: scale::Resolver::default(),
+        writes: Writes::new(client.clone(), metrics.clone()),
+        seen: context::Seen::default(),
+        failures: Mutex::new(HashMap::new()),
+    });
+    let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> = scoped_api(&client, &ns);
+    let profile_store = controller.store();
+    let resync = settings.resync;
+    let ticker = futures::stream::unfold((), move |()| async move {
+        tokio::time::sleep(resync).await;
+        Some(((), ()))
+    });
+    let ready_task = tokio::spawn(set_ready_when_synced(
+        readiness,
+        profile_store.clone(),
+        lane_store.clone(),
+        policy_store.clone(),
+    ));
+    let pod_trigger = trigger_rx.map(|r: ObjectRef<CapacityProfile>| {
+        let mut o = ObjectRef::<DeserializeGuard<CapacityProfile>>::new(&r.name);
+        o.namespace = r.namespace;
+        o
+    });
+    let reporter = tokio::spawn(sweep_every(
+        resync,
+        ctx.clone(),
+        (
+            profile_store.clone(),
+            lane_store.clone(),
+            policy_store.clone(),
+        ),
+        shutdown.clone(),
+    ));
+    let ctx_for_stop = ctx.clone();
+    let run = controller
+        .owns(
+            cm_api,
+            watcher::Config::default()
+                .labels("app.kubernetes.io/managed-by=lanekeeper")
+                .any_semantic(),
+        )
+        .watches_stream(lane_stream, lane_map)
+        .watches_stream(policy_stream, policy_map)
+        .reconcile_on(pod_trigger)
+        .reconcile_all_on(ticker)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile stream");
+            }
+        });
+    let deadline = shutdown.clone();
+    // In-flight reconciles get a grace period to finish their writes;
+    // a controller still waiting for its first list when asked to stop
+    // is not waited for forever.
+    tokio::select! {
+        _ = run => {},
+        _ = async {
+            deadline.await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!("controller did not stop within the grace period; stopping it"),
+    }
+    reporter.abort();
+    ready_task.abort();
+    ctx_for_stop.pods.shutdown();
+}
+
+type Stores = (
+    Store<DeserializeGuard<CapacityProfile>>,
+    Store<DeserializeGuard<LaneContract>>,
+    Store<DeserializeGuard<DegradationPolicy>>,
+);
+
+/// Marks the controller ready once the three stores have synced. Polled:
+/// reconciles poll the same stores' readiness, and `wait_until_ready` wakes
+/// only the last task that polled it.
+async fn set_ready_when_synced(
+    readiness: Readiness,
+    profiles: Store<DeserializeGuard<CapacityProfile>>,
+    lanes: Store<DeserializeGuard<LaneContract>>,
+    policies: Store<DeserializeGuard<DegradationPolicy>>,
+) {
+    while !(context::stores_ready(&lanes, &policies)
+        && futures::FutureExt::now_or_never(profiles.wait_until_ready()).is_some())
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    readiness.set(true);
+}
+
+/// The sweep, once per resync interval, until `shutdown` resolves.
+async fn sweep_every(
+    every: Duration,
+    ctx: Arc<Context>,
+    stores: Stores,
+    shutdown: impl Future<Output = ()>,
+) {
+    let tick = async {
+        loop {
+            reconcile::sweep::sweep(&ctx, &stores.0, &stores.1, &stores.2).await;
+            tokio::time::sleep(every).await;
+        }
+    };
+    tokio::select! {
+        _ = tick => {},
+        _ = shutdown => {},
+    }
 }
 
 /// Runs with leader election (when enabled) until `shutdown` resolves: waits

@@ -11,7 +11,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::{ApiCapabilities, pinned_kind};
 use serde_json::json;
 
-use super::Error;
+use super::error::Error;
 use crate::api::ScaleTargetRef;
 
 /// Resolves kinds to API resources through discovery, once per kind.

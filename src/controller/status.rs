@@ -92,20 +92,9 @@ pub struct Observed {
     pub unschedulable: Option<(usize, String)>,
 }
 
-/// The CapacityProfile status for a decision.
-pub fn profile_status(
-    profile: &CapacityProfile,
-    d: &ProfileDecision,
-    state: &ProfileState,
-    observed: &Observed,
-    now: i64,
-) -> CapacityProfileStatus {
-    let generation = profile.metadata.generation;
-    let existing = profile
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
+/// The conditions that follow from the decision: `Ready`, `Degraded`,
+/// `TelemetryKnown`, `Overcommitted`.
+fn decision_conditions(d: &ProfileDecision, observed: &Observed) -> Vec<Cond<'static>> {
     let known = d.telemetry == Telemetry::Known;
     let overcommitted = d
         .warnings
@@ -121,7 +110,7 @@ pub fn profile_status(
             .collect::<Vec<_>>()
             .join("; ")
     };
-    let mut wanted = vec![
+    vec![
         match &observed.scale_problem {
             Some(p) => Cond {
                 type_: "Ready",
@@ -173,7 +162,14 @@ pub fn profile_status(
                 ToString::to_string,
             ),
         },
-    ];
+    ]
+}
+
+/// The conditions about the pool: `CalibrationExpired`,
+/// `DrainBudgetExhausted` (with a drain section), `PoolGrowthBlocked`,
+/// `ScalingConflict`.
+fn pool_conditions(profile: &CapacityProfile, observed: &Observed) -> Vec<Cond<'static>> {
+    let mut wanted = Vec::new();
     wanted.push(match observed.calibration_expired {
         Some(true) => Cond {
             type_: "CalibrationExpired",
@@ -253,6 +249,26 @@ pub fn profile_status(
             message: "no HorizontalPodAutoscaler competes for the replicas".into(),
         },
     });
+    wanted
+}
+
+/// The CapacityProfile status for a decision.
+pub fn profile_status(
+    profile: &CapacityProfile,
+    d: &ProfileDecision,
+    state: &ProfileState,
+    observed: &Observed,
+    now: i64,
+) -> CapacityProfileStatus {
+    let generation = profile.metadata.generation;
+    let existing = profile
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let known = d.telemetry == Telemetry::Known;
+    let mut wanted = decision_conditions(d, observed);
+    wanted.extend(pool_conditions(profile, observed));
     CapacityProfileStatus {
         observed_generation: generation,
         level: d.level,

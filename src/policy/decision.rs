@@ -9,6 +9,12 @@ pub use crate::api::{DrainReason, DrainedPod, ProfileState};
 
 pub use super::bind::BindProblem;
 
+/// Rounds to six decimals, for output (so 488.09999999999997 reads 488.1).
+pub fn round6(v: f64) -> f64 {
+    let r = (v * 1e6).round() / 1e6;
+    if r == 0.0 { 0.0 } else { r }
+}
+
 /// Whether a profile's capacity could be had from telemetry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Telemetry {

@@ -9,8 +9,7 @@ use crate::api::{
 use crate::snapshot::ProfileSignals;
 
 use super::admission::EPS;
-use super::decision::{LevelTransition, ProfileState};
-use super::round6;
+use super::decision::{LevelTransition, ProfileState, round6};
 
 /// What the ladder reads in one evaluation.
 pub struct LevelInputs<'a> {

@@ -34,12 +34,6 @@ fn object_key<K: ObjectKey>(o: &K) -> String {
     o.key()
 }
 
-/// Rounds to six decimals, for output (so 488.09999999999997 reads 488.1).
-pub fn round6(v: f64) -> f64 {
-    let r = (v * 1e6).round() / 1e6;
-    if r == 0.0 { 0.0 } else { r }
-}
-
 /// Approvals granted per profile (`namespace/name` → highest approved level).
 pub type Approvals = BTreeMap<String, u32>;
 

@@ -250,3 +250,320 @@ pub async fn publish<K: Resource<DynamicType = ()>>(ctx: &Context, obj: &K, n: &
         Err(e) => tracing::warn!(error = %e, reason = n.reason, "failed to publish event"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::{CapacityProfileStatus, DegradationPolicyStatus, DrainReason};
+    use crate::controller::reconcile::actuate::{Scaled, ScalingConflict};
+    use crate::controller::reconcile::report::{IgnoredReport, PolicyReport};
+    use crate::policy::{BindProblem, Drain, PodDrain, Warning};
+
+    fn decision(level: u32, telemetry: &str, transition: Option<(u32, u32)>) -> ProfileDecision {
+        serde_json::from_value(json!({
+            "namespace": "ns", "name": "pool", "policy": "ns/ladder",
+            "telemetry": telemetry, "level": level, "levelName": "shed",
+            "pendingApprovalLevel": null, "levelSince": 0, "exitHoldingSince": null,
+            "transition": transition.map(|(f, t)| json!({"from": f, "to": t, "reason": "utilizationPercentAbove: 98% > 95%"})),
+            "triggers": [], "capacityUnitsPerSecond": 400.0, "capacitySource": "availableUnitsPerSecond",
+            "demandUnitsPerSecond": 488.1, "admittedUnitsPerSecond": 400.1, "utilizationPercent": 122.0,
+            "readyReplicas": null, "desiredReplicas": 11,
+            "drain": [], "drainedPods": 0, "drainBudget": 0,
+            "warnings": [], "gateway": {"rejectOptionalContext": false, "useFallbackRoutes": false,
+                "readOnly": false, "staticFallback": false, "inFlight": null},
+            "lanes": []
+        }))
+        .expect("a decision")
+    }
+
+    fn cond(type_: &str, status: &str, message: &str) -> Condition {
+        serde_json::from_value(json!({
+            "type": type_, "status": status, "reason": "R", "message": message,
+            "lastTransitionTime": "2026-12-01T00:00:00Z"
+        }))
+        .unwrap()
+    }
+
+    fn profile(conds: Vec<Condition>) -> CapacityProfileStatus {
+        CapacityProfileStatus {
+            conditions: conds,
+            ..Default::default()
+        }
+    }
+
+    fn reasons(notes: &[Note]) -> Vec<&str> {
+        notes.iter().map(|n| n.reason).collect()
+    }
+
+    fn steady() -> Reported {
+        let st = profile(vec![cond(
+            "TelemetryKnown",
+            "True",
+            "capacity from signals",
+        )]);
+        Reported {
+            profile_before: st.clone(),
+            profile_after: st,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn nothing_changed_means_no_event() {
+        let n = events(
+            &steady(),
+            &decision(2, "Known", None),
+            &Effects::default(),
+            &Default::default(),
+        );
+        assert!(n.is_empty(), "{n:?}");
+    }
+
+    #[test]
+    fn a_level_change_names_its_outcome_in_the_action() {
+        let up = events(
+            &steady(),
+            &decision(2, "Known", Some((0, 2))),
+            &Effects::default(),
+            &Default::default(),
+        );
+        assert_eq!(up.len(), 1);
+        assert_eq!(
+            (up[0].reason, up[0].type_),
+            ("LevelRaised", EventType::Warning)
+        );
+        assert_eq!(up[0].action, "SetLevel2From0");
+        assert_eq!(
+            up[0].note,
+            "level 0 -> 2 (shed): utilizationPercentAbove: 98% > 95%"
+        );
+        let down = events(
+            &steady(),
+            &decision(1, "Known", Some((2, 1))),
+            &Effects::default(),
+            &Default::default(),
+        );
+        assert_eq!(
+            (down[0].reason, down[0].type_),
+            ("LevelLowered", EventType::Normal)
+        );
+        assert_eq!(down[0].action, "SetLevel1From2");
+    }
+
+    #[test]
+    fn telemetry_unknown_is_said_once_and_its_return_once() {
+        let unknown = BTreeMap::from([(
+            "availableUnitsPerSecond".to_owned(),
+            "prometheus: timeout".to_owned(),
+        )]);
+        let first = events(
+            &steady(),
+            &decision(2, "Unknown", None),
+            &Effects::default(),
+            &unknown,
+        );
+        assert_eq!(reasons(&first), ["TelemetryUnknown"]);
+        assert_eq!(
+            first[0].note,
+            "holding level 2: availableUnitsPerSecond: prometheus: timeout"
+        );
+        let mut still = steady();
+        still.profile_before = profile(vec![cond("TelemetryKnown", "False", "x")]);
+        assert!(
+            events(
+                &still,
+                &decision(2, "Unknown", None),
+                &Effects::default(),
+                &unknown
+            )
+            .is_empty()
+        );
+        let back = events(
+            &still,
+            &decision(2, "Known", None),
+            &Effects::default(),
+            &unknown,
+        );
+        assert_eq!(reasons(&back), ["TelemetryRestored"]);
+    }
+
+    #[test]
+    fn effects_raise_scale_drain_and_conflict_events() {
+        let drained = PodDrain {
+            pod: "pool-3".into(),
+            action: DrainAction::Drain,
+            error_ratio: Some(0.9),
+            reason: DrainReason::ErrorRatio {
+                ratio: 0.9,
+                threshold: 0.2,
+            },
+        };
+        let undrained = PodDrain {
+            pod: "pool-1".into(),
+            action: DrainAction::Undrain,
+            error_ratio: Some(0.0),
+            reason: DrainReason::Healthy {
+                threshold: 0.2,
+                seconds: 120,
+            },
+        };
+        let kept = PodDrain {
+            pod: "pool-2".into(),
+            action: DrainAction::Keep,
+            ..drained.clone()
+        };
+        let effects = Effects {
+            scaled: Some(Scaled::Replicas {
+                kind: "Deployment".into(),
+                name: "pool".into(),
+                from: Some(9),
+                to: 11,
+            }),
+            scaling_conflict: Some(ScalingConflict {
+                hpa: "pool".into(),
+                kind: "Deployment".into(),
+                name: "pool".into(),
+            }),
+            drain: Some(Drain {
+                actions: vec![undrained, kept, drained],
+                drained_pods: 2,
+                drain_budget: 2,
+            }),
+            ..Default::default()
+        };
+        let n = events(
+            &steady(),
+            &decision(2, "Known", None),
+            &effects,
+            &Default::default(),
+        );
+        assert_eq!(
+            reasons(&n),
+            ["Scaled", "PodUndrained", "PodDrained", "ScalingConflict"]
+        );
+        assert_eq!(n[0].action, "Scale11");
+        assert_eq!(n[0].note, "scaled Deployment pool from 9 to 11 replicas");
+        assert_eq!(n[1].action, "Undrainpool-1");
+        assert_eq!(
+            n[2].note,
+            "pod pool-3 taken out of rotation: ErrorRatio: 0.9 > 0.2"
+        );
+        // A conflict already reported is not repeated.
+        let mut known = steady();
+        known
+            .profile_before
+            .conditions
+            .push(cond("ScalingConflict", "True", "x"));
+        let again = events(
+            &known,
+            &decision(2, "Known", None),
+            &Effects {
+                scaling_conflict: effects.scaling_conflict.clone(),
+                ..Default::default()
+            },
+            &Default::default(),
+        );
+        assert!(again.is_empty(), "{again:?}");
+    }
+
+    #[test]
+    fn drain_budget_exhausted_when_it_starts_or_its_candidates_change() {
+        let exhausted = |m: &str| profile(vec![cond("DrainBudgetExhausted", "True", m)]);
+        let mut r = steady();
+        r.profile_after = exhausted("drain refused by the bound (maxDrained/minServing): pool-4");
+        let n = events(
+            &r,
+            &decision(0, "Known", None),
+            &Effects::default(),
+            &Default::default(),
+        );
+        assert_eq!(reasons(&n), ["DrainBudgetExhausted"]);
+        r.profile_before = r.profile_after.clone();
+        assert!(
+            events(
+                &r,
+                &decision(0, "Known", None),
+                &Effects::default(),
+                &Default::default()
+            )
+            .is_empty()
+        );
+        r.profile_after =
+            exhausted("drain refused by the bound (maxDrained/minServing): pool-4, pool-5");
+        assert_eq!(
+            reasons(&events(
+                &r,
+                &decision(0, "Known", None),
+                &Effects::default(),
+                &Default::default()
+            )),
+            ["DrainBudgetExhausted"]
+        );
+    }
+
+    #[test]
+    fn policy_events_follow_the_approval_and_the_overrides() {
+        let before = DegradationPolicyStatus::default();
+        let after = DegradationPolicyStatus {
+            pending_approval_level: Some(3),
+            conditions: vec![cond(
+                "Valid",
+                "False",
+                "actions that lane contracts override: x",
+            )],
+            ..Default::default()
+        };
+        let mut r = steady();
+        r.policy = Some(PolicyReport {
+            before,
+            after,
+            approved: Some(2),
+            overrides: vec![Warning::Text("x".into())],
+            consumed: Some(2),
+        });
+        r.ignored = vec![
+            IgnoredReport {
+                problem: BindProblem::IgnoredPolicy {
+                    namespace: "ns".into(),
+                    policy: "newer".into(),
+                    winner: "ladder".into(),
+                    profile: "pool".into(),
+                },
+                written: true,
+            },
+            IgnoredReport {
+                problem: BindProblem::Text("unchanged".into()),
+                written: false,
+            },
+        ];
+        let n = events(
+            &r,
+            &decision(1, "Known", None),
+            &Effects::default(),
+            &Default::default(),
+        );
+        assert_eq!(
+            reasons(&n),
+            [
+                "ApprovalGranted",
+                "ApprovalPending",
+                "ContractOverride",
+                "ApprovalConsumed",
+                "DuplicatePolicy"
+            ]
+        );
+        assert!(n[..4].iter().all(|n| n.target == Target::Policy));
+        assert_eq!(n[4].target, Target::Ignored(0));
+        assert_eq!(
+            n[1].note,
+            "level 3 waits for approval: annotate the policy with lanekeeper.dev/approve-level: \"3\""
+        );
+        assert_eq!(
+            n[4].note,
+            "policy ns/newer is ignored: ladder already governs profile pool (the older policy wins)"
+        );
+    }
+}

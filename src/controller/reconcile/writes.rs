@@ -15,8 +15,8 @@ use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use super::super::context::FIELD_MANAGER;
 use super::super::error::Error;
+use crate::api::FIELD_MANAGER;
 use crate::metrics::Metrics;
 
 /// Writes with memory: per object uid, the resource version and the status
