@@ -88,9 +88,20 @@ pub struct PodSignals {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct LaneSignals {
-    /// Observed requests per second.
+    /// Original requests per second: first attempts, deduplicated by request
+    /// id at the gateway. Demand counts these only. `.nan` in a signals file
+    /// means Unknown (as does an entry in `unknown`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_second: Option<f64>,
+    /// Extra attempts per second (retries of requests already counted in
+    /// `requestsPerSecond`). Not demand: it gives the lane's retry
+    /// amplification, (originals + retries) ÷ originals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_requests_per_second: Option<f64>,
+    /// Lane signals that a configured source failed to give, with the reason
+    /// (`requestsPerSecond`, `retryRequestsPerSecond`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown: BTreeMap<String, String>,
 }
 
 impl PodSignals {

@@ -150,9 +150,7 @@ fn graph() -> Graph {
         };
         for p in paths(&code(&text), module, is_mod, &children) {
             // The longest prefix that is a module with a file.
-            let target = (1..=p.len())
-                .rev()
-                .find_map(|n| files.get(&p[..n]));
+            let target = (1..=p.len()).rev().find_map(|n| files.get(&p[..n]));
             if let Some(t) = target
                 && t != file
             {

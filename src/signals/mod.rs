@@ -142,6 +142,8 @@ pub fn merge(base: &mut SourceOutput, overlay: SourceOutput) {
     for (k, l) in overlay.lanes {
         let e = base.lanes.entry(k).or_default();
         e.requests_per_second = l.requests_per_second.or(e.requests_per_second);
+        e.retry_requests_per_second = l.retry_requests_per_second.or(e.retry_requests_per_second);
+        e.unknown.extend(l.unknown);
     }
     base.unknown.extend(overlay.unknown);
     if base.profile.available_units_per_second.is_some() || base.profile.ready_replicas.is_some() {

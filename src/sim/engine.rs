@@ -830,6 +830,7 @@ impl<'a> Sim<'a> {
                     self.lanes[i].key.clone(),
                     LaneSignals {
                         requests_per_second: Some(rps),
+                        ..Default::default()
                     },
                 );
             }
