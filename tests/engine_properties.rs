@@ -624,6 +624,7 @@ fn build_snapshots(c: &Case) -> Vec<(Snapshot, Restart)> {
                     format!("{NS}/{}", lane_name(k as u8)),
                     LaneSignals {
                         requests_per_second: Some(f64::from(*r)),
+                        ..Default::default()
                     },
                 );
             }
