@@ -63,6 +63,7 @@ fn world(profiles: usize, lanes: usize, pods: usize) -> (World, Snapshot) {
             format!("ai-platform/{name}"),
             LaneSignals {
                 requests_per_second: Some(10.0 + (l % 7) as f64),
+                ..Default::default()
             },
         );
     }

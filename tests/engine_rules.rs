@@ -119,6 +119,7 @@ fn snap_for(
             format!("{ns}/{name}"),
             LaneSignals {
                 requests_per_second: Some(*rps),
+                ..Default::default()
             },
         );
     }

@@ -61,6 +61,7 @@ fn build(world: &World, ready: u32, lane_rps: &[(&str, f64)]) -> GatewayConfig {
             format!("ai-platform/{lane}"),
             LaneSignals {
                 requests_per_second: Some(*rps),
+                ..Default::default()
             },
         );
     }
