@@ -228,7 +228,9 @@ pub fn build(
         let retry_after = match d.state {
             LaneState::Admitted => None,
             LaneState::Paused => Some(stable_for.max(1)),
-            LaneState::Capped | LaneState::Throttled => Some(spec.queue.ttl_seconds.clamp(1, 60)),
+            LaneState::Capped | LaneState::Throttled | LaneState::Recovering => {
+                Some(spec.queue.ttl_seconds.clamp(1, 60))
+            }
         };
         let prev_lane = prev.and_then(|p| p.lanes.iter().find(|l| l.name == d.name));
         let release = spec

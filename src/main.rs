@@ -22,10 +22,10 @@ enum CliError {
     #[error(transparent)]
     Manifests(#[from] manifest::LoadError),
     /// `--approve` without `NAMESPACE/PROFILE=`.
-    #[error("--approve {item:?}: expected NAMESPACE/PROFILE=LEVEL")]
+    #[error("--approve {item:?}: expected NAMESPACE/PROFILE=LEVEL or NAMESPACE/PROFILE=LEVEL@T")]
     ApproveSyntax { item: String },
     /// `--approve` with a LEVEL that is not a number.
-    #[error("--approve {item:?}: LEVEL must be a number")]
+    #[error("--approve {item:?}: LEVEL (and T) must be whole numbers")]
     ApproveLevel {
         item: String,
         #[source]
@@ -246,7 +246,7 @@ struct PlanArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     prometheus_timeout: u64,
     /// Grant approval: NAMESPACE/PROFILE=LEVEL (repeatable).
-    #[arg(long = "approve", value_name = "NAMESPACE/PROFILE=LEVEL")]
+    #[arg(long = "approve", value_name = "NAMESPACE/PROFILE=LEVEL[@T]")]
     approve: Vec<String>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
@@ -261,11 +261,23 @@ fn parse_approvals(items: &[String]) -> Result<Approvals, CliError> {
         if !k.contains('/') {
             return Err(syntax());
         }
-        let level: u32 = v.parse().map_err(|source| CliError::ApproveLevel {
+        let (level, at) = match v.split_once('@') {
+            Some((l, t)) => (l, Some(t)),
+            None => (v, None),
+        };
+        let level: u32 = level.parse().map_err(|source| CliError::ApproveLevel {
             item: item.clone(),
             source,
         })?;
-        out.insert(k.to_owned(), level);
+        let given_at = at
+            .map(|t| {
+                t.parse::<i64>().map_err(|source| CliError::ApproveLevel {
+                    item: item.clone(),
+                    source,
+                })
+            })
+            .transpose()?;
+        out.insert(k.to_owned(), lanekeeper::api::Approval { level, given_at });
     }
     Ok(out)
 }

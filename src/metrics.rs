@@ -24,6 +24,8 @@ pub struct Metrics {
     pub lane_demand: GaugeVec,
     /// Admitted per lane.
     pub lane_admitted: GaugeVec,
+    /// Per lane: all attempts ÷ original requests (only while measured).
+    pub lane_retry_amplification: GaugeVec,
     /// Desired replicas per profile.
     pub desired_replicas: GaugeVec,
     /// Ready replicas per profile.
@@ -173,6 +175,12 @@ impl Metrics {
                 "Admitted work units/s per lane.",
                 l,
             ),
+            lane_retry_amplification: gauge(
+                &registry,
+                "lanekeeper_lane_retry_amplification",
+                "Attempts per original request per lane (1 = no retries); absent while retries are not measured.",
+                l,
+            ),
             desired_replicas: gauge(
                 &registry,
                 "lanekeeper_desired_replicas",
@@ -256,6 +264,9 @@ impl Metrics {
                 .remove_label_values(&[namespace, profile, lane]);
             let _ = self
                 .lane_admitted
+                .remove_label_values(&[namespace, profile, lane]);
+            let _ = self
+                .lane_retry_amplification
                 .remove_label_values(&[namespace, profile, lane]);
         }
     }

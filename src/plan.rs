@@ -77,11 +77,29 @@ pub fn check_timeline(t: &SignalsFile) -> Result<(), TimelineError> {
 }
 
 /// Evaluates every step, carrying the engine state from one to the next.
+/// Approvals without a time are given at the first step (and lapse from
+/// there); an approval given at `T` approves nothing before `T`.
 pub fn plan(world: &World, timeline: &SignalsFile, approvals: &Approvals) -> Plan {
     let mut state = EngineState::default();
     let mut steps = Vec::with_capacity(timeline.steps.len());
+    let first = timeline.steps.first().map_or(0, |s| s.at);
     for snap in &timeline.steps {
-        let (eval, next) = policy::evaluate(world, snap, approvals, &state);
+        let given: Approvals = approvals
+            .iter()
+            .map(|(k, a)| {
+                let at = a.given_at.unwrap_or(first);
+                (
+                    k,
+                    crate::api::Approval {
+                        level: a.level,
+                        given_at: Some(at),
+                    },
+                )
+            })
+            .filter(|(_, a)| a.given_at.is_some_and(|t| t <= snap.at))
+            .map(|(k, a)| (k.clone(), a))
+            .collect();
+        let (eval, next) = policy::evaluate(world, snap, &given, &state);
         state = next;
         steps.push(eval);
     }

@@ -63,7 +63,8 @@ fn lane() -> Value {
             "checkpointable": true,
             "borrowing": {"from": ["p0-disruption-assist"], "maxUnitsPerSecond": "60", "leaseSeconds": 300, "releaseWithinSeconds": 30},
             "deadlineSeconds": 7200,
-            "queue": {"maxDepth": 20000, "ttlSeconds": 7200},
+            "expectedServiceSeconds": "30",
+            "queue": {"maxDepth": 20000, "ttlSeconds": 7000},
             "retry": {"maxAttempts": 3, "budgetPercent": 5},
             "routes": {"primary": ["batch-medium"], "approvedFallbacks": ["batch-small"]},
             "optionalContext": {"historyTurns": 20, "degradedHistoryTurns": 8}
@@ -77,19 +78,23 @@ fn policy() -> Value {
         "metadata": {"name": "agent-assist-ladder", "namespace": "ai-platform"},
         "spec": {
             "profile": "agent-assist",
-            "hysteresis": {"stableForSeconds": 300},
+            "hysteresis": {"stableForSeconds": 300, "cooldownFactor": "2",
+                           "recovery": {"stepsPercent": [1, 10], "stepSeconds": 300}},
             "onMissingTelemetry": "Hold",
             "levels": [
                 {"name": "conserve",
-                 "enterWhen": {"utilizationPercentAbove": 85, "inFlightAbove": 1350, "queueDepthAbove": 5000,
-                               "p95LatencySecondsAbove": "8", "errorRatioAbove": "0.05"},
+                 "enterWhen": {"forSeconds": 60, "utilizationPercentAbove": 85, "inFlightAbove": 1350, "queueDepthAbove": 5000,
+                               "p95LatencySecondsAbove": "8", "errorRatioAbove": "0.05",
+                               "retryAmplificationAbove": "1.25"},
                  "exitWhen": {"utilizationPercentBelow": 80, "inFlightBelow": 1200, "queueDepthBelow": 1000,
                               "p95LatencySecondsBelow": "5", "errorRatioBelow": "0.02"},
                  "actions": {"rejectOptionalContext": true}},
                 {"name": "shed", "enterWhen": {"overCapacity": true},
                  "actions": {"pause": [{"priorityAtLeast": 4}], "cap": [{"lanes": ["p3-shift-batch"], "unitsPerSecond": "60"}]}},
                 {"name": "continuity", "enterWhen": {"overCapacity": true},
-                 "approval": {"mode": "Confirm", "timeoutSeconds": 300}, "actions": {"readOnly": true}}
+                 "approval": {"mode": "Confirm", "timeoutSeconds": 300, "allowUnattended": true,
+                              "validForSeconds": 3600},
+                 "actions": {"readOnly": true}}
             ]
         }
     })
@@ -535,6 +540,20 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
             "maxDepth must be >= 0",
         ),
         (
+            "queue ttl as long as the deadline",
+            with(
+                with(l(), "/spec/expectedServiceSeconds", None),
+                "/spec/queue/ttlSeconds",
+                Some(json!(7200)),
+            ),
+            "queue.ttlSeconds must be less than deadlineSeconds: a request that waits its whole TTL has no time left to be served",
+        ),
+        (
+            "queue ttl plus service time past the deadline",
+            with(l(), "/spec/expectedServiceSeconds", Some(json!("200.5"))),
+            "queue.ttlSeconds + expectedServiceSeconds must be <= deadlineSeconds",
+        ),
+        (
             "queue ttl negative",
             with(l(), "/spec/queue/ttlSeconds", Some(json!(-1))),
             "ttlSeconds must be >= 0",
@@ -729,6 +748,62 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
                 Some(json!({"unitsPerSecond": "60"})),
             ),
             "a cap needs priorityAtLeast or lanes",
+        ),
+        (
+            "read-only level entered unattended without saying so",
+            with(d(), "/spec/levels/2/approval/allowUnattended", None),
+            "a level that sets readOnly or staticFallback needs approval mode Manual (a person confirms what users will see), unless approval.allowUnattended is true",
+        ),
+        (
+            "approval valid for 0 s",
+            with(
+                d(),
+                "/spec/levels/2/approval/validForSeconds",
+                Some(json!(0)),
+            ),
+            "validForSeconds must be >= 1",
+        ),
+        (
+            "negative forSeconds",
+            with(d(), "/spec/levels/0/enterWhen/forSeconds", Some(json!(-1))),
+            "forSeconds must be >= 0",
+        ),
+        (
+            "retry amplification below 1",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/retryAmplificationAbove",
+                Some(json!("0.5")),
+            ),
+            "retryAmplificationAbove must be >= 1",
+        ),
+        (
+            "cool-down factor 101",
+            with(d(), "/spec/hysteresis/cooldownFactor", Some(json!("101"))),
+            "cooldownFactor must be within 0..100",
+        ),
+        (
+            "recovery stage of 0 s",
+            with(d(), "/spec/hysteresis/recovery/stepSeconds", Some(json!(0))),
+            "stepSeconds must be >= 1",
+        ),
+        (
+            "recovery stage of 0 %",
+            with(
+                d(),
+                "/spec/hysteresis/recovery/stepsPercent",
+                Some(json!([0, 10])),
+            ),
+            "stepsPercent must be within 1..100",
+        ),
+        (
+            "recovery stage repeated",
+            with(
+                d(),
+                "/spec/hysteresis/recovery/stepsPercent",
+                Some(json!([10, 10])),
+            ),
+            "stepsPercent must not repeat a value",
         ),
         (
             "Confirm without timeout",

@@ -443,7 +443,7 @@ fn lane_json(i: usize, l: &LaneGen) -> Value {
         "workUnitsPerRequest": centi(l.wpr_centi),
         "expectedRequestsPerSecond": l.rps.to_string(),
         "deadlineSeconds": 10,
-        "queue": {"maxDepth": 10, "ttlSeconds": 10},
+        "queue": {"maxDepth": 10, "ttlSeconds": 5},
         "retry": {"maxAttempts": 1},
         "routes": {"primary": ["r"]},
     });
@@ -522,9 +522,11 @@ fn policy_json(p: &PolicyGen) -> Value {
                 }
                 level["exitWhen"] = Value::Object(exit);
             }
+            // Read-only levels (k >= 3) say they may enter unattended, so the
+            // generator keeps covering every approval mode on every level.
             level["approval"] = match l.approval {
-                0..=6 => json!({"mode": "Automatic"}),
-                7 | 8 => json!({"mode": "Confirm", "timeoutSeconds": l.timeout}),
+                0..=6 => json!({"mode": "Automatic", "allowUnattended": k >= 3}),
+                7 | 8 => json!({"mode": "Confirm", "timeoutSeconds": l.timeout, "allowUnattended": k >= 3}),
                 _ => json!({"mode": "Manual"}),
             };
             level
@@ -1143,7 +1145,7 @@ fn check_case(c: &Case) -> Result<History, TestCaseError> {
     shuffled.lanes.reverse();
     let mut approvals = Approvals::new();
     if let Some(a) = c.approved {
-        approvals.insert(PKEY.to_owned(), a);
+        approvals.insert(PKEY.to_owned(), a.into());
     }
     let mut state = EngineState::default();
     let mut h = History::default();

@@ -66,7 +66,7 @@ fn lane_doc(name: &str, priority: i32, rps: f64, extra: &str) -> String {
         r#"apiVersion: lanekeeper.dev/v1alpha1
 kind: LaneContract
 metadata: {{name: {name}, namespace: t}}
-spec: {{profile: pool, priority: {priority}, workUnitsPerRequest: "1", expectedRequestsPerSecond: "{rps}", deadlineSeconds: 10, queue: {{maxDepth: 10, ttlSeconds: 10}}, retry: {{maxAttempts: 1}}, routes: {{primary: [r]}}{extra}}}
+spec: {{profile: pool, priority: {priority}, workUnitsPerRequest: "1", expectedRequestsPerSecond: "{rps}", deadlineSeconds: 10, queue: {{maxDepth: 10, ttlSeconds: 5}}, retry: {{maxAttempts: 1}}, routes: {{primary: [r]}}{extra}}}
 "#
     )
 }
@@ -780,7 +780,7 @@ fn confirm_timeout_restarts_when_the_trigger_stops_holding() {
 #[test]
 fn confirm_enters_at_once_when_approved() {
     let mut run = approval_world("{mode: Confirm, timeoutSeconds: 300}");
-    run.approvals.insert(POOL.to_owned(), 2);
+    run.approvals.insert(POOL.to_owned(), 2.into());
     let d = run.step(&snap(0, Some(queue(50.0)), &[]));
     assert_eq!((d.level, d.pending_approval_level), (2, None));
 }
@@ -793,14 +793,14 @@ fn manual_waits_for_approval_only() {
         assert_eq!((d.level, d.pending_approval_level), (1, Some(2)), "at {at}");
     }
     // An approval of a lower level does not approve level 2.
-    run.approvals.insert(POOL.to_owned(), 1);
+    run.approvals.insert(POOL.to_owned(), 1.into());
     assert_eq!(run.step(&snap(30060, Some(queue(50.0)), &[])).level, 1);
-    run.approvals.insert(POOL.to_owned(), 2);
+    run.approvals.insert(POOL.to_owned(), 2.into());
     let d = run.step(&snap(30120, Some(queue(50.0)), &[]));
     assert_eq!((d.level, d.pending_approval_level), (2, None));
     // Approved for an unrelated profile does nothing.
     let mut run = approval_world("{mode: Manual}");
-    run.approvals.insert("t/other".to_owned(), 2);
+    run.approvals.insert("t/other".to_owned(), 2.into());
     assert_eq!(run.step(&snap(0, Some(queue(50.0)), &[])).level, 1);
 }
 
@@ -1958,7 +1958,7 @@ fn drain_requests_go_first_within_the_bound_and_are_released_when_withdrawn() {
             },
         );
     }
-    let (out, out_drained) = decide(Some(&spec), Some(&sig), 0, true, &BTreeMap::new());
+    let (out, out_drained) = decide(Some(&spec), Some(&sig), 0, true, false, &BTreeMap::new());
     let drained: Vec<&str> = out
         .actions
         .iter()
@@ -1981,10 +1981,11 @@ fn drain_requests_go_first_within_the_bound_and_are_released_when_withdrawn() {
         2
     );
     // Still requested: kept. Withdrawn: undrained at once (its error ratio is fine).
-    let (_, kept_drained) = decide(Some(&spec), Some(&sig), 10, true, &out_drained);
+    let (_, kept_drained) = decide(Some(&spec), Some(&sig), 10, true, false, &out_drained);
     assert!(kept_drained.contains_key("pod-6"));
     sig.pods.get_mut("pod-6").unwrap().drain_requested = None;
-    let (released, released_drained) = decide(Some(&spec), Some(&sig), 20, true, &kept_drained);
+    let (released, released_drained) =
+        decide(Some(&spec), Some(&sig), 20, true, false, &kept_drained);
     assert!(!released_drained.contains_key("pod-6"));
     assert!(released.actions.iter().any(|a| a.pod == "pod-6"
         && a.action == DrainAction::Undrain
@@ -1993,7 +1994,7 @@ fn drain_requests_go_first_within_the_bound_and_are_released_when_withdrawn() {
     let mut sig2 = sig.clone();
     sig2.pods.get_mut("pod-7").unwrap().drain_requested = Some(true);
     sig2.pods.get_mut("pod-7").unwrap().ready = Some(false);
-    let (_, out2_drained) = decide(Some(&spec), Some(&sig2), 0, true, &BTreeMap::new());
+    let (_, out2_drained) = decide(Some(&spec), Some(&sig2), 0, true, false, &BTreeMap::new());
     assert!(!out2_drained.contains_key("pod-7"));
 }
 

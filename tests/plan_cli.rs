@@ -255,8 +255,8 @@ fn undeclared_fields_exit_2_naming_the_field() {
         (
             "nested",
             base.replacen(
-                "queue: {maxDepth: 600, ttlSeconds: 12}",
-                "queue: {maxDepth: 600, ttlSeconds: 12, ttl: 5}",
+                "queue: {maxDepth: 600, ttlSeconds: 8}",
+                "queue: {maxDepth: 600, ttlSeconds: 8, ttl: 5}",
                 1,
             ),
             "LaneContract ai-platform/p0-disruption-assist: spec.queue.ttl",

@@ -31,7 +31,7 @@ spec:
   expectedRequestsPerSecond: "220"
   shedding: {{mode: Throttle}}
   deadlineSeconds: 7200
-  queue: {{maxDepth: 20000, ttlSeconds: 7200}}
+  queue: {{maxDepth: 20000, ttlSeconds: 7000}}
   retry: {{maxAttempts: {max_attempts}, budgetPercent: {budget}}}
   routes: {{primary: [batch]}}
 "#

@@ -29,6 +29,8 @@ use super::common::Decimal;
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.floorUnitsPerSecond) || !has(self.ceilingUnitsPerSecond) || quantity(self.floorUnitsPerSecond).compareTo(quantity(self.ceilingUnitsPerSecond)) <= 0").message("floorUnitsPerSecond must be <= ceilingUnitsPerSecond").field_path(".floorUnitsPerSecond"))]
 #[x_kube(validation = Rule::new("!has(self.borrowing) || self.checkpointable").message("borrowing requires checkpointable: true").field_path(".borrowing"))]
+#[x_kube(validation = Rule::new("self.queue.ttlSeconds < self.deadlineSeconds").message("queue.ttlSeconds must be less than deadlineSeconds: a request that waits its whole TTL has no time left to be served").field_path(".queue.ttlSeconds"))]
+#[x_kube(validation = Rule::new("!has(self.expectedServiceSeconds) || quantity(self.expectedServiceSeconds).add(self.queue.ttlSeconds).compareTo(quantity(string(self.deadlineSeconds))) <= 0").message("queue.ttlSeconds + expectedServiceSeconds must be <= deadlineSeconds").field_path(".expectedServiceSeconds"))]
 pub struct LaneContractSpec {
     /// Name of the CapacityProfile (same namespace) this lane runs on.
     #[x_kube(validation = Rule::new("self != ''").message("profile must not be empty"))]
@@ -66,6 +68,13 @@ pub struct LaneContractSpec {
     /// End-to-end deadline of one request, in seconds.
     #[x_kube(validation = Rule::new("self >= 1").message("deadlineSeconds must be >= 1"))]
     pub deadline_seconds: i64,
+    /// The p95 time to serve one request of the lane once admitted, in
+    /// seconds (a decimal). With it, a request must be able to wait its whole
+    /// queue TTL and still be served in time: `queue.ttlSeconds +
+    /// expectedServiceSeconds <= deadlineSeconds`. Without it, only
+    /// `queue.ttlSeconds < deadlineSeconds` is required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_service_seconds: Option<Decimal>,
     /// The gateway queue for this lane.
     pub queue: QueueSpec,
     /// Client retry limits and the retry budget the gateway enforces.
@@ -201,9 +210,16 @@ pub struct LaneContractStatus {
     /// The generation of the spec this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Admitted`, `Capped`, `Throttled` or `Paused`.
+    /// `Admitted`, `Capped`, `Throttled`, `Paused` or `Recovering`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
+    /// Where the lane's rate came from: `Observed`, `Held` (its source failed:
+    /// the last known rate holds) or `Expected` (no source: the contract).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand_source: Option<String>,
+    /// All attempts ÷ original requests, while retries are measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_amplification: Option<f64>,
     /// Demand in work units per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub demand_units_per_second: Option<f64>,

@@ -91,14 +91,51 @@ pub struct HysteresisSpec {
     #[serde(default = "default_stable_for")]
     #[x_kube(validation = Rule::new("self >= 0").message("stableForSeconds must be >= 0"))]
     pub stable_for_seconds: i64,
+    /// Cool-down that grows with the incident. An episode runs from leaving
+    /// level 0 to returning to it. Its first step down waits
+    /// max(`stableForSeconds`, `cooldownFactor` × D) after the current level's
+    /// exit condition began to hold, where D is the time from the episode's
+    /// start to that moment; later steps down wait `stableForSeconds`.
+    /// `"2"` is "twice the time spent degraded". Default `"0"` (off).
+    #[serde(default = "default_cooldown_factor")]
+    #[x_kube(validation = Rule::new("quantity(self).compareTo(quantity('100')) <= 0").message("cooldownFactor must be within 0..100"))]
+    pub cooldown_factor: Decimal,
+    /// Staged recovery: a lane released by a step down (a pause lifted, a cap
+    /// removed or raised) regains what it was denied in stages instead of at
+    /// once. Absent: released lanes get their full rate at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoverySpec>,
+}
+
+/// Staged recovery of released lanes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.stepsPercent.all(p, p >= 1 && p <= 100)").message("stepsPercent must be within 1..100").field_path(".stepsPercent"))]
+#[x_kube(validation = Rule::new("size(self.stepsPercent) < 2 || self.stepsPercent.all(p, self.stepsPercent.filter(q, q == p).size() == 1)").message("stepsPercent must not repeat a value").field_path(".stepsPercent"))]
+pub struct RecoverySpec {
+    /// The stages, in percent of the amount released: for `stepSeconds` a
+    /// released lane may exceed its pre-release rate by only the first
+    /// percentage of what it regains, then the next, then all of it.
+    /// Increasing, e.g. `[1, 10]`.
+    #[schemars(length(min = 1, max = 10))]
+    pub steps_percent: Vec<i32>,
+    /// How long each stage lasts, in seconds.
+    #[x_kube(validation = Rule::new("self >= 1").message("stepSeconds must be >= 1"))]
+    pub step_seconds: i64,
 }
 
 impl Default for HysteresisSpec {
     fn default() -> Self {
         Self {
             stable_for_seconds: default_stable_for(),
+            cooldown_factor: default_cooldown_factor(),
+            recovery: None,
         }
     }
+}
+
+fn default_cooldown_factor() -> Decimal {
+    Decimal::parse("0").expect("0 is a decimal")
 }
 
 fn default_stable_for() -> i64 {
@@ -108,6 +145,7 @@ fn default_stable_for() -> i64 {
 /// One level of the ladder.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.actions) || !((has(self.actions.readOnly) && self.actions.readOnly) || (has(self.actions.staticFallback) && self.actions.staticFallback)) || !has(self.approval) || self.approval.mode == 'Manual' || (has(self.approval.allowUnattended) && self.approval.allowUnattended)").message("a level that sets readOnly or staticFallback needs approval mode Manual (a person confirms what users will see), unless approval.allowUnattended is true").field_path(".approval"))]
 pub struct LevelSpec {
     /// Name of the level, unique within the policy (shown in status and
     /// events).
@@ -123,17 +161,55 @@ pub struct LevelSpec {
     /// What the level does. Actions of all levels up to the current one apply.
     #[serde(default)]
     pub actions: Actions,
-    /// Whether entering the level needs a human's approval.
-    #[serde(default)]
-    pub approval: ApprovalSpec,
+    /// Whether entering the level needs a human's approval. Omitted: `Manual`
+    /// for a level whose actions set `readOnly` or `staticFallback` (users
+    /// see those), `Automatic` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalSpec>,
 }
+
+impl LevelSpec {
+    /// Whether the level changes what users see (read-only, static fallback).
+    pub fn user_visible(&self) -> bool {
+        self.actions.read_only || self.actions.static_fallback
+    }
+
+    /// The approval mode in force: the given one, else `Manual` for a
+    /// user-visible level and `Automatic` otherwise.
+    pub fn approval_mode(&self) -> ApprovalMode {
+        match &self.approval {
+            Some(a) => a.mode,
+            None if self.user_visible() => ApprovalMode::Manual,
+            None => ApprovalMode::Automatic,
+        }
+    }
+
+    /// How long an approval of this level stays valid after it was given, in
+    /// seconds.
+    pub fn approval_valid_for(&self) -> i64 {
+        self.approval
+            .as_ref()
+            .map_or(DEFAULT_APPROVAL_VALID_FOR, |a| a.valid_for_seconds)
+    }
+}
+
+/// An approval lapses this long after it was given unless the level says
+/// otherwise.
+pub const DEFAULT_APPROVAL_VALID_FOR: i64 = 3600;
 
 /// Enter triggers (alternatives). A trigger whose signal is unknown does not
 /// hold.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.utilizationPercentAbove) || has(self.inFlightAbove) || (has(self.overCapacity) && self.overCapacity) || has(self.queueDepthAbove) || has(self.p95LatencySecondsAbove) || has(self.errorRatioAbove)").message("enterWhen needs at least one trigger"))]
+#[x_kube(validation = Rule::new("has(self.utilizationPercentAbove) || has(self.inFlightAbove) || (has(self.overCapacity) && self.overCapacity) || has(self.queueDepthAbove) || has(self.p95LatencySecondsAbove) || has(self.errorRatioAbove) || has(self.retryAmplificationAbove)").message("enterWhen needs at least one trigger"))]
 pub struct EnterWhen {
+    /// How long the triggers must hold (any of them, at every evaluation, on
+    /// known data) before the level is entered, in seconds, counted from the
+    /// first evaluation where one held. A step with unknown data restarts the
+    /// count. For a `Confirm` level the approval timeout starts after this.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[x_kube(validation = Rule::new("self >= 0").message("forSeconds must be >= 0"))]
+    pub for_seconds: i64,
     /// Holds when demand ÷ capacity, in percent, is above this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 100").message("utilizationPercentAbove must be within 0..100"))]
@@ -157,6 +233,16 @@ pub struct EnterWhen {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("quantity(self).compareTo(quantity('1')) <= 0").message("errorRatioAbove must be within 0..1"))]
     pub error_ratio_above: Option<Decimal>,
+    /// Holds when the profile's retry amplification (all attempts ÷ original
+    /// requests, over every lane with a known rate) is above this, e.g.
+    /// `"1.25"`: a retry storm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("quantity(self).compareTo(quantity('1')) >= 0").message("retryAmplificationAbove must be >= 1"))]
+    pub retry_amplification_above: Option<Decimal>,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
 }
 
 /// Exit conditions (all must hold). A condition whose signal is unknown does
@@ -242,7 +328,7 @@ pub struct CapAction {
 }
 
 /// Approval of a level.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.mode != 'Confirm' || (has(self.timeoutSeconds) && self.timeoutSeconds > 0)").message("approval mode Confirm needs timeoutSeconds > 0").field_path(".timeoutSeconds"))]
 pub struct ApprovalSpec {
@@ -256,6 +342,21 @@ pub struct ApprovalSpec {
     /// entered without approval, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<i64>,
+    /// For a level that sets `readOnly` or `staticFallback`: `true` allows
+    /// `Automatic` or `Confirm`, saying someone chose on purpose to let it
+    /// enter without a person's confirmation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unattended: bool,
+    /// How long an approval stays valid after it was given, in seconds
+    /// (default 3600). A lapsed approval approves nothing (an event says so);
+    /// an approval is consumed when it is used to enter a level.
+    #[serde(default = "default_valid_for")]
+    #[x_kube(validation = Rule::new("self >= 1").message("validForSeconds must be >= 1"))]
+    pub valid_for_seconds: i64,
+}
+
+fn default_valid_for() -> i64 {
+    DEFAULT_APPROVAL_VALID_FOR
 }
 
 /// Approval mode.
@@ -295,13 +396,14 @@ pub struct DegradationPolicyStatus {
     /// A level whose trigger holds but which waits for approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_approval_level: Option<u32>,
-    /// The highest level approved by annotation, until consumed.
+    /// The highest level approved by annotation, until it is consumed (used
+    /// to enter a level) or lapses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_level: Option<u32>,
-    /// Whether the ladder has reached the approved level; the approval is
-    /// consumed (the annotation removed) once the level falls below it again.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub approved_level_reached: bool,
+    /// When the controller first saw the approval (RFC 3339): it lapses the
+    /// approved level's `approval.validForSeconds` later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_at: Option<String>,
     /// The last transitions, newest last (at most 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub transitions: Vec<Transition>,

@@ -52,6 +52,68 @@ pub struct ProfileState {
     /// The last known capacity, held while telemetry is unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_capacity: Option<f64>,
+    /// Per level: since when its enter trigger has held on known data (the
+    /// `forSeconds` clock).
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "level_keys"
+    )]
+    #[schemars(with = "BTreeMap<String, i64>")]
+    pub trigger_since: BTreeMap<u32, i64>,
+    /// When the current episode (leaving level 0 until returning to it)
+    /// began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub episode_since: Option<i64>,
+    /// Whether the episode has made its first step down (the cool-down
+    /// applies to the first one only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stepped_down: bool,
+    /// Per lane: the admitted work units/s of the last evaluation (nothing
+    /// rises above it on unknown data; a ramp starts from it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub admitted: BTreeMap<String, f64>,
+    /// Per lane: the last known original requests/s (a lane whose rate is
+    /// unknown holds it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lane_rates: BTreeMap<String, f64>,
+    /// Per lane released by a step down: its staged recovery.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ramps: BTreeMap<String, Ramp>,
+    /// The approval last used to enter a level (it approves nothing more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_used: Option<Approval>,
+}
+
+/// A released lane's staged recovery.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Ramp {
+    /// When the lane was released (the ramp's start).
+    pub since: i64,
+    /// Its admitted work units/s before the release.
+    pub base: f64,
+}
+
+/// An approval: levels up to `level`, given at `givenAt` (absent: given
+/// before anything was evaluated; it does not lapse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Approval {
+    /// The highest level approved.
+    pub level: u32,
+    /// When it was given (seconds, the evaluation clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub given_at: Option<i64>,
+}
+
+impl From<u32> for Approval {
+    fn from(level: u32) -> Self {
+        Approval {
+            level,
+            given_at: None,
+        }
+    }
 }
 
 /// A drained pod as the engine remembers it.

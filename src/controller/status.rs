@@ -351,6 +351,8 @@ pub fn lane_status(
     LaneContractStatus {
         observed_generation: generation,
         state: d.map(|d| d.state.as_str().to_owned()),
+        demand_source: d.map(|d| d.demand_source.clone()),
+        retry_amplification: d.and_then(|d| d.retry_amplification),
         demand_units_per_second: d.map(|d| d.demand_units_per_second),
         admitted_units_per_second: d.map(|d| d.admitted_units_per_second),
         borrowed_units_per_second: d.map(|d| d.borrowed_units_per_second),
@@ -405,8 +407,10 @@ pub fn policy_status(
         },
     };
     let level = d.map_or(0, |d| d.level);
-    let approved_level_reached = approved.is_some_and(|a| {
-        level >= a || (old.approved_level == Some(a) && old.approved_level_reached)
+    // The approval's time: kept while the same level stays approved.
+    let approved_at = approved.map(|a| match (&old.approved_at, old.approved_level) {
+        (Some(t), Some(l)) if l == a => t.clone(),
+        _ => rfc3339(now),
     });
     DegradationPolicyStatus {
         observed_generation: generation,
@@ -416,7 +420,7 @@ pub fn policy_status(
         exit_holding_since: d.and_then(|d| d.exit_holding_since).map(rfc3339),
         pending_approval_level: d.and_then(|d| d.pending_approval_level),
         approved_level: approved,
-        approved_level_reached,
+        approved_at,
         transitions,
         conditions: conditions(&old.conditions, vec![valid], generation, now),
     }

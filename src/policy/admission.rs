@@ -42,6 +42,29 @@ impl Admission {
     pub fn borrowed_total(&self) -> f64 {
         self.borrowed.iter().map(|(_, b)| b).sum()
     }
+
+    /// Admits at most `limit`: what is given up comes out of borrowed
+    /// capacity first (the last grant first), then the lane's own share.
+    pub fn hold_at(&mut self, limit: f64) {
+        let limit = limit.max(0.0);
+        let mut excess = self.admitted - limit;
+        if excess <= EPS {
+            return;
+        }
+        self.admitted = limit;
+        while excess > EPS {
+            let Some(last) = self.borrowed.last_mut() else {
+                break;
+            };
+            let cut = last.1.min(excess);
+            last.1 -= cut;
+            excess -= cut;
+            if last.1 <= EPS {
+                self.borrowed.pop();
+            }
+        }
+        self.reserved = self.reserved.min(limit);
+    }
 }
 
 /// Shares `amount` among `wants` by weight, never giving a lane more than it

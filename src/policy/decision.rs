@@ -35,6 +35,8 @@ pub enum LaneState {
     Throttled,
     /// Paused by a level.
     Paused,
+    /// Released by a step down and regaining its rate in stages.
+    Recovering,
 }
 
 impl LaneState {
@@ -45,6 +47,7 @@ impl LaneState {
             LaneState::Capped => "Capped",
             LaneState::Throttled => "Throttled",
             LaneState::Paused => "Paused",
+            LaneState::Recovering => "Recovering",
         }
     }
 }
@@ -67,6 +70,14 @@ pub struct ProfileDecision {
     pub level_name: String,
     /// A level whose trigger holds but waits for approval.
     pub pending_approval_level: Option<u32>,
+    /// The approved level whose approval was used to enter a level now (it is
+    /// consumed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_consumed: Option<u32>,
+    /// The approved level whose approval lapsed (older than its
+    /// `validForSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_lapsed: Option<u32>,
     /// When the current level was entered (seconds, same clock as `at`).
     pub level_since: Option<i64>,
     /// When the current level's exit condition began to hold.
@@ -156,9 +167,13 @@ pub struct LaneDecision {
     pub state: LaneState,
     /// Requests per second used for demand.
     pub requests_per_second: f64,
-    /// Whether the rate came from telemetry (`Observed`) or the contract
-    /// (`Expected`).
+    /// Where the rate came from: `Observed` (telemetry), `Held` (the
+    /// source failed: the last known rate holds) or `Expected` (no source:
+    /// the contract).
     pub demand_source: String,
+    /// Attempts ÷ original requests, when retries are measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_amplification: Option<f64>,
     /// Demand in work units/s.
     pub demand_units_per_second: f64,
     /// Admitted work units/s (borrowed included).

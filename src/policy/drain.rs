@@ -20,12 +20,15 @@ pub fn bound(spec: &DrainSpec, ready: u32) -> u32 {
 
 /// Decides drains for one step: the drain, and the drained pods after it
 /// (the engine's state). `may_drain` is false while telemetry is unknown or
-/// the pool is scaling down (no new drains then).
+/// the pool is scaling down (no new drains then). `hold` is true while
+/// evidence is incomplete: no pod is undrained for health then (the bound
+/// still holds: pods over it are released).
 pub fn decide(
     spec: Option<&DrainSpec>,
     signals: Option<&ProfileSignals>,
     at: i64,
     may_drain: bool,
+    hold: bool,
     prev: &BTreeMap<String, DrainedPod>,
 ) -> (Drain, BTreeMap<String, DrainedPod>) {
     let (Some(spec), Some(sig)) = (spec, signals) else {
@@ -76,7 +79,7 @@ pub fn decide(
             drained.insert(name.clone(), d);
             continue;
         }
-        if d.reason == DrainReason::Requested && err.is_none_or(|e| e <= threshold) {
+        if d.reason == DrainReason::Requested && err.is_none_or(|e| e <= threshold) && !hold {
             // The request was withdrawn and no evidence says the pod is bad.
             actions.push(PodDrain {
                 pod: name.clone(),
@@ -89,7 +92,7 @@ pub fn decide(
         match err {
             Some(e) if e <= threshold => {
                 let since = d.healthy_since.unwrap_or(at);
-                if at - since >= healthy_for {
+                if at - since >= healthy_for && !hold {
                     actions.push(PodDrain {
                         pod: name.clone(),
                         action: DrainAction::Undrain,

@@ -1,10 +1,11 @@
-//! The degradation ladder: fast up, slow down, one level per stable window,
-//! and hold on unknown telemetry.
+//! The degradation ladder: escalate on what persists, recover slower than
+//! you fell, one level per stable window, people gate what users see, and
+//! never relax on unknown data.
 
 use std::collections::BTreeMap;
 
 use crate::api::{
-    ApprovalMode, DegradationPolicy, EnterWhen, ExitWhen, LevelSpec, MissingTelemetry,
+    Approval, ApprovalMode, DegradationPolicy, EnterWhen, ExitWhen, LevelSpec, MissingTelemetry,
 };
 use crate::snapshot::ProfileSignals;
 
@@ -21,10 +22,19 @@ pub struct LevelInputs<'a> {
     pub utilization: Option<f64>,
     /// `demand_after[k-1]`: total demand after the actions of levels 1..k-1.
     pub demand_after: &'a [f64],
+    /// Whether every lane's rate is known (demand is evidence, not held).
+    pub lanes_known: bool,
+    /// The profile's retry amplification (attempts ÷ originals), if known.
+    pub retry_amplification: Option<f64>,
+    /// Whether a retry signal some lane's source gives is unknown.
+    pub retries_unknown: bool,
     /// Pool signals.
     pub signals: Option<&'a ProfileSignals>,
-    /// Highest approved level.
-    pub approved: Option<u32>,
+    /// The approval in force, if any.
+    pub approval: Option<Approval>,
+    /// The end of the released lanes' ramps (the next stable window starts no
+    /// earlier).
+    pub ramping_until: Option<i64>,
 }
 
 /// The ladder's result.
@@ -36,87 +46,131 @@ pub struct LadderOutcome {
     pub level_since: Option<i64>,
     /// Since when its exit condition has held.
     pub exit_since: Option<i64>,
-    /// Trigger-held-since for gated levels.
+    /// Trigger-held-since for gated levels (the approval timeout's clock).
     pub gate_since: BTreeMap<u32, i64>,
+    /// Trigger-held-since per level (the `forSeconds` clock).
+    pub trigger_since: BTreeMap<u32, i64>,
+    /// When the episode began (None at level 0).
+    pub episode_since: Option<i64>,
+    /// Whether the episode made its first step down.
+    pub stepped_down: bool,
     /// Level waiting for approval.
     pub pending: Option<u32>,
     /// The transition made, if any.
     pub transition: Option<LevelTransition>,
     /// Triggers that held, `"<level>: <reason>"`.
     pub triggers: Vec<String>,
+    /// The approval used to enter a gated level in this step.
+    pub approval_consumed: Option<Approval>,
+    /// An approval that lapsed (older than the level's `validForSeconds`).
+    pub approval_lapsed: Option<Approval>,
 }
 
-/// The first enter trigger of `level` (1-based `k`) that holds, as a reason.
-pub fn enter_reason(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Option<String> {
+/// A level's enter triggers in one evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Trigger {
+    /// One holds, on known data: why.
+    Holds(String),
+    /// None holds, and every one was evaluated on known data.
+    Clear,
+    /// None holds, and one could not be evaluated (its data is unknown).
+    Unknown,
+}
+
+/// Evaluates the enter triggers of `level` (1-based `k`).
+pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
     let e: &EnterWhen = &level.enter_when;
     let s = i.signals;
-    if e.over_capacity == Some(true)
-        && let Some(c) = i.capacity
-    {
-        let d = i.demand_after.get((k - 1) as usize).copied().unwrap_or(0.0);
-        if d > c + EPS {
-            return Some(format!(
-                "overCapacity: demand after lower levels {} > capacity {}",
-                round6(d),
-                round6(c)
-            ));
+    let mut unknown = false;
+    if e.over_capacity == Some(true) {
+        match i.capacity {
+            Some(c) if i.lanes_known => {
+                let d = i.demand_after.get((k - 1) as usize).copied().unwrap_or(0.0);
+                if d > c + EPS {
+                    return Trigger::Holds(format!(
+                        "overCapacity: demand after lower levels {} > capacity {}",
+                        round6(d),
+                        round6(c)
+                    ));
+                }
+            }
+            _ => unknown = true,
         }
     }
-    if let (Some(t), Some(u)) = (e.utilization_percent_above, i.utilization)
-        && u > f64::from(t) + EPS
-    {
-        return Some(format!("utilizationPercentAbove: {}% > {t}%", round6(u)));
+    if let Some(t) = e.utilization_percent_above {
+        match i.utilization {
+            Some(u) if i.lanes_known => {
+                if u > f64::from(t) + EPS {
+                    return Trigger::Holds(format!(
+                        "utilizationPercentAbove: {}% > {t}%",
+                        round6(u)
+                    ));
+                }
+            }
+            // Utilization is undefined while capacity is 0 or unknown.
+            _ => unknown = true,
+        }
     }
-    let above = |thr: Option<f64>, v: Option<f64>, name: &str| match (thr, v) {
-        (Some(t), Some(v)) if v > t + EPS => Some(format!("{name}: {} > {}", round6(v), round6(t))),
-        _ => None,
-    };
-    above(
-        e.in_flight_above.map(|x| x as f64),
-        s.and_then(|s| s.in_flight),
-        "inFlightAbove",
-    )
-    .or_else(|| {
-        above(
+    let failed = |name: &str| s.is_some_and(|s| s.unknown.contains_key(name));
+    let checks: [(Option<f64>, Option<f64>, &str, &str); 4] = [
+        (
+            e.in_flight_above.map(|x| x as f64),
+            s.and_then(|s| s.in_flight),
+            "inFlightAbove",
+            "inFlight",
+        ),
+        (
             e.queue_depth_above.map(|x| x as f64),
             s.and_then(|s| s.queue_depth),
             "queueDepthAbove",
-        )
-    })
-    .or_else(|| {
-        above(
+            "queueDepth",
+        ),
+        (
             e.p95_latency_seconds_above.as_ref().map(|d| d.value()),
             s.and_then(|s| s.p95_latency_seconds),
             "p95LatencySecondsAbove",
-        )
-    })
-    .or_else(|| {
-        above(
+            "p95LatencySeconds",
+        ),
+        (
             e.error_ratio_above.as_ref().map(|d| d.value()),
             s.and_then(|s| s.error_ratio),
             "errorRatioAbove",
-        )
-    })
-}
-
-/// Whether no enter trigger of a level reads a signal that its source
-/// reported Unknown (listed in the snapshot's `unknown`). A level is never
-/// left on such missing data: it is no evidence that the trigger stopped
-/// holding. A signal nobody provides at all (no source configured for it) is
-/// not missing data: a trigger on it simply never holds, and it does not pin
-/// the level. Unknown capacity is covered by the Hold rule (it holds the
-/// whole ladder).
-pub fn enter_triggers_known(e: &EnterWhen, i: &LevelInputs<'_>) -> bool {
-    // Utilization is undefined while capacity is 0: no evidence either way.
-    if e.utilization_percent_above.is_some() && i.utilization.is_none() {
-        return false;
+            "errorRatio",
+        ),
+    ];
+    for (thr, v, name, signal) in checks {
+        let Some(t) = thr else { continue };
+        match v {
+            Some(v) if v > t + EPS => {
+                return Trigger::Holds(format!("{name}: {} > {}", round6(v), round6(t)));
+            }
+            Some(_) => {}
+            // Reported Unknown by its source: no evidence either way. A signal
+            // nobody provides at all is no missing data: the trigger never
+            // holds and does not pin the level.
+            None if failed(signal) => unknown = true,
+            None => {}
+        }
     }
-    let Some(s) = i.signals else { return true };
-    let failed = |set: bool, name: &str| set && s.unknown.contains_key(name);
-    !(failed(e.in_flight_above.is_some(), "inFlight")
-        || failed(e.queue_depth_above.is_some(), "queueDepth")
-        || failed(e.p95_latency_seconds_above.is_some(), "p95LatencySeconds")
-        || failed(e.error_ratio_above.is_some(), "errorRatio"))
+    if let Some(t) = e.retry_amplification_above.as_ref().map(|d| d.value()) {
+        match i.retry_amplification {
+            Some(a) if a > t + EPS => {
+                return Trigger::Holds(format!(
+                    "retryAmplificationAbove: {} > {}",
+                    round6(a),
+                    round6(t)
+                ));
+            }
+            Some(_) => {}
+            None if i.retries_unknown || !i.lanes_known => unknown = true,
+            None => {}
+        }
+    }
+    if unknown {
+        Trigger::Unknown
+    } else {
+        Trigger::Clear
+    }
 }
 
 /// Whether every `exitWhen` condition holds (an unknown signal does not hold).
@@ -127,23 +181,45 @@ pub fn exit_conditions_hold(x: Option<&ExitWhen>, i: &LevelInputs<'_>) -> bool {
         None => true,
         Some(t) => v.is_some_and(|v| v < t - EPS),
     };
-    below(x.utilization_percent_below.map(f64::from), i.utilization)
-        && below(
-            x.in_flight_below.map(|v| v as f64),
-            s.and_then(|s| s.in_flight),
-        )
-        && below(
-            x.queue_depth_below.map(|v| v as f64),
-            s.and_then(|s| s.queue_depth),
-        )
-        && below(
-            x.p95_latency_seconds_below.as_ref().map(|d| d.value()),
-            s.and_then(|s| s.p95_latency_seconds),
-        )
-        && below(
-            x.error_ratio_below.as_ref().map(|d| d.value()),
-            s.and_then(|s| s.error_ratio),
-        )
+    below(
+        x.utilization_percent_below.map(f64::from),
+        i.utilization.filter(|_| i.lanes_known),
+    ) && below(
+        x.in_flight_below.map(|v| v as f64),
+        s.and_then(|s| s.in_flight),
+    ) && below(
+        x.queue_depth_below.map(|v| v as f64),
+        s.and_then(|s| s.queue_depth),
+    ) && below(
+        x.p95_latency_seconds_below.as_ref().map(|d| d.value()),
+        s.and_then(|s| s.p95_latency_seconds),
+    ) && below(
+        x.error_ratio_below.as_ref().map(|d| d.value()),
+        s.and_then(|s| s.error_ratio),
+    )
+}
+
+/// The approval in force: not lapsed (younger than the approved level's
+/// `validForSeconds`) and not already used. Returns it, or the lapsed one.
+fn valid_approval(
+    levels: &[LevelSpec],
+    i: &LevelInputs<'_>,
+    prev: &ProfileState,
+) -> (Option<Approval>, Option<Approval>) {
+    let Some(a) = i.approval else {
+        return (None, None);
+    };
+    if prev.approval_used == Some(a) {
+        return (None, None);
+    }
+    let valid_for = levels.get((a.level.max(1) - 1) as usize).map_or(
+        crate::api::DEFAULT_APPROVAL_VALID_FOR,
+        LevelSpec::approval_valid_for,
+    );
+    match a.given_at {
+        Some(g) if i.at - g >= valid_for => (None, Some(a)),
+        _ => (Some(a), None),
+    }
 }
 
 /// Advances the ladder by one evaluation.
@@ -163,17 +239,22 @@ pub fn step(
     let mut out = LadderOutcome {
         level: prev_level,
         level_since: prev.level_since,
+        episode_since: prev.episode_since.filter(|_| prev_level > 0),
+        stepped_down: prev.stepped_down && prev_level > 0,
         ..Default::default()
     };
+    let (approval, lapsed) = valid_approval(levels, i, prev);
+    out.approval_lapsed = lapsed;
 
     if i.capacity.is_none() {
-        // Unknown telemetry: never step down; the stable window restarts
-        // once telemetry is back.
+        // Unknown telemetry: never step down; every clock (stable window,
+        // forSeconds, approval timeouts) restarts once telemetry is back.
         if policy.spec.on_missing_telemetry == MissingTelemetry::EnterLevel {
             let floor = (policy.spec.missing_telemetry_level.unwrap_or(1).max(1) as u32).min(n);
             if floor > prev_level {
                 out.level = floor;
                 out.level_since = Some(at);
+                out.episode_since = out.episode_since.or(Some(at));
                 out.transition = Some(LevelTransition {
                     from: prev_level,
                     to: floor,
@@ -181,48 +262,68 @@ pub fn step(
                 });
             }
         }
-        out.gate_since = prev.gate_since.clone();
         return out;
     }
 
-    let reasons: Vec<Option<String>> = levels
+    let states: Vec<Trigger> = levels
         .iter()
         .enumerate()
-        .map(|(idx, l)| enter_reason(l, idx as u32 + 1, i))
+        .map(|(idx, l)| trigger(l, idx as u32 + 1, i))
         .collect();
-    for (idx, r) in reasons.iter().enumerate() {
-        if let Some(r) = r {
+    for (idx, t) in states.iter().enumerate() {
+        if let Trigger::Holds(r) = t {
             out.triggers.push(format!("{}: {r}", idx + 1));
         }
     }
+    // Sustained triggers: held on known data for forSeconds.
+    let mut sustained = vec![false; levels.len()];
+    for (idx, l) in levels.iter().enumerate() {
+        if let Trigger::Holds(_) = states[idx] {
+            let k = idx as u32 + 1;
+            let since = prev.trigger_since.get(&k).copied().unwrap_or(at);
+            out.trigger_since.insert(k, since);
+            sustained[idx] = at - since >= l.enter_when.for_seconds;
+        }
+    }
+    let reason = |k: u32| match &states[(k - 1) as usize] {
+        Trigger::Holds(r) => Some(r.clone()),
+        _ => None,
+    };
 
-    // The highest level whose trigger holds: where the ladder wants to be.
+    // The highest level whose trigger holds and has held long enough: where
+    // the ladder wants to be.
     let wanted = (1..=n)
         .rev()
-        .find(|&k| reasons[(k - 1) as usize].is_some())
+        .find(|&k| sustained[(k - 1) as usize])
         .unwrap_or(0);
     // Approval gates. Levels are cumulative, so going to `wanted` passes
     // through every level below it: a gated level that is not approved stops
     // the ladder just below it, whichever higher trigger pulls it up. A gate's
     // clock (for Confirm's timeout) runs while the ladder wants to pass it.
     let mut blocked_at = None;
+    let mut used = false;
     for (idx, l) in levels.iter().enumerate() {
         let k = idx as u32 + 1;
-        if l.approval.mode == ApprovalMode::Automatic || k <= prev_level || k > wanted {
+        let mode = l.approval_mode();
+        if mode == ApprovalMode::Automatic || k <= prev_level || k > wanted {
             continue;
         }
         let since = prev.gate_since.get(&k).copied().unwrap_or(at);
         out.gate_since.insert(k, since);
-        let approved = i.approved.is_some_and(|a| a >= k);
-        let allowed = match l.approval.mode {
-            ApprovalMode::Automatic => true,
-            ApprovalMode::Manual => approved,
-            ApprovalMode::Confirm => {
-                approved || at - since >= l.approval.timeout_seconds.unwrap_or(0)
+        let approved = approval.is_some_and(|a| a.level >= k);
+        let timed_out = mode == ApprovalMode::Confirm
+            && at - since
+                >= l.approval
+                    .as_ref()
+                    .and_then(|a| a.timeout_seconds)
+                    .unwrap_or(0);
+        if blocked_at.is_none() {
+            if approved && !timed_out {
+                used = true;
             }
-        };
-        if !allowed && blocked_at.is_none() {
-            blocked_at = Some(k);
+            if !(approved || timed_out) {
+                blocked_at = Some(k);
+            }
         }
     }
     let target = match blocked_at {
@@ -233,13 +334,8 @@ pub fn step(
     // The reason for entering `target`: its own trigger, else the higher
     // trigger that pulls the ladder up to the gate.
     let reason_for = |t: u32| {
-        reasons[(t - 1) as usize]
-            .clone()
-            .or_else(|| {
-                reasons[(wanted - 1) as usize]
-                    .as_ref()
-                    .map(|r| format!("{r} (level {wanted} waits for approval)"))
-            })
+        reason(t)
+            .or_else(|| reason(wanted).map(|r| format!("{r} (level {wanted} waits for approval)")))
             .unwrap_or_default()
     };
 
@@ -247,6 +343,13 @@ pub fn step(
         out.level = target;
         out.level_since = Some(at);
         out.exit_since = None;
+        if prev_level == 0 {
+            out.episode_since = Some(at);
+            out.stepped_down = false;
+        }
+        if used {
+            out.approval_consumed = approval;
+        }
         out.transition = Some(LevelTransition {
             from: prev_level,
             to: target,
@@ -258,35 +361,56 @@ pub fn step(
         return out;
     }
 
+    // The way down: the level's triggers clear on known data, its exit
+    // conditions hold, every lane's rate is known, for the stable window (or,
+    // for an episode's first step down, the cool-down), and no released lane
+    // is still ramping.
     let exit_ok = |k: u32| {
         let idx = (k - 1) as usize;
-        reasons[idx].is_none()
-            && enter_triggers_known(&levels[idx].enter_when, i)
+        states[idx] == Trigger::Clear
+            && i.lanes_known
             && exit_conditions_hold(levels[idx].exit_when.as_ref(), i)
     };
-    if !exit_ok(prev_level) {
+    if !exit_ok(prev_level) || i.ramping_until.is_some_and(|r| r > at) {
         out.exit_since = None;
         return out;
     }
-    let since = prev.exit_since.unwrap_or(at);
-    let stable = policy.spec.hysteresis.stable_for_seconds;
-    if at - since >= stable {
-        let to = prev_level - 1;
-        out.level = to;
-        out.level_since = Some(at);
-        out.transition = Some(LevelTransition {
-            from: prev_level,
-            to,
-            reason: format!(
-                "level {prev_level} ({}) exit held for {}s",
-                levels[(prev_level - 1) as usize].name,
-                at - since
-            ),
-        });
-        // The window for the next level starts afresh now.
-        out.exit_since = (to > 0 && exit_ok(to)).then_some(at);
+    let since = prev
+        .exit_since
+        .unwrap_or(at)
+        .max(i.ramping_until.unwrap_or(i64::MIN));
+    let h = &policy.spec.hysteresis;
+    let stable = h.stable_for_seconds;
+    let wait = if out.stepped_down {
+        stable
     } else {
+        let degraded = since - out.episode_since.unwrap_or(since);
+        let cool = (h.cooldown_factor.value() * degraded as f64).ceil() as i64;
+        stable.max(cool)
+    };
+    if at - since < wait {
         out.exit_since = Some(since);
+        return out;
     }
+    let to = prev_level - 1;
+    out.level = to;
+    out.level_since = Some(at);
+    out.transition = Some(LevelTransition {
+        from: prev_level,
+        to,
+        reason: format!(
+            "level {prev_level} ({}) exit held for {}s",
+            levels[(prev_level - 1) as usize].name,
+            at - since
+        ),
+    });
+    if to == 0 {
+        out.episode_since = None;
+        out.stepped_down = false;
+    } else {
+        out.stepped_down = true;
+    }
+    // The window for the next level starts afresh now.
+    out.exit_since = (to > 0 && exit_ok(to)).then_some(at);
     out
 }

@@ -8,18 +8,22 @@ pub mod admission;
 pub mod bind;
 pub mod decision;
 pub mod drain;
+pub mod evidence;
 pub mod ladder;
 pub mod sizing;
 
 use std::collections::BTreeMap;
 
-use crate::api::{CapacityProfile, DegradationPolicy, LaneContract, ObjectKey, SheddingMode};
+use crate::api::{
+    Approval, CapacityProfile, DegradationPolicy, LaneContract, ObjectKey, Ramp, SheddingMode,
+};
 use crate::snapshot::{ProfileSignals, Snapshot};
 
 pub use bind::{BindProblem, Binding, Bound, World, bind, bind_profile};
 pub use decision::*;
 
 use admission::{AdmissionLane, EPS};
+use evidence::{DemandSource, LaneDemand, lane_demand};
 use ladder::LevelInputs;
 
 /// The name of the measured-capacity signal.
@@ -34,8 +38,8 @@ fn object_key<K: ObjectKey>(o: &K) -> String {
     o.key()
 }
 
-/// Approvals granted per profile (`namespace/name` → highest approved level).
-pub type Approvals = BTreeMap<String, u32>;
+/// Approvals granted per profile (`namespace/name` → the approval).
+pub type Approvals = BTreeMap<String, Approval>;
 
 /// Evaluates every profile of the world against one snapshot.
 pub fn evaluate(
@@ -63,27 +67,6 @@ pub fn evaluate(
         },
         next,
     )
-}
-
-/// Where a lane's demand came from.
-struct LaneDemand {
-    rps: f64,
-    units: f64,
-    observed: bool,
-}
-
-fn lane_demand(lane: &LaneContract, snapshot: &Snapshot) -> LaneDemand {
-    let observed = snapshot
-        .lanes
-        .get(&object_key(lane))
-        .and_then(|s| s.requests_per_second)
-        .filter(|v| v.is_finite() && *v >= 0.0);
-    let rps = observed.unwrap_or(lane.spec.expected_requests_per_second.value());
-    LaneDemand {
-        rps,
-        units: rps * lane.spec.work_units_per_request.value(),
-        observed: observed.is_some(),
-    }
 }
 
 /// Capacity from the signals: available capacity, else ready replicas ×
@@ -239,7 +222,7 @@ fn lane_cap(lane: &LaneContract, demand: f64, l: &LaneLimits) -> f64 {
 pub fn evaluate_profile(
     b: &Binding<'_>,
     snapshot: &Snapshot,
-    approved: Option<u32>,
+    approval: Option<Approval>,
     prev: &ProfileState,
 ) -> (ProfileDecision, ProfileState) {
     let profile = b.profile;
@@ -256,7 +239,14 @@ pub fn evaluate_profile(
 
     let mut lanes: Vec<&LaneContract> = b.lanes.clone();
     lanes.sort_by(|a, c| (a.spec.priority, a.name_str()).cmp(&(c.spec.priority, c.name_str())));
-    let demands: Vec<LaneDemand> = lanes.iter().map(|l| lane_demand(l, snapshot)).collect();
+    let demands: Vec<LaneDemand> = lanes
+        .iter()
+        .map(|l| lane_demand(l, snapshot, &prev.lane_rates))
+        .collect();
+    let lanes_known = demands.iter().all(|d| d.source != DemandSource::Held);
+    // Evidence is complete when capacity and every lane's rate are known;
+    // otherwise nothing relaxes in this step.
+    let complete = capacity.is_some() && lanes_known;
     let total_demand: f64 = demands.iter().map(|d| d.units).sum();
     let utilization = capacity.and_then(|c| (c > EPS).then(|| total_demand / c * 100.0));
     let nlevels = policy.map_or(0, |p| p.spec.levels.len() as u32);
@@ -274,13 +264,18 @@ pub fn evaluate_profile(
         })
         .collect();
 
+    let recovery = policy.and_then(|p| p.spec.hysteresis.recovery.as_ref());
     let inputs = LevelInputs {
         at,
         capacity,
         utilization,
         demand_after: &demand_after,
+        lanes_known,
+        retry_amplification: evidence::amplification(&demands),
+        retries_unknown: demands.iter().any(|d| d.retries_unknown),
         signals: sig.as_ref(),
-        approved,
+        approval,
+        ramping_until: evidence::ramping_until(&prev.ramps, recovery),
     };
     let ladder = ladder::step(policy, &inputs, prev);
     let level = ladder.level;
@@ -349,7 +344,38 @@ pub fn evaluate_profile(
     let admission_capacity = capacity
         .or(prev.last_capacity)
         .unwrap_or_else(|| profile.spec.capacity.safe_units_per_second.value());
-    let admissions = admission::admit(&adm_lanes, admission_capacity);
+    let mut admissions = admission::admit(&adm_lanes, admission_capacity);
+    // Unknown never relaxes: on incomplete evidence no lane gets more than
+    // it was admitted in the previous step.
+    if !complete {
+        for (l, a) in lanes.iter().zip(admissions.iter_mut()) {
+            if let Some(&before) = prev.admitted.get(l.name_str()) {
+                a.hold_at(before);
+            }
+        }
+    }
+    // Staged recovery of lanes released by a step down.
+    let ramps = ramps_after(
+        policy,
+        &ladder,
+        prev,
+        &lanes,
+        &apply_actions(policy, prev.level, &lanes).0,
+        &limits,
+        at,
+    );
+    let mut ramp_stages: Vec<Option<i32>> = vec![None; lanes.len()];
+    if let Some(spec) = recovery {
+        for (i, l) in lanes.iter().enumerate() {
+            if let Some(r) = ramps.get(l.name_str())
+                && let Some(pct) = evidence::ramp_stage(r, spec, at)
+            {
+                let full = admissions[i].admitted;
+                admissions[i].hold_at(evidence::ramped(full, r, pct));
+                ramp_stages[i] = Some(pct);
+            }
+        }
+    }
     if let Some(c) = capacity
         && floors_total > c + EPS
     {
@@ -366,8 +392,11 @@ pub fn evaluate_profile(
         let lim = &limits[i];
         let cap = adm_lanes[i].cap;
         let ceiling = l.spec.ceiling_units_per_second.as_ref().map(|c| c.value());
+        let ramp_note = ramp_stages[i].map(|p| format!("recovery {p}%"));
         let (state, limited_by) = if lim.paused {
             (LaneState::Paused, Some("pause"))
+        } else if ramp_note.is_some() && a.admitted + 1e-6 < d.units {
+            (LaneState::Recovering, ramp_note.as_deref())
         } else if a.admitted + 1e-6 >= d.units {
             (LaneState::Admitted, None)
         } else if a.admitted + 1e-6 >= cap {
@@ -389,7 +418,8 @@ pub fn evaluate_profile(
             priority: l.spec.priority,
             state,
             requests_per_second: round6(d.rps),
-            demand_source: if d.observed { "Observed" } else { "Expected" }.to_owned(),
+            demand_source: d.source.as_str().to_owned(),
+            retry_amplification: d.amplification().map(round6),
             demand_units_per_second: round6(d.units),
             admitted_units_per_second: round6(a.admitted),
             admitted_requests_per_second: round6(if wpr > 0.0 { a.admitted / wpr } else { 0.0 }),
@@ -411,7 +441,19 @@ pub fn evaluate_profile(
     let admitted_total: f64 = admissions.iter().map(|a| a.admitted).sum();
 
     // Pool size.
-    let sizing = sizing::desired(profile, total_demand, ready, level, telemetry, at, prev);
+    let sizing = sizing::desired(
+        profile,
+        total_demand,
+        ready,
+        level,
+        if complete {
+            telemetry
+        } else {
+            Telemetry::Unknown
+        },
+        at,
+        prev,
+    );
     let scaling_down = match (sizing.desired, ready) {
         (Some(d), Some(r)) => (d as i64) < i64::from(r),
         _ => false,
@@ -422,7 +464,8 @@ pub fn evaluate_profile(
         profile.spec.drain.as_ref(),
         sig.as_ref(),
         at,
-        telemetry == Telemetry::Known && !scaling_down,
+        telemetry == Telemetry::Known && !scaling_down && complete,
+        !complete,
         &prev.drained,
     );
 
@@ -441,6 +484,37 @@ pub fn evaluate_profile(
         scale_down_want: sizing.scale_down_want,
         drained,
         last_capacity: capacity.or(prev.last_capacity),
+        trigger_since: ladder.trigger_since,
+        episode_since: ladder.episode_since,
+        stepped_down: ladder.stepped_down,
+        admitted: lanes
+            .iter()
+            .zip(&admissions)
+            .map(|(l, a)| (l.name_str().to_owned(), round6(a.admitted)))
+            .collect(),
+        lane_rates: lanes
+            .iter()
+            .zip(&demands)
+            .filter(|(_, d)| d.source == DemandSource::Observed)
+            .map(|(l, d)| (l.name_str().to_owned(), d.rps))
+            .chain(
+                prev.lane_rates
+                    .iter()
+                    .filter(|(k, _)| {
+                        lanes.iter().zip(&demands).any(|(l, d)| {
+                            l.name_str() == k.as_str() && d.source == DemandSource::Held
+                        })
+                    })
+                    .map(|(k, v)| (k.clone(), *v)),
+            )
+            .collect(),
+        ramps: ramps
+            .into_iter()
+            .filter(|(_, r)| {
+                recovery.is_some_and(|spec| evidence::ramp_stage(r, spec, at).is_some())
+            })
+            .collect(),
+        approval_used: ladder.approval_consumed.or(prev.approval_used),
     };
     let decision = ProfileDecision {
         namespace: profile.namespace_str().to_owned(),
@@ -450,6 +524,8 @@ pub fn evaluate_profile(
         level,
         level_name,
         pending_approval_level: ladder.pending,
+        approval_consumed: ladder.approval_consumed.map(|a| a.level),
+        approval_lapsed: ladder.approval_lapsed.map(|a| a.level),
         level_since: ladder.level_since,
         exit_holding_since: ladder.exit_since,
         transition: ladder.transition,
@@ -470,4 +546,50 @@ pub fn evaluate_profile(
         lanes: lane_decisions,
     };
     (decision, next)
+}
+
+/// The ramps after this step: a step up ends them all (that level's caps
+/// apply); a step down starts one for each lane it releases (a pause lifted,
+/// a cap removed or raised), from the lane's admitted rate before; running
+/// ramps carry on.
+fn ramps_after(
+    policy: Option<&DegradationPolicy>,
+    ladder: &ladder::LadderOutcome,
+    prev: &ProfileState,
+    lanes: &[&LaneContract],
+    before: &[LaneLimits],
+    after: &[LaneLimits],
+    at: i64,
+) -> BTreeMap<String, Ramp> {
+    if policy
+        .and_then(|p| p.spec.hysteresis.recovery.as_ref())
+        .is_none()
+    {
+        return BTreeMap::new();
+    }
+    let Some(t) = &ladder.transition else {
+        return prev.ramps.clone();
+    };
+    if t.to > t.from {
+        return BTreeMap::new();
+    }
+    let mut ramps = prev.ramps.clone();
+    for ((l, b), a) in lanes.iter().zip(before).zip(after) {
+        let unpaused = b.paused && !a.paused;
+        let raised = match (b.level_cap, a.level_cap) {
+            (Some(_), None) => true,
+            (Some(x), Some(y)) => y > x + EPS,
+            _ => false,
+        };
+        if unpaused || raised {
+            ramps.insert(
+                l.name_str().to_owned(),
+                Ramp {
+                    since: at,
+                    base: prev.admitted.get(l.name_str()).copied().unwrap_or(0.0),
+                },
+            );
+        }
+    }
+    ramps
 }

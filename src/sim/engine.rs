@@ -876,7 +876,13 @@ impl<'a> Sim<'a> {
         let mut approvals = Approvals::new();
         for a in &c.approvals {
             if a.at <= now {
-                approvals.insert(a.profile.clone(), a.level);
+                approvals.insert(
+                    a.profile.clone(),
+                    crate::api::Approval {
+                        level: a.level,
+                        given_at: Some(a.at.floor() as i64),
+                    },
+                );
             }
         }
         let (eval, next) = policy::evaluate(self.world, &snap, &approvals, &self.state);

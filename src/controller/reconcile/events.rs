@@ -126,7 +126,20 @@ fn policy_events(p: &super::report::PolicyReport, out: &mut Vec<Note>) {
             Target::Policy,
             EventType::Normal,
             "ApprovalConsumed",
-            format!("level fell below the approved level {a}: approval consumed"),
+            format!(
+                "the approval of levels up to {a} was used to enter level {}: consumed (annotation removed)",
+                new.level
+            ),
+        ));
+    }
+    if let Some(a) = p.lapsed {
+        out.push(note(
+            Target::Policy,
+            EventType::Warning,
+            "ApprovalLapsed",
+            format!(
+                "the approval of levels up to {a} lapsed unused (older than approval.validForSeconds): annotation removed; approve again if still wanted"
+            ),
         ));
     }
 }
@@ -523,6 +536,7 @@ mod tests {
             approved: Some(2),
             overrides: vec![Warning::Text("x".into())],
             consumed: Some(2),
+            lapsed: None,
         });
         r.ignored = vec![
             IgnoredReport {

@@ -15,7 +15,7 @@ use super::super::error::Error;
 use super::super::pods::{self, DRAIN_REASON_ANNOTATION, DRAINED_AT_ANNOTATION};
 use super::super::scale::{self, TargetState};
 use crate::api::{
-    CapacityProfile, DegradationPolicy, DrainReason, DrainedPod, LaneContract, ObjectKey,
+    Approval, CapacityProfile, DegradationPolicy, DrainReason, DrainedPod, LaneContract, ObjectKey,
     PolicyMode, ProfileState,
 };
 use crate::policy::{self, Binding};
@@ -42,8 +42,9 @@ pub struct Observation {
     pub policies: Vec<DegradationPolicy>,
     /// Enforce or Observe, decided once from the governing policy.
     pub mode: PolicyMode,
-    /// The level the governing policy's approval annotation approves.
-    pub approved: Option<u32>,
+    /// The governing policy's approval annotation: the level it approves and
+    /// when the controller first saw it (kept in the policy's status).
+    pub approved: Option<Approval>,
     /// The pool's pods, once the pod index has synced.
     pub pods: Option<Vec<Arc<Pod>>>,
     /// The scale target, when it could be read.
@@ -77,12 +78,23 @@ impl Observation {
     }
 }
 
-/// The approval granted by a policy's annotation.
-pub fn approved_level(policy: &DegradationPolicy) -> Option<u32> {
-    policy
+/// The approval granted by a policy's annotation, given when the policy's
+/// status first recorded it (or now, when it is new).
+pub fn approval(policy: &DegradationPolicy, now: i64) -> Option<Approval> {
+    let level: u32 = policy
         .annotations()
         .get(APPROVE_ANNOTATION)
-        .and_then(|v| v.trim().parse().ok())
+        .and_then(|v| v.trim().parse().ok())?;
+    let status = policy.status.as_ref();
+    let given_at = status
+        .filter(|s| s.approved_level == Some(level))
+        .and_then(|s| s.approved_at.as_deref())
+        .and_then(crate::api::common::parse_rfc3339)
+        .unwrap_or(now);
+    Some(Approval {
+        level,
+        given_at: Some(given_at),
+    })
 }
 
 /// Whether the calibration of a profile has expired at `now`.
@@ -160,7 +172,7 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
         .collect();
     let governing = binding.policy.map(|_| &policies[0]);
     let mode = governing.map_or(PolicyMode::Enforce, |p| p.spec.mode);
-    let approved = governing.and_then(approved_level);
+    let approved = governing.and_then(|p| approval(p, now));
 
     // The pool: pods and the scale target.
     let mut unknown = BTreeMap::new();

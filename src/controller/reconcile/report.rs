@@ -32,12 +32,14 @@ pub struct PolicyReport {
     pub before: DegradationPolicyStatus,
     /// Status after.
     pub after: DegradationPolicyStatus,
-    /// The level the annotation approves.
+    /// The level the annotation approves (as observed, before consumption).
     pub approved: Option<u32>,
     /// Actions lane contracts override, at any level.
     pub overrides: Vec<Warning>,
-    /// The approval consumed in this step.
+    /// The approval consumed (used to enter a level) in this step.
     pub consumed: Option<u32>,
+    /// The approval that lapsed in this step.
+    pub lapsed: Option<u32>,
 }
 
 /// An ignored policy's report.
@@ -96,14 +98,16 @@ pub async fn report(
 
     let mut policy_report = None;
     if let Some(p) = binding.policy {
-        let approved = obs.approved;
+        let approved = obs.approved.map(|a| a.level);
         let overrides = policy::contract_overrides(p, &binding.lanes);
-        let after = status::policy_status(p, Some(decision), None, approved, &overrides, now);
+        // An approval used to enter a level, or lapsed, approves nothing more:
+        // the annotation goes, and status forgets it.
+        let consumed = decision.approval_consumed;
+        let lapsed = decision.approval_lapsed;
+        let still = approved.filter(|_| consumed.is_none() && lapsed.is_none());
+        let after = status::policy_status(p, Some(decision), None, still, &overrides, now);
         ctx.writes.status(p, p.status.as_ref(), &after).await?;
-        // An approval is consumed once the ladder has reached it and falls
-        // below it again.
-        let consumed = approved.filter(|a| after.approved_level_reached && decision.level < *a);
-        if consumed.is_some() {
+        if consumed.is_some() || lapsed.is_some() {
             ctx.writes.remove_annotation(p, APPROVE_ANNOTATION).await?;
         }
         policy_report = Some(PolicyReport {
@@ -112,6 +116,7 @@ pub async fn report(
             approved,
             overrides,
             consumed,
+            lapsed,
         });
     }
     let mut ignored = Vec::new();
@@ -177,6 +182,12 @@ fn record_metrics(ctx: &Context, obs: &Observation, decision: &ProfileDecision, 
         m.lane_admitted
             .with_label_values(&ll)
             .set(lane.admitted_units_per_second);
+        match lane.retry_amplification {
+            Some(a) => m.lane_retry_amplification.with_label_values(&ll).set(a),
+            None => {
+                let _ = m.lane_retry_amplification.remove_label_values(&ll);
+            }
+        }
     }
     if let (Some(done), Some(_)) = (&effects.drain, &obs.profile.spec.drain) {
         use crate::policy::DrainAction;
