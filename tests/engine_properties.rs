@@ -1257,3 +1257,163 @@ fn generators_reach_interesting_cases() {
     assert!(unknown > 20, "unknown steps: {unknown}");
     assert!(drains > 5, "drains: {drains}");
 }
+
+// ---------------------------------------------------------------------------
+// Unknown never relaxes
+// ---------------------------------------------------------------------------
+
+/// A signal of a snapshot that can be made Unknown.
+#[derive(Clone, Debug)]
+enum Signal {
+    Capacity,
+    InFlight,
+    QueueDepth,
+    LaneRate(String),
+}
+
+/// The snapshot with `s` reported Unknown by its source.
+fn make_unknown(snap: &Snapshot, s: &Signal) -> Snapshot {
+    let mut out = snap.clone();
+    match s {
+        Signal::LaneRate(k) => {
+            let l = out.lanes.entry(k.clone()).or_default();
+            l.requests_per_second = Some(f64::NAN);
+        }
+        _ => {
+            let Some(p) = out.profiles.get_mut(PKEY) else {
+                return out;
+            };
+            let name = match s {
+                Signal::Capacity => {
+                    p.available_units_per_second = None;
+                    "availableUnitsPerSecond"
+                }
+                Signal::InFlight => {
+                    p.in_flight = None;
+                    "inFlight"
+                }
+                _ => {
+                    p.queue_depth = None;
+                    "queueDepth"
+                }
+            };
+            p.unknown
+                .insert(name.into(), "made unknown by the test".into());
+        }
+    }
+    out
+}
+
+/// Rule 1 of decide-on-evidence, at one step: with `signal` Unknown, none of
+/// the five things relaxes against the previous step.
+fn check_unknown_never_relaxes(
+    world: &World,
+    snap: &Snapshot,
+    approvals: &Approvals,
+    state: &EngineState,
+    before: Option<&ProfileDecision>,
+    signal: &Signal,
+) -> Result<(), TestCaseError> {
+    let blind = make_unknown(snap, signal);
+    let (e, _) = evaluate(world, &blind, approvals, state);
+    let d = &e.profiles[0];
+    let empty = ProfileState::default();
+    let prev = state.profiles.get(PKEY).unwrap_or(&empty);
+    // Capacity and lane rates are what admission, sizing and the drain
+    // need; every signal may be what the current level's triggers need.
+    let needed_by_all = matches!(signal, Signal::Capacity | Signal::LaneRate(_));
+    if needed_by_all || d.level < prev.level {
+        // A step down is allowed only when the blinded signal is none the
+        // level reads: the same step down happens with the signal known.
+        let (known, _) = evaluate(world, snap, approvals, state);
+        prop_assert!(
+            d.level >= prev.level || (!needed_by_all && known.profiles[0].level == d.level),
+            "stepped down {} -> {} with {signal:?} unknown at {}",
+            prev.level,
+            d.level,
+            snap.at
+        );
+    }
+    if !needed_by_all {
+        return Ok(());
+    }
+    for l in &d.lanes {
+        if let Some(&was) = prev.admitted.get(&l.name) {
+            prop_assert!(
+                l.admitted_units_per_second <= was + TOL,
+                "lane {} admitted {} > {} before, with {signal:?} unknown at {}",
+                l.name,
+                l.admitted_units_per_second,
+                was,
+                snap.at
+            );
+        }
+        if let Some(b) = before.and_then(|b| b.lanes.iter().find(|x| x.name == l.name))
+            && matches!(b.state, LaneState::Paused | LaneState::Capped)
+        {
+            prop_assert!(
+                l.admitted_units_per_second <= b.admitted_units_per_second + TOL,
+                "{:?} lane {} released with {signal:?} unknown at {}",
+                b.state,
+                l.name,
+                snap.at
+            );
+        }
+    }
+    if let (Some(was), Some(now)) = (prev.desired_replicas, d.desired_replicas) {
+        prop_assert!(
+            now >= was,
+            "desired replicas fell {was} -> {now} with {signal:?} unknown at {}",
+            snap.at
+        );
+    }
+    for a in &d.drain.actions {
+        prop_assert!(
+            a.action != DrainAction::Undrain
+                || matches!(a.reason, lanekeeper::api::DrainReason::OverBound { .. }),
+            "pod {} undrained ({}) with {signal:?} unknown at {}",
+            a.pod,
+            a.reason,
+            snap.at
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Replacing any signal at any step by Unknown never makes the level
+    /// step down, a lane's admitted rate rise, desired replicas fall, a pod
+    /// be undrained for health, or a paused or capped lane be released.
+    #[test]
+    fn unknown_never_relaxes(
+        c in case_gen(
+            profile_gen(prop::option::weighted(0.5, drain_gen())),
+            policy_gen().prop_map(Some),
+            2..25,
+            8,
+        )
+    ) {
+        let world = build_world(&c);
+        let mut approvals = Approvals::new();
+        if let Some(a) = c.approved {
+            approvals.insert(PKEY.to_owned(), a.into());
+        }
+        let mut state = EngineState::default();
+        let mut before: Option<ProfileDecision> = None;
+        for (snap, how) in build_snapshots(&c) {
+            state = restart(&state, how, snap.at);
+            let mut signals = vec![Signal::Capacity, Signal::InFlight, Signal::QueueDepth];
+            signals.extend(world.lanes.iter().map(|l| {
+                Signal::LaneRate(format!("{NS}/{}", l.metadata.name.as_deref().unwrap_or_default()))
+            }));
+            for s in &signals {
+                check_unknown_never_relaxes(&world, &snap, &approvals, &state, before.as_ref(), s)?;
+            }
+            let (e, next) = evaluate(&world, &snap, &approvals, &state);
+            before = e.profiles.first().cloned();
+            state = next;
+        }
+    }
+}
