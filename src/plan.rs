@@ -114,7 +114,9 @@ fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "unknown".to_owned(), num)
 }
 
-fn lanes_signature(p: &ProfileDecision) -> Vec<(String, &'static str, String, String)> {
+type LaneSignature = (String, &'static str, String, String, String);
+
+fn lanes_signature(p: &ProfileDecision) -> Vec<LaneSignature> {
     p.lanes
         .iter()
         .map(|l| {
@@ -123,17 +125,24 @@ fn lanes_signature(p: &ProfileDecision) -> Vec<(String, &'static str, String, St
                 l.state.as_str(),
                 num(l.demand_units_per_second),
                 num(l.admitted_units_per_second),
+                l.demand_source.clone(),
             )
         })
         .collect()
 }
 
 fn lane_row(l: &LaneDecision) -> String {
-    let note = match (&l.limited_by, l.level_cap_units_per_second) {
+    let mut note = match (&l.limited_by, l.level_cap_units_per_second) {
         (Some(by), Some(cap)) if by == "level" => format!("level cap {}", num(cap)),
         (Some(by), _) => by.clone(),
         (None, _) => String::new(),
     };
+    if l.demand_source == "Held" {
+        if !note.is_empty() {
+            note.push_str(", ");
+        }
+        note.push_str("rate unknown: demand held");
+    }
     format!(
         "    {:<24} {:>3}  {:<9} {:>9} {:>9} {:>8}  {}\n",
         l.name,
@@ -151,8 +160,7 @@ fn lane_row(l: &LaneDecision) -> String {
 /// warnings as they happen.
 pub fn render_table(plan: &Plan) -> String {
     let mut out = String::new();
-    let mut last: std::collections::BTreeMap<String, Vec<(String, &'static str, String, String)>> =
-        Default::default();
+    let mut last: std::collections::BTreeMap<String, Vec<LaneSignature>> = Default::default();
     let mut last_warnings: std::collections::BTreeMap<String, Vec<policy::Warning>> =
         Default::default();
     for step in &plan.steps {
