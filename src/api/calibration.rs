@@ -228,12 +228,14 @@ pub fn workload_config_hash(workload: &Value) -> Result<String, ConfigHashError>
     canonical_workload(workload).map(|c| hash(&c))
 }
 
+/// A workload found in a manifest: `Kind/name`, and its canonical form or
+/// why it has none.
+pub type Workload = (String, Result<String, ConfigHashError>);
+
 /// The workloads of a multi-document YAML stream (a `kind: List`'s items
 /// included), each as `Kind/name` with its canonical form or why it has
 /// none. Documents that are not objects (empty ones) are skipped.
-pub fn workloads_in_yaml(
-    text: &str,
-) -> Result<Vec<(String, Result<String, ConfigHashError>)>, serde_yaml::Error> {
+pub fn workloads_in_yaml(text: &str) -> Result<Vec<Workload>, serde_yaml::Error> {
     use serde::Deserialize;
     let mut out = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(text) {
@@ -423,7 +425,7 @@ fn parse_quantity(s: &str) -> Option<String> {
     if mantissa == 0 {
         return Some("0".into());
     }
-    while mantissa % 10 == 0 {
+    while mantissa.is_multiple_of(10) {
         mantissa /= 10;
         exp10 += 1;
     }
