@@ -46,6 +46,7 @@ fn world(profiles: usize, lanes: usize, pods: usize) -> (World, Snapshot) {
                     ready: Some(i % 17 != 0),
                     error_ratio: Some(if i % 9 == 0 { 0.4 } else { 0.01 }),
                     drain_requested: None,
+                    revision: None,
                 },
             );
         }
@@ -91,6 +92,7 @@ fn bench(c: &mut Criterion) {
                 ready: Some(true),
                 error_ratio: Some(if i == 5 { 0.35 } else { 0.01 }),
                 drain_requested: None,
+                revision: None,
             },
         );
     }

@@ -104,6 +104,12 @@ enum CliError {
     /// `simulate` or `diff` failed.
     #[error(transparent)]
     Sim(#[from] sim::cli::CliError),
+    /// `calibration-hash -f` could not be read or parsed.
+    #[error("{path}: {reason}")]
+    HashInput { path: String, reason: String },
+    /// `calibration-hash -f` holds no object with a pod template.
+    #[error("{path}: no pod template to hash: {reasons}")]
+    NoPodTemplate { path: String, reasons: String },
 }
 
 impl CliError {
@@ -120,7 +126,9 @@ impl CliError {
             | CliError::StepUnit { .. }
             | CliError::StepValue { .. }
             | CliError::Prometheus { .. }
-            | CliError::Addr { .. } => 2,
+            | CliError::Addr { .. }
+            | CliError::HashInput { .. }
+            | CliError::NoPodTemplate { .. } => 2,
             CliError::Controller(controller::Error::CrdsMissing(_)) => 3,
             CliError::Json(_)
             | CliError::Runtime(_)
@@ -161,6 +169,77 @@ enum Command {
     Simulate(lanekeeper::sim::cli::SimulateArgs),
     /// Compare base and head manifests on the same scenarios and signals.
     Diff(lanekeeper::sim::cli::DiffArgs),
+    /// Print the hash of a workload's pod template, the value of a
+    /// CapacityProfile's `capacity.calibration.configHash` (the controller
+    /// compares it with the same hash of the scale target).
+    CalibrationHash(CalibrationHashArgs),
+}
+
+#[derive(clap::Args)]
+struct CalibrationHashArgs {
+    /// The workload manifest (Deployment, StatefulSet or any object with
+    /// `spec.template`; multi-document YAML and `kind: List` are fine), or
+    /// `-` for standard input (`kubectl get deploy NAME -o yaml | ...`).
+    #[arg(short = 'f', long = "filename")]
+    file: PathBuf,
+    /// Print the canonical form that is hashed instead of the hash.
+    #[arg(long)]
+    canonical: bool,
+}
+
+/// `calibration-hash`: one line per workload; the hash alone when the input
+/// holds one, `HASH  Kind/name` when it holds several.
+fn run_calibration_hash(args: &CalibrationHashArgs) -> Result<(), CliError> {
+    use lanekeeper::api::calibration::{hash, workloads_in_yaml};
+    let path = args.file.display().to_string();
+    let input = |reason: String| CliError::HashInput {
+        path: path.clone(),
+        reason,
+    };
+    let text = if path == "-" {
+        std::io::read_to_string(std::io::stdin()).map_err(|e| input(e.to_string()))?
+    } else {
+        std::fs::read_to_string(&args.file).map_err(|e| input(e.to_string()))?
+    };
+    let found = workloads_in_yaml(&text).map_err(|e| input(e.to_string()))?;
+    let (ok, bad): (Vec<_>, Vec<_>) = found.into_iter().partition(|(_, c)| c.is_ok());
+    if ok.is_empty() {
+        let reasons = bad
+            .iter()
+            .map(|(w, e)| {
+                format!(
+                    "{w}: {}",
+                    e.as_ref()
+                        .err()
+                        .map_or_else(String::new, ToString::to_string)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(CliError::NoPodTemplate {
+            path,
+            reasons: if reasons.is_empty() {
+                "no object".into()
+            } else {
+                reasons
+            },
+        });
+    }
+    let several = ok.len() > 1;
+    for (workload, canonical) in ok {
+        let canonical = canonical.unwrap_or_default();
+        let value = if args.canonical {
+            canonical
+        } else {
+            hash(&canonical)
+        };
+        if several {
+            println!("{value}  {workload}");
+        } else {
+            println!("{value}");
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -512,6 +591,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run_operator(&args),
         Command::Simulate(args) => sim::cli::run_simulate(&args).map_err(CliError::from),
         Command::Diff(args) => sim::cli::run_diff(&args).map_err(CliError::from),
+        Command::CalibrationHash(args) => run_calibration_hash(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

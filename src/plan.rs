@@ -163,6 +163,10 @@ pub fn render_table(plan: &Plan) -> String {
     let mut last: std::collections::BTreeMap<String, Vec<LaneSignature>> = Default::default();
     let mut last_warnings: std::collections::BTreeMap<String, Vec<policy::Warning>> =
         Default::default();
+    let mut last_calibration: std::collections::BTreeMap<
+        String,
+        (Option<policy::CalibrationStale>, bool),
+    > = Default::default();
     for step in &plan.steps {
         for w in &step.warnings {
             let _ = writeln!(out, "at {:>6}s  warning: {w}", step.at);
@@ -201,6 +205,23 @@ pub fn render_table(plan: &Plan) -> String {
                     t.from, t.to, t.reason
                 );
             }
+            let cal = (p.calibration_stale, p.calibration_held);
+            if last_calibration.get(&k).copied().unwrap_or_default() != cal {
+                let _ = match cal {
+                    (Some(why), true) => writeln!(
+                        out,
+                        "           calibration stale: {} (onStaleCalibration Hold: capacity from calibration numbers is Unknown)",
+                        why.as_str()
+                    ),
+                    (Some(why), false) => writeln!(
+                        out,
+                        "           calibration stale: {} (onStaleCalibration Warn)",
+                        why.as_str()
+                    ),
+                    (None, _) => writeln!(out, "           calibration valid again"),
+                };
+                last_calibration.insert(k.clone(), cal);
+            }
             let sig = lanes_signature(p);
             if last.get(&k) != Some(&sig) {
                 let _ = writeln!(
@@ -214,7 +235,9 @@ pub fn render_table(plan: &Plan) -> String {
                 last.insert(k.clone(), sig);
             }
             for d in &p.drain.actions {
-                if d.action != policy::DrainAction::Keep {
+                if d.action != policy::DrainAction::Keep
+                    || d.reason == policy::DrainReason::OutdatedRevision
+                {
                     let _ = writeln!(
                         out,
                         "           drain: {:?} {} ({})",

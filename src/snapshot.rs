@@ -57,6 +57,22 @@ pub struct ProfileSignals {
     /// Per-pod evidence, keyed by pod name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pods: BTreeMap<String, PodSignals>,
+    /// The pool's calibration no longer describes it: `PoolChanged` (the
+    /// pod template's hash differs from `capacity.calibration.configHash`)
+    /// or `Expired` (past `measuredAt + validForSeconds`). Absent: valid, or
+    /// nothing to check. With `capacity.onStaleCalibration: Hold` the
+    /// capacity derived from calibration numbers is Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration_stale: Option<CalibrationStale>,
+    /// The pool's workload is rolling out a new revision: no new drain.
+    /// Absent: not known (drains are not held for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_in_progress: Option<bool>,
+    /// The pool's current revision (Deployment: the newest ReplicaSet's
+    /// `pod-template-hash`; StatefulSet: `status.updateRevision`). A drained
+    /// pod whose `revision` differs is never undrained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_revision: Option<String>,
     /// Signals that a configured source failed to give, with the reason
     /// (signal name → reason). A configured capacity signal
     /// (`availableUnitsPerSecond`) listed here makes the capacity Unknown:
@@ -82,6 +98,31 @@ pub struct PodSignals {
     /// `lanekeeper.dev/drain-request: "true"`). Honoured within the bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_requested: Option<bool>,
+    /// The revision the pod was made from (Deployment: its
+    /// `pod-template-hash` label; StatefulSet: its `controller-revision-hash`
+    /// label), compared with the profile's `currentRevision`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+}
+
+/// Why a pool's calibration no longer describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CalibrationStale {
+    /// The pod template changed since the measurement (its hash differs from
+    /// `capacity.calibration.configHash`).
+    PoolChanged,
+    /// The measurement is past `measuredAt + validForSeconds`.
+    Expired,
+}
+
+impl CalibrationStale {
+    /// The reason's code, as in the `Calibrated` condition.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CalibrationStale::PoolChanged => "PoolChanged",
+            CalibrationStale::Expired => "Expired",
+        }
+    }
 }
 
 /// Lane-level signals.
@@ -111,6 +152,7 @@ impl PodSignals {
             ready: Some(containers_ready && !terminating),
             error_ratio: None,
             drain_requested: drain_requested.then_some(true),
+            revision: None,
         }
     }
 
@@ -131,6 +173,12 @@ impl PodSignals {
 }
 
 impl ProfileSignals {
+    /// Whether a pod was made from an older revision than the pool's
+    /// current one: both revisions known and different.
+    pub fn is_outdated(&self, pod: &PodSignals) -> bool {
+        matches!((&pod.revision, &self.current_revision), (Some(p), Some(c)) if p != c)
+    }
+
     /// How many of the listed pods are ready ([`PodSignals::is_ready`]).
     pub fn ready_pods(&self) -> u32 {
         self.pods.values().filter(|p| p.is_ready()).count() as u32
@@ -148,6 +196,9 @@ impl ProfileSignals {
             p95_latency_seconds: clean(self.p95_latency_seconds),
             error_ratio: clean(self.error_ratio),
             unknown: self.unknown.clone(),
+            calibration_stale: self.calibration_stale,
+            rollout_in_progress: self.rollout_in_progress,
+            current_revision: self.current_revision.clone(),
             pods: self
                 .pods
                 .iter()
@@ -158,6 +209,7 @@ impl ProfileSignals {
                             ready: p.ready,
                             error_ratio: clean(p.error_ratio),
                             drain_requested: p.drain_requested,
+                            revision: p.revision.clone(),
                         },
                     )
                 })

@@ -47,6 +47,7 @@ impl SignalSource for PodErrors {
                             ready: None,
                             error_ratio: Some(*e),
                             drain_requested: None,
+                            revision: None,
                         },
                     );
                 }

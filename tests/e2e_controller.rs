@@ -725,3 +725,150 @@ async fn a_restarted_controller_never_goes_past_the_bound() {
     );
     assert_no_refusals(&c, &w);
 }
+
+/// Issue 12, rules 9 and 10 on a real control plane. The profile records
+/// the hash of the pool Deployment as the test wrote it (the function
+/// `calibration-hash` uses); the controller hashes what the API server
+/// stored (defaults filled in, quantities respelled) and finds the same.
+/// A new image that cannot roll out (its pods fit no node; `maxUnavailable:
+/// 0` keeps every old pod) makes `Calibrated` False/`PoolChanged` with an
+/// event naming the new hash, holds every new drain (the rollout is in
+/// progress) and keeps a drained pod of the old revision drained after its
+/// request is withdrawn (the current revision is read from the new
+/// ReplicaSet). Rolled back, the old revision is current again: the pod is
+/// undrained, the waiting drain request is honoured, `Calibrated` is True.
+#[tokio::test(flavor = "multi_thread")]
+async fn calibration_follows_the_pool_and_drains_wait_for_its_rollout() {
+    use lanekeeper::api::calibration::workload_config_hash;
+    let Some(Env { c, kc, w, _shared }) = env(
+        "calibration_follows_the_pool_and_drains_wait_for_its_rollout",
+        "calib",
+        8,
+    )
+    .await
+    else {
+        return;
+    };
+    let written = pool_deployment(w.name(), 8, 0);
+    let measured = workload_config_hash(&written).unwrap();
+    let mut profile = object(&w, "CapacityProfile", PROFILE);
+    profile["spec"]["capacity"]["calibration"]["configHash"] = json!(measured);
+    // Measured now (the example's measurement may have expired by the
+    // machine's clock).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    profile["spec"]["capacity"]["calibration"]["measuredAt"] =
+        json!(lanekeeper::api::common::rfc3339(now));
+    c.apply(&profile).await.unwrap();
+    let _ctl = start(&kc, &w, "calib");
+    eventually(
+        "the stored template hashes as written; Calibrated True",
+        T,
+        || async {
+            let st = w.status().await;
+            (st["observedConfigHash"] == json!(measured)
+                && condition(&st, "Calibrated").is_some_and(|c| c.0 == "True" && c.1 == "Valid")
+                && st["readyReplicas"] == 9)
+                .then_some(())
+        },
+    )
+    .await;
+    let pods: Vec<String> = w.pods().await.iter().map(|p| p.name_any()).collect();
+    let (a, b) = (pods[0].clone(), pods[1].clone());
+    let ask = json!({"metadata": {"annotations": {"lanekeeper.dev/drain-request": "true"}}});
+    let clear = json!({"metadata": {"annotations": {"lanekeeper.dev/drain-request": null}}});
+    patch_pod(&c, &w, &a, ask.clone(), false).await;
+    eventually("the first pod drained", T, || async {
+        (w.drained_pods().await == vec![a.clone()]).then_some(())
+    })
+    .await;
+
+    // A new image and a node selector no node matches: a rollout that
+    // stays in progress.
+    let mut changed = written.clone();
+    let tpl = &mut changed["spec"]["template"]["spec"];
+    tpl["containers"][0]["image"] = json!("registry.k8s.io/pause:3.9");
+    tpl["nodeSelector"]["lanekeeper.test/nowhere"] = json!("true");
+    let new_hash = workload_config_hash(&changed).unwrap();
+    assert_ne!(new_hash, measured);
+    let deployments =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.client.clone(), w.name());
+    let roll = json!({"spec": {
+        "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "template": {"spec": {
+            "nodeSelector": {"lanekeeper.test/nowhere": "true"},
+            "containers": [{"name": "vllm", "image": "registry.k8s.io/pause:3.9"}]
+        }}
+    }});
+    deployments
+        .patch(POOL, &PatchParams::default(), &Patch::Strategic(&roll))
+        .await
+        .unwrap();
+    eventually(
+        "Calibrated False/PoolChanged with the new hash",
+        T,
+        || async {
+            let st = w.status().await;
+            (st["observedConfigHash"] == json!(new_hash)
+                && condition(&st, "Calibrated")
+                    .is_some_and(|c| c.0 == "False" && c.1 == "PoolChanged"))
+            .then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "a CalibrationStale event naming the new hash",
+        T,
+        || async {
+            w.events("CalibrationStale")
+                .await
+                .iter()
+                .any(|(e, _)| e["note"].as_str().unwrap_or_default().contains(&new_hash))
+                .then_some(())
+        },
+    )
+    .await;
+    eventually("the new ReplicaSet's pod exists (Pending)", T, || async {
+        (w.pods().await.len() == 10).then_some(())
+    })
+    .await;
+    // During the rollout: the old-revision pod stays drained with its
+    // request withdrawn, and a new request waits.
+    patch_pod(&c, &w, &a, clear.clone(), false).await;
+    patch_pod(&c, &w, &b, ask.clone(), false).await;
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(8) {
+        assert_eq!(
+            w.drained_pods().await,
+            vec![a.clone()],
+            "during the rollout: {a} kept, {b} not drained"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // Rolled back: the old template, so the old ReplicaSet is current
+    // again and the rollout ends.
+    let back = json!({"spec": {"template": {"spec": {
+        "nodeSelector": {"lanekeeper.test/nowhere": null},
+        "containers": [{"name": "vllm", "image": "registry.k8s.io/pause:3.10"}]
+    }}}});
+    deployments
+        .patch(POOL, &PatchParams::default(), &Patch::Strategic(&back))
+        .await
+        .unwrap();
+    eventually("undrained, and the waiting request honoured", T, || async {
+        (w.drained_pods().await == vec![b.clone()]).then_some(())
+    })
+    .await;
+    eventually("Calibrated True again, with its event", T, || async {
+        let st = w.status().await;
+        (st["observedConfigHash"] == json!(measured)
+            && condition(&st, "Calibrated").is_some_and(|c| c.0 == "True")
+            && !w.events("CalibrationValid").await.is_empty())
+        .then_some(())
+    })
+    .await;
+    assert_no_refusals(&c, &w);
+}

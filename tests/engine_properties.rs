@@ -614,6 +614,7 @@ fn build_snapshots(c: &Case) -> Vec<(Snapshot, Restart)> {
                             ready: p.ready,
                             error_ratio: p.err.map(|e| ERRS[e]),
                             drain_requested: None,
+                            revision: None,
                         },
                     );
                 }

@@ -131,6 +131,7 @@ fn pod(ready: Option<bool>, err: Option<f64>) -> PodSignals {
         ready,
         error_ratio: err,
         drain_requested: None,
+        revision: None,
     }
 }
 
@@ -1955,6 +1956,7 @@ fn drain_requests_go_first_within_the_bound_and_are_released_when_withdrawn() {
                 ready: Some(true),
                 error_ratio: Some(err),
                 drain_requested: (i == 6).then_some(true),
+                revision: None,
             },
         );
     }

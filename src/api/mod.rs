@@ -1,5 +1,6 @@
 //! The custom resources of lanekeeper (`lanekeeper.dev/v1alpha1`).
 
+pub mod calibration;
 pub mod common;
 pub mod lane;
 pub mod policy;

@@ -104,9 +104,31 @@ pub struct CapacitySpec {
     #[serde(default = "default_warning_utilization")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 100").message("warningUtilizationPercent must be within 1..100"))]
     pub warning_utilization_percent: i32,
-    /// Where the capacity figures come from; reported, and checked for expiry.
+    /// Where the capacity figures come from: the controller checks them
+    /// against the pool's pod template and for expiry (the `Calibrated`
+    /// condition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationSpec>,
+    /// What a stale calibration (`Calibrated` False: `PoolChanged` or
+    /// `Expired`) does. `Warn` (default): a condition and an event only.
+    /// `Hold`: the capacity derived from calibration numbers (`readyReplicas
+    /// × unitsPerReplica`, ready pods × `unitsPerReplica`, and
+    /// `safeUnitsPerSecond` as admission's fallback) is Unknown; a measured
+    /// `availableUnitsPerSecond` still counts.
+    #[serde(default)]
+    pub on_stale_calibration: StaleCalibrationMode,
+}
+
+/// What a stale calibration does.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum StaleCalibrationMode {
+    /// Report it (the `Calibrated` condition and an event); decide as before.
+    #[default]
+    Warn,
+    /// Treat the capacity derived from calibration numbers as Unknown.
+    Hold,
 }
 
 fn default_warning_utilization() -> i32 {
@@ -117,15 +139,18 @@ fn default_warning_utilization() -> i32 {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CalibrationSpec {
-    /// Hash of the serving configuration (model, engine flags, GPU type) that
-    /// was measured. A change of configuration invalidates the measurement.
+    /// Hash of the pool's pod template that was measured (`sha256:<hex>`,
+    /// what `lanekeeper calibration-hash -f <workload.yaml>` prints; the
+    /// controller shows the current one as `status.observedConfigHash`).
+    /// When they differ the profile reports `Calibrated` False, reason
+    /// `PoolChanged`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_hash: Option<String>,
     /// When the measurement was taken (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_at: Option<String>,
     /// How long the measurement stays valid, in seconds after `measuredAt`.
-    /// After that the profile reports `CalibrationExpired`.
+    /// After that the profile reports `Calibrated` False, reason `Expired`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("validForSeconds must be at least 1"))]
     pub valid_for_seconds: Option<i64>,
@@ -559,8 +584,13 @@ pub struct CapacityProfileStatus {
     /// Signals that are unknown now, with the reason (signal → reason).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub unknown_signals: std::collections::BTreeMap<String, String>,
+    /// The hash of the pool's pod template now (the scale target's
+    /// `spec.template`), in the form of `capacity.calibration.configHash`.
+    /// Absent when the scale target has no pod template or can't be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_config_hash: Option<String>,
     /// Standard conditions: `Ready`, `Degraded`, `TelemetryKnown`,
-    /// `Overcommitted`, `CalibrationExpired`, `DrainBudgetExhausted`,
+    /// `Overcommitted`, `Calibrated`, `DrainBudgetExhausted`,
     /// `PoolGrowthBlocked` (pods of the pool the scheduler cannot place),
     /// `ScalingConflict`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

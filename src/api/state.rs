@@ -206,6 +206,11 @@ pub enum DrainReason {
     },
     /// No new drains while telemetry is unknown or the pool scales down.
     Held,
+    /// No new drain while the pool's workload rolls out a new revision.
+    RolloutInProgress,
+    /// A drained pod made from an older revision than the pool's current
+    /// one: kept drained until the rollout replaces it, never undrained.
+    OutdatedRevision,
     /// A pod that is not ready is never labelled.
     NotReady,
     /// The pod changed between the read and the write.
@@ -229,6 +234,8 @@ impl DrainReason {
             DrainReason::OverBound { .. } => "OverBound",
             DrainReason::BudgetExhausted { .. } => "DrainBudgetExhausted",
             DrainReason::Held => "DrainHeld",
+            DrainReason::RolloutInProgress => "RolloutInProgress",
+            DrainReason::OutdatedRevision => "OutdatedRevision",
             DrainReason::NotReady => "NotReady",
             DrainReason::Conflict => "Conflict",
             DrainReason::Observe => "Observe",
@@ -260,6 +267,12 @@ impl fmt::Display for DrainReason {
                 write!(f, "DrainBudgetExhausted: {drained} of {bound} drained")
             }
             DrainReason::Held => f.write_str("DrainHeld: telemetry unknown or pool scaling down"),
+            DrainReason::RolloutInProgress => {
+                f.write_str("RolloutInProgress: no new drain while the pool rolls out a new revision")
+            }
+            DrainReason::OutdatedRevision => f.write_str(
+                "OutdatedRevision: from an older revision than the pool's; stays drained until replaced",
+            ),
             DrainReason::NotReady => {
                 f.write_str("NotReady: a pod that is not ready is never labelled")
             }
@@ -287,6 +300,8 @@ impl FromStr for DrainReason {
             DrainReason::RequestWithdrawn,
             DrainReason::Disabled,
             DrainReason::Held,
+            DrainReason::RolloutInProgress,
+            DrainReason::OutdatedRevision,
             DrainReason::NotReady,
             DrainReason::Conflict,
             DrainReason::Observe,
@@ -384,6 +399,8 @@ mod tests {
                 bound: 2,
             },
             DrainReason::Held,
+            DrainReason::RolloutInProgress,
+            DrainReason::OutdatedRevision,
             DrainReason::NotReady,
             DrainReason::Conflict,
             DrainReason::Observe,

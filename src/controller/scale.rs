@@ -68,6 +68,8 @@ pub struct TargetState {
     pub replicas: Option<i32>,
     /// `status.readyReplicas` of the workload, where the kind has one.
     pub ready_replicas: Option<u32>,
+    /// The workload as read (its pod template and rollout status).
+    pub workload: Option<DynamicObject>,
 }
 
 /// Reads the scale target.
@@ -113,6 +115,7 @@ pub async fn read(
     Ok(TargetState {
         replicas: scale.spec.and_then(|s| s.replicas),
         ready_replicas,
+        workload: Some(obj),
     })
 }
 

@@ -3,11 +3,15 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::api::calibration::CalibrationCheck;
 use crate::api::{
     CapacityProfile, CapacityProfileStatus, DegradationPolicy, DegradationPolicyStatus,
     LaneContract, LaneContractStatus, Transition,
 };
 use crate::policy::{Drain, LaneDecision, ProfileDecision, ProfileState, Telemetry, Warning};
+
+/// The condition type saying whether the calibration describes the pool.
+pub const CALIBRATED: &str = "Calibrated";
 
 /// Most transitions kept in a policy's status.
 pub const MAX_TRANSITIONS: usize = 10;
@@ -83,8 +87,10 @@ pub struct Observed {
     pub scaling_conflict: Option<String>,
     /// Unknown signals with reasons.
     pub unknown: std::collections::BTreeMap<String, String>,
-    /// Whether the calibration has expired (None without calibration).
-    pub calibration_expired: Option<bool>,
+    /// What the calibration says about the pool now.
+    pub calibration: CalibrationCheck,
+    /// The hash of the pool's pod template (None without one).
+    pub observed_config_hash: Option<String>,
     /// The drain as carried out (None without a drain spec or pod index).
     pub drain: Option<Drain>,
     /// Pods of the pool the scheduler could not place, with its message for
@@ -165,31 +171,18 @@ fn decision_conditions(d: &ProfileDecision, observed: &Observed) -> Vec<Cond<'st
     ]
 }
 
-/// The conditions about the pool: `CalibrationExpired`,
-/// `DrainBudgetExhausted` (with a drain section), `PoolGrowthBlocked`,
-/// `ScalingConflict`.
+/// The conditions about the pool: `Calibrated`, `DrainBudgetExhausted`
+/// (with a drain section), `PoolGrowthBlocked`, `ScalingConflict`.
 fn pool_conditions(profile: &CapacityProfile, observed: &Observed) -> Vec<Cond<'static>> {
     let mut wanted = Vec::new();
-    wanted.push(match observed.calibration_expired {
-        Some(true) => Cond {
-            type_: "CalibrationExpired",
-            status: "True",
-            reason: "Expired",
-            message: "the capacity measurement is past measuredAt + validForSeconds: measure again"
-                .into(),
-        },
-        Some(false) => Cond {
-            type_: "CalibrationExpired",
-            status: "False",
-            reason: "Valid",
-            message: "the capacity measurement is valid".into(),
-        },
-        None => Cond {
-            type_: "CalibrationExpired",
-            status: "Unknown",
-            reason: "NoCalibration",
-            message: "no calibration measuredAt/validForSeconds given".into(),
-        },
+    let (status, reason, message) = observed
+        .calibration
+        .condition(profile.spec.capacity.on_stale_calibration);
+    wanted.push(Cond {
+        type_: CALIBRATED,
+        status,
+        reason,
+        message,
     });
     if profile.spec.drain.is_some() {
         let refused: Vec<String> = observed
@@ -291,6 +284,7 @@ pub fn profile_status(
             .as_ref()
             .map(|_| observed.drain.as_ref().unwrap_or(&d.drain).drain_budget as i32),
         unknown_signals: observed.unknown.clone(),
+        observed_config_hash: observed.observed_config_hash.clone(),
         conditions: conditions(existing, wanted, generation, now),
         engine: Some(state.clone()),
     }

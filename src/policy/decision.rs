@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{Decimal, SheddingMode};
 pub use crate::api::{DrainReason, DrainedPod, ProfileState};
+pub use crate::snapshot::CalibrationStale;
 
 pub use super::bind::BindProblem;
 
@@ -90,6 +91,14 @@ pub struct ProfileDecision {
     pub capacity_units_per_second: Option<f64>,
     /// Where the capacity came from.
     pub capacity_source: Option<String>,
+    /// The calibration no longer describes the pool (`PoolChanged` or
+    /// `Expired`, from the signals); absent while valid or unchecked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration_stale: Option<CalibrationStale>,
+    /// `onStaleCalibration: Hold` is in force: capacity derived from
+    /// calibration numbers is Unknown in this step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub calibration_held: bool,
     /// Total demand before shedding.
     pub demand_units_per_second: f64,
     /// Total admitted.

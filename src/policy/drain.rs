@@ -5,6 +5,14 @@
 //! is above the threshold, worst first, ties by name. A drained pod stays
 //! drained until it has looked healthy for `healthyForSeconds`. A pod with no
 //! evidence in a step is neither drained nor undrained.
+//!
+//! With the rollout in mind: no new drain while the pool rolls out a new
+//! revision (`rolloutInProgress`; candidates are refused with
+//! `RolloutInProgress`), and a drained pod made from an older revision than
+//! the pool's current one is never undrained on health or a withdrawn
+//! request: it stays drained (`OutdatedRevision`) until the rollout replaces
+//! it. Only the bound itself releases one, and only after every drained pod
+//! of the current revision.
 
 use std::collections::BTreeMap;
 
@@ -73,13 +81,18 @@ pub fn decide(
         let err = pod.error_ratio;
         let mut d = d.clone();
         let requested = pod.drain_requested == Some(true);
+        let outdated = sig.is_outdated(pod);
         if requested {
             // Stays drained while the request stands.
             d.healthy_since = None;
             drained.insert(name.clone(), d);
             continue;
         }
-        if d.reason == DrainReason::Requested && err.is_none_or(|e| e <= threshold) && !hold {
+        if !outdated
+            && !hold
+            && d.reason == DrainReason::Requested
+            && err.is_none_or(|e| e <= threshold)
+        {
             // The request was withdrawn and no evidence says the pod is bad.
             actions.push(PodDrain {
                 pod: name.clone(),
@@ -92,7 +105,7 @@ pub fn decide(
         match err {
             Some(e) if e <= threshold => {
                 let since = d.healthy_since.unwrap_or(at);
-                if at - since >= healthy_for && !hold {
+                if at - since >= healthy_for && !hold && !outdated {
                     actions.push(PodDrain {
                         pod: name.clone(),
                         action: DrainAction::Undrain,
@@ -112,13 +125,16 @@ pub fn decide(
         drained.insert(name.clone(), d);
     }
     // 2. Over the bound (pods left, readiness dropped): undrain the
-    //    healthiest first so the bound and minServing hold.
+    //    healthiest first so the bound and minServing hold (pods of the
+    //    current revision before outdated ones).
+    let outdated = |n: &str| sig.pods.get(n).is_some_and(|p| sig.is_outdated(p));
     if drained.len() as u32 > budget {
-        let mut order: Vec<(String, f64)> = drained
+        let mut order: Vec<(String, bool, f64)> = drained
             .keys()
             .map(|n| {
                 (
                     n.clone(),
+                    outdated(n),
                     sig.pods
                         .get(n)
                         .and_then(|p| p.error_ratio)
@@ -126,9 +142,13 @@ pub fn decide(
                 )
             })
             .collect();
-        order.sort_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        order.sort_by(|a, b| {
+            a.1.cmp(&b.1)
+                .then_with(|| a.2.total_cmp(&b.2))
+                .then_with(|| a.0.cmp(&b.0))
+        });
         let excess = drained.len() - budget as usize;
-        for (name, err) in order.into_iter().take(excess) {
+        for (name, _, err) in order.into_iter().take(excess) {
             drained.remove(&name);
             actions.push(PodDrain {
                 pod: name,
@@ -143,7 +163,11 @@ pub fn decide(
             pod: name.clone(),
             action: DrainAction::Keep,
             error_ratio: sig.pods.get(name).and_then(|p| p.error_ratio),
-            reason: d.reason.clone(),
+            reason: if outdated(name) {
+                DrainReason::OutdatedRevision
+            } else {
+                d.reason.clone()
+            },
         });
     }
     // 3. New candidates within the bound: requested drains first, then the
@@ -173,7 +197,8 @@ pub fn decide(
                 threshold,
             }
         };
-        if may_drain && (drained.len() as u32) < budget {
+        let rollout = sig.rollout_in_progress == Some(true);
+        if may_drain && !rollout && (drained.len() as u32) < budget {
             drained.insert(
                 name.clone(),
                 DrainedPod {
@@ -193,7 +218,9 @@ pub fn decide(
                 pod: name.clone(),
                 action: DrainAction::Refused,
                 error_ratio: err_known,
-                reason: if may_drain {
+                reason: if rollout {
+                    DrainReason::RolloutInProgress
+                } else if may_drain {
                     DrainReason::BudgetExhausted {
                         drained: drained.len() as u32,
                         bound: budget,

@@ -365,9 +365,12 @@ pub fn step(
     // conditions hold, every lane's rate is known, for the stable window (or,
     // for an episode's first step down, the cool-down), and no released lane
     // is still ramping.
+    // A higher level's trigger on unknown data might hold: no evidence to
+    // leave this one either.
     let exit_ok = |k: u32| {
         let idx = (k - 1) as usize;
         states[idx] == Trigger::Clear
+            && states[idx..].iter().all(|t| *t != Trigger::Unknown)
             && i.lanes_known
             && exit_conditions_hold(levels[idx].exit_when.as_ref(), i)
     };

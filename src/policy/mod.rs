@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use crate::api::{
     Approval, CapacityProfile, DegradationPolicy, LaneContract, ObjectKey, Ramp, SheddingMode,
+    StaleCalibrationMode,
 };
 use crate::snapshot::{ProfileSignals, Snapshot};
 
@@ -70,7 +71,9 @@ pub fn evaluate(
 }
 
 /// Capacity from the signals: available capacity, else ready replicas ×
-/// units per replica, else ready pods × units per replica.
+/// units per replica, else ready pods × units per replica. With a stale
+/// calibration and `onStaleCalibration: Hold`, only the measured available
+/// capacity counts (the rest is derived from calibration numbers).
 fn capacity_of(
     profile: &CapacityProfile,
     sig: Option<&ProfileSignals>,
@@ -93,6 +96,9 @@ fn capacity_of(
     if let Some(a) = sig.available_units_per_second {
         return (Some(a), Some(CAPACITY_SIGNAL.into()), ready);
     }
+    if calibration_held(profile, Some(sig)) {
+        return (None, None, ready);
+    }
     if let Some(r) = sig.ready_replicas {
         return (Some(r as f64 * upr), Some("readyReplicas".into()), ready);
     }
@@ -104,6 +110,13 @@ fn capacity_of(
         );
     }
     (None, None, ready)
+}
+
+/// Whether the capacity derived from calibration numbers is Unknown in this
+/// step: the calibration is stale and the profile says `Hold`.
+pub fn calibration_held(profile: &CapacityProfile, sig: Option<&ProfileSignals>) -> bool {
+    sig.is_some_and(|s| s.calibration_stale.is_some())
+        && profile.spec.capacity.on_stale_calibration == StaleCalibrationMode::Hold
 }
 
 /// How the level actions touch one lane.
@@ -340,10 +353,16 @@ pub fn evaluate_profile(
     let floors_total: f64 = adm_lanes.iter().map(|l| l.reserve).sum();
     // Unknown capacity holds: admission runs against the last known capacity
     // (or, never having known one, the declared safe capacity), so missing
-    // data neither expands nor collapses what gateways admit.
-    let admission_capacity = capacity
-        .or(prev.last_capacity)
-        .unwrap_or_else(|| profile.spec.capacity.safe_units_per_second.value());
+    // data neither expands nor collapses what gateways admit. A held stale
+    // calibration assumes no calibrated figure: the floors only.
+    let held = calibration_held(profile, sig.as_ref());
+    let admission_capacity = capacity.or(prev.last_capacity).unwrap_or_else(|| {
+        if held {
+            floors_total
+        } else {
+            profile.spec.capacity.safe_units_per_second.value()
+        }
+    });
     let mut admissions = admission::admit(&adm_lanes, admission_capacity);
     // Unknown never relaxes: on incomplete evidence no lane gets more than
     // it was admitted in the previous step.
@@ -532,6 +551,8 @@ pub fn evaluate_profile(
         triggers: ladder.triggers,
         capacity_units_per_second: capacity.map(round6),
         capacity_source,
+        calibration_stale: sig.as_ref().and_then(|s| s.calibration_stale),
+        calibration_held: held,
         demand_units_per_second: round6(total_demand),
         admitted_units_per_second: round6(admitted_total),
         utilization_percent: utilization.map(round6),

@@ -97,6 +97,11 @@ audit log).
 - apiGroups: ["apps"]
   resources: ["deployments/scale", "statefulsets/scale"]
   verbs: ["get", "patch"]
+# A Deployment pool's current revision is its newest ReplicaSet's
+# pod-template-hash (drains wait for a rollout; see docs/operations.md).
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["list"]
 {{- range .Values.rbac.extraScaleTargets }}
 - apiGroups: [{{ .apiGroup | quote }}]
   resources: [{{ .resource | quote }}]

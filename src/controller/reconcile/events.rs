@@ -13,6 +13,7 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 
 use super::super::context::{APPROVE_ANNOTATION, Context};
+use super::super::status::CALIBRATED;
 use super::actuate::Effects;
 use super::report::Reported;
 use crate::policy::{DrainAction, ProfileDecision, Telemetry};
@@ -83,6 +84,7 @@ pub fn events(
         }
     }
     profile_events(reported, decision, effects, unknown, &mut out);
+    calibration_events(reported, &mut out);
     out
 }
 
@@ -245,6 +247,47 @@ fn profile_events(
             EventType::Warning,
             "DrainBudgetExhausted",
             c.message.clone(),
+        ));
+    }
+}
+
+/// The calibration's events: a Warning saying what to re-measure when
+/// `Calibrated` turns False (or says something new), a Normal one when it
+/// is True again.
+fn calibration_events(reported: &Reported, out: &mut Vec<Note>) {
+    let (old, new) = (&reported.profile_before, &reported.profile_after);
+    let Some(c) = condition(&new.conditions, CALIBRATED) else {
+        return;
+    };
+    let was = condition(&old.conditions, CALIBRATED);
+    if c.status == "False"
+        && was.is_none_or(|o| o.status != "False" || o.reason != c.reason || o.message != c.message)
+    {
+        // The action names what changed, so a new pool change is a new
+        // event rather than a repeat folded into the first one's series.
+        let hash = new
+            .observed_config_hash
+            .as_deref()
+            .and_then(|h| h.strip_prefix("sha256:"))
+            .map(|h| format!("-{}", &h[..h.len().min(12)]))
+            .filter(|_| c.reason == "PoolChanged")
+            .unwrap_or_default();
+        out.push(Note {
+            action: format!("Remeasure{}{hash}", c.reason),
+            ..note(
+                Target::Profile,
+                EventType::Warning,
+                "CalibrationStale",
+                c.message.clone(),
+            )
+        });
+    }
+    if c.status == "True" && was.is_some_and(|o| o.status == "False") {
+        out.push(note(
+            Target::Profile,
+            EventType::Normal,
+            "CalibrationValid",
+            format!("the calibration describes the pool again: {}", c.message),
         ));
     }
 }
@@ -515,6 +558,78 @@ mod tests {
             )),
             ["DrainBudgetExhausted"]
         );
+    }
+
+    #[test]
+    fn a_stale_calibration_says_what_to_remeasure_once_and_its_return_once() {
+        let cal = |status: &str, reason: &str, m: &str, hash: &str| {
+            let mut c = cond("Calibrated", status, m);
+            c.reason = reason.into();
+            CapacityProfileStatus {
+                conditions: vec![c],
+                observed_config_hash: Some(hash.into()),
+                ..Default::default()
+            }
+        };
+        let run = |r: &Reported| {
+            events(
+                r,
+                &decision(0, "Known", None),
+                &Effects::default(),
+                &Default::default(),
+            )
+        };
+        let valid = cal(
+            "True",
+            "Valid",
+            "the pod template matches configHash",
+            "sha256:aaaa",
+        );
+        let changed = |h: &str| {
+            cal(
+                "False",
+                "PoolChanged",
+                &format!("the pool's pod template hashes to {h}: measure again"),
+                h,
+            )
+        };
+        let mut r = Reported {
+            profile_before: valid.clone(),
+            profile_after: changed("sha256:bbbbbbbbbbbbbbbbbbbb"),
+            ..Default::default()
+        };
+        let n = run(&r);
+        assert_eq!(reasons(&n), ["CalibrationStale"]);
+        assert_eq!(n[0].type_, EventType::Warning);
+        assert_eq!(n[0].action, "RemeasurePoolChanged-bbbbbbbbbbbb");
+        assert!(n[0].note.contains("measure again"), "{}", n[0].note);
+        // Unchanged: no repeat.
+        r.profile_before = r.profile_after.clone();
+        assert!(run(&r).is_empty());
+        // The pool changed again: a new event with its own action.
+        r.profile_after = changed("sha256:cccccccccccccccccccc");
+        let n = run(&r);
+        assert_eq!(n[0].action, "RemeasurePoolChanged-cccccccccccc");
+        // Expired: a different action.
+        r.profile_before = valid.clone();
+        r.profile_after = cal("False", "Expired", "expired: measure again", "sha256:aaaa");
+        assert_eq!(run(&r)[0].action, "RemeasureExpired");
+        // Valid again: once.
+        r.profile_before = r.profile_after.clone();
+        r.profile_after = valid.clone();
+        let n = run(&r);
+        assert_eq!(reasons(&n), ["CalibrationValid"]);
+        assert_eq!(n[0].type_, EventType::Normal);
+        r.profile_before = valid;
+        assert!(run(&r).is_empty());
+        // Unknown (no calibration) says nothing.
+        r.profile_after = cal(
+            "Unknown",
+            "NoCalibration",
+            "nothing to check",
+            "sha256:aaaa",
+        );
+        assert!(run(&r).is_empty());
     }
 
     #[test]

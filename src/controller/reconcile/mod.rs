@@ -10,12 +10,14 @@
 //! 5. [`events`]: a pure function from what changed to the events, then
 //!    published.
 //!
-//! [`writes`] keeps what our writes returned (the watch lags behind them);
+//! [`pool`] reads what the pool's workload says beyond its size (its pod
+//! template's hash, its rollout) for observe. [`writes`] keeps what our writes returned (the watch lags behind them);
 //! [`sweep`] covers what no profile's reconcile sees.
 
 pub mod actuate;
 pub mod events;
 pub mod observe;
+pub mod pool;
 pub mod report;
 pub mod sweep;
 pub mod writes;

@@ -14,13 +14,15 @@ use super::super::context::{APPROVE_ANNOTATION, Context};
 use super::super::error::Error;
 use super::super::pods::{self, DRAIN_REASON_ANNOTATION, DRAINED_AT_ANNOTATION};
 use super::super::scale::{self, TargetState};
+use super::pool::{self as pool_view, PoolView, WorkloadKind};
+use crate::api::calibration::CalibrationCheck;
 use crate::api::{
     Approval, CapacityProfile, DegradationPolicy, DrainReason, DrainedPod, LaneContract, ObjectKey,
-    PolicyMode, ProfileState,
+    PolicyMode, ProfileState, StaleCalibrationMode,
 };
 use crate::policy::{self, Binding};
 use crate::signals::{SourceInput, SourceOutput, merge};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{ProfileSignals, Snapshot};
 
 /// Now, in Unix seconds.
 pub fn now() -> i64 {
@@ -62,8 +64,11 @@ pub struct Observation {
     pub unknown: BTreeMap<String, String>,
     /// Pods the scheduler could not place, with its message for one.
     pub unschedulable: Option<(usize, String)>,
-    /// Whether the calibration has expired (None without calibration).
-    pub calibration_expired: Option<bool>,
+    /// What the pool's workload says: its pod template's hash and its
+    /// rollout (None when the scale target could not be read).
+    pub pool: Option<PoolView>,
+    /// What the calibration says about the pool now.
+    pub calibration: CalibrationCheck,
 }
 
 impl Observation {
@@ -97,13 +102,51 @@ pub fn approval(policy: &DegradationPolicy, now: i64) -> Option<Approval> {
     })
 }
 
-/// Whether the calibration of a profile has expired at `now`.
-pub fn calibration_expired(profile: &CapacityProfile, now: i64) -> Option<bool> {
-    let cal = profile.spec.capacity.calibration.as_ref()?;
-    let measured = crate::api::common::parse_rfc3339(cal.measured_at.as_deref()?)?;
-    let valid = cal.valid_for_seconds?;
-    Some(now > measured.saturating_add(valid))
+/// What the workload says about the pool, into the engine's signals: the
+/// calibration's staleness, the rollout, the current revision and each
+/// pod's revision (from the kind's revision label). Adds to `unknown` what
+/// could not be had or what `Hold` makes Unknown.
+pub fn pool_signals(
+    profile: &CapacityProfile,
+    pool: Option<&PoolView>,
+    calibration: &CalibrationCheck,
+    raw_pods: Option<&[Arc<Pod>]>,
+    signals: &mut ProfileSignals,
+    unknown: &mut BTreeMap<String, String>,
+) {
+    signals.calibration_stale = calibration.stale();
+    if let Some(why) = signals.calibration_stale
+        && profile.spec.capacity.on_stale_calibration == StaleCalibrationMode::Hold
+        && signals.available_units_per_second.is_none()
+    {
+        unknown.insert(
+            CALIBRATED_CAPACITY.to_owned(),
+            format!(
+                "the calibration is stale ({}) and capacity.onStaleCalibration is Hold",
+                why.as_str()
+            ),
+        );
+    }
+    let Some(pool) = pool else {
+        return;
+    };
+    signals.rollout_in_progress = pool.rollout_in_progress;
+    signals.current_revision = pool.current_revision.clone();
+    if let Some(problem) = &pool.revision_problem {
+        unknown.insert("currentRevision".to_owned(), problem.clone());
+    }
+    let label = WorkloadKind::of(&profile.spec.pool.scale_target_ref).revision_label();
+    if let (Some(label), Some(raw)) = (label, raw_pods) {
+        for p in raw {
+            if let Some(s) = signals.pods.get_mut(&p.name_any()) {
+                s.revision = p.labels().get(label).cloned();
+            }
+        }
+    }
 }
+
+/// The `unknown` key saying why calibrated capacity is not used.
+pub const CALIBRATED_CAPACITY: &str = "calibratedCapacity";
 
 /// The drained set as the cluster shows it: labelled pods, with the time and
 /// reason from their annotations and the healthy window from the engine's
@@ -198,6 +241,15 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
         }
         Err(e) => (None, Some(e.to_string())),
     };
+    let pool = match target.as_ref().and_then(|t| t.workload.as_ref()) {
+        Some(w) => Some(pool_view::read(&ctx.client, &ns, target_ref, w).await),
+        None => None,
+    };
+    let calibration = CalibrationCheck::new(
+        profile.spec.capacity.calibration.as_ref(),
+        pool.as_ref().map(|p| &p.config_hash),
+        now,
+    );
 
     // Signals, from every source in order.
     let lane_refs: Vec<&LaneContract> = lanes.iter().collect();
@@ -224,6 +276,14 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
     };
     let mut profile_signals = out.profile;
     profile_signals.unknown = out.unknown;
+    pool_signals(
+        &profile,
+        pool.as_ref(),
+        &calibration,
+        raw_pods.as_deref(),
+        &mut profile_signals,
+        &mut unknown,
+    );
     snapshot.profiles.insert(profile.key(), profile_signals);
     snapshot.lanes = out.lanes;
 
@@ -236,7 +296,6 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
     if let Some(ps) = &raw_pods {
         prev.drained = drained_from_cluster(ps, &prev.drained, now);
     }
-    let calibration_expired = calibration_expired(&profile, now);
     Ok(Observation {
         now,
         profile,
@@ -252,6 +311,7 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
         ready_replicas,
         unknown,
         unschedulable,
-        calibration_expired,
+        pool,
+        calibration,
     })
 }

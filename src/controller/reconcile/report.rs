@@ -66,7 +66,11 @@ pub async fn report(
         scale_problem: obs.scale_problem.clone(),
         scaling_conflict: effects.scaling_conflict.as_ref().map(ToString::to_string),
         unknown: obs.unknown.clone(),
-        calibration_expired: obs.calibration_expired,
+        calibration: obs.calibration.clone(),
+        observed_config_hash: obs
+            .pool
+            .as_ref()
+            .and_then(|p| p.config_hash.as_ref().ok().cloned()),
         drain: effects.drain.clone(),
         unschedulable: obs.unschedulable.clone(),
     };

@@ -85,6 +85,7 @@ pub fn builtin_resources() -> Vec<ResourceDef> {
             .with_status()
             .with_generation()
             .with_scale(".spec.replicas", ".status.replicas", Some(".spec.selector")),
+        ResourceDef::new("apps", "v1", "ReplicaSet", "replicasets", true).with_status(),
         ResourceDef::new("apps", "v1", "StatefulSet", "statefulsets", true)
             .with_status()
             .with_generation()
