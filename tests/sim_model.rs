@@ -413,3 +413,58 @@ fn same_seed_same_report_byte_for_byte() {
     let c = render(&sc);
     assert_ne!(a.0, c.0, "another seed gives other draws");
 }
+
+#[test]
+fn the_p1_surge_is_measured_as_originals_and_retries_apart() {
+    // P1 180 → 320 req/s for 10 minutes at full capacity: the in-flight
+    // reflex holds P1 back and its clients retry. Demand counts originals
+    // only, so the retries do not push the ladder to the read-only level.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let world = lanekeeper::manifest::load(&[root.join("examples/p1-surge/manifests.yaml")])
+        .unwrap()
+        .world;
+    let sc = sim::scenario::load(&root.join("examples/p1-surge/scenario.yaml")).unwrap();
+    let (run, rep) = sim::simulate(&world, &sc, Policy::Lanekeeper).unwrap();
+    let p = &rep.profiles[0];
+    let p1 = p
+        .lanes
+        .iter()
+        .position(|l| l.name == "p1-agent-assist")
+        .unwrap();
+    let surge: Vec<_> = p
+        .series
+        .iter()
+        .filter(|s| (420..900).contains(&s.at))
+        .collect();
+    let mean = |f: &dyn Fn(&sim::report::SeriesPoint) -> f64| {
+        surge.iter().map(|s| f(s)).sum::<f64>() / surge.len() as f64
+    };
+    let originals = mean(&|s| s.lanes[p1].originals);
+    let retries = mean(&|s| s.lanes[p1].retries);
+    assert!((originals - 320.0).abs() < 10.0, "originals {originals}");
+    assert!(
+        retries > 20.0,
+        "the surge makes P1's clients retry: {retries}"
+    );
+    for e in &run.evaluations {
+        let d = &e.profiles[0];
+        let l = d
+            .lanes
+            .iter()
+            .find(|l| l.name == "p1-agent-assist")
+            .unwrap();
+        assert!(
+            l.requests_per_second < 345.0,
+            "at {}: P1 demand counts retries ({} req/s)",
+            e.at,
+            l.requests_per_second
+        );
+        assert!(
+            !d.gateway.read_only,
+            "at {}: read-only on a surge of {} req/s",
+            e.at, l.requests_per_second
+        );
+    }
+    let p3 = p.lanes.iter().find(|l| l.name == "p3-shift-batch").unwrap();
+    assert_eq!(p3.lost, 0, "P3 is deferred, not lost");
+}
