@@ -130,6 +130,9 @@ pub struct LaneConfig {
     /// Seconds a rejected client should wait, when the lane is throttled,
     /// capped or paused (null when admitted).
     pub retry_after_seconds: Option<i64>,
+    /// For a lane whose contract has `shedding.mode: Defer`: its rejections
+    /// are deferrals (null for every other lane).
+    pub deferral: Option<Deferral>,
     /// The routes to use now.
     pub routes: Vec<String>,
     /// Optional-context limits in force now (degraded when the level rejects
@@ -157,6 +160,51 @@ pub struct Retry {
     pub max_attempts: i32,
     /// Extra attempts ÷ original requests, in percent.
     pub budget_percent: i32,
+}
+
+/// How a `Defer` lane defers: a request that cannot queue, or whose wait
+/// runs out, is told when to come back instead of being refused, and its
+/// return counts against neither `retry.maxAttempts` nor the retry budget.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Deferral {
+    /// The expected time to resume, in seconds: the `Retry-After` of every
+    /// deferral (see [`resume_after_seconds`]).
+    pub retry_after_seconds: i64,
+}
+
+/// The expected time to resume of a `Defer` lane, in seconds: the
+/// `Retry-After` its gateway gives a deferred request.
+///
+/// A paused lane resumes no sooner than the level above it can step down,
+/// `stable_for` seconds (the policy's `hysteresis.stableForSeconds`). A lane
+/// that admits `admitted_requests_per_second` serves a full queue of
+/// `max_depth` requests in `max_depth ÷ rate` seconds; a step down may raise
+/// its rate sooner, so the wait is at most `stable_for`. At least 1 s.
+pub fn resume_after_seconds(
+    state: LaneState,
+    admitted_requests_per_second: f64,
+    max_depth: i64,
+    stable_for: i64,
+) -> i64 {
+    let longest = stable_for.max(1);
+    if state == LaneState::Paused || admitted_requests_per_second <= 0.0 {
+        return longest;
+    }
+    // The rate is rounded to 6 decimals (133.333333): don't let that round
+    // 150 s up to 151.
+    let drain = (max_depth.max(0) as f64 / admitted_requests_per_second - 1e-6).ceil();
+    if drain.is_finite() && drain < longest as f64 {
+        (drain as i64).max(1)
+    } else {
+        longest
+    }
+}
+
+/// The `hysteresis.stableForSeconds` a gateway config uses for a profile's
+/// lanes: the policy's, 300 without a policy.
+pub fn stable_for_seconds(policy: Option<&DegradationPolicy>) -> i64 {
+    policy.map_or(300, |p| p.spec.hysteresis.stable_for_seconds)
 }
 
 /// Optional-context limits.
@@ -198,7 +246,7 @@ pub fn build(
         .iter()
         .map(|l| (l.metadata.name.as_deref().unwrap_or_default(), *l))
         .collect();
-    let stable_for = policy.map_or(300, |p| p.spec.hysteresis.stable_for_seconds);
+    let stable_for = stable_for_seconds(policy);
     let flags = Flags {
         reject_optional_context: decision.gateway.reject_optional_context,
         use_fallback_routes: decision.gateway.use_fallback_routes,
@@ -258,6 +306,14 @@ pub fn build(
             })
             .collect();
         let rps = d.admitted_requests_per_second;
+        let deferral = (spec.shedding.mode == crate::api::SheddingMode::Defer).then(|| Deferral {
+            retry_after_seconds: resume_after_seconds(
+                d.state,
+                rps,
+                spec.queue.max_depth,
+                stable_for,
+            ),
+        });
         out_lanes.push(LaneConfig {
             name: d.name.clone(),
             priority: d.priority,
@@ -281,6 +337,7 @@ pub fn build(
                 budget_percent: spec.retry.budget_percent,
             },
             retry_after_seconds: retry_after,
+            deferral,
             routes,
             optional_context: spec.optional_context.as_ref().map(|o| OptionalContext {
                 history_turns: if flags.reject_optional_context {
@@ -401,4 +458,43 @@ pub fn from_configmap(cm: &ConfigMap) -> (Option<GatewayConfig>, Option<&str>) {
         .and_then(|a| a.get(HASH_ANNOTATION))
         .map(String::as_str);
     (cfg, hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paused_lane_resumes_after_the_stable_window() {
+        assert_eq!(
+            resume_after_seconds(LaneState::Paused, 133.3, 20_000, 300),
+            300
+        );
+        assert_eq!(resume_after_seconds(LaneState::Paused, 0.0, 20_000, 0), 1);
+    }
+
+    #[test]
+    fn a_capped_lane_resumes_when_a_full_queue_has_drained_at_most_a_window_away() {
+        // INC-47: P3 capped at 60 units/s = 133.33 jobs/s, 20,000 queued: 150 s.
+        assert_eq!(
+            resume_after_seconds(LaneState::Capped, 60.0 / 0.45, 20_000, 300),
+            150
+        );
+        assert_eq!(
+            resume_after_seconds(LaneState::Capped, 133.333333, 20_000, 300),
+            150
+        );
+        // A slower lane would wait longer than a step down may take.
+        assert_eq!(
+            resume_after_seconds(LaneState::Capped, 10.0, 20_000, 300),
+            300
+        );
+        // A fast one is still told at least 1 s.
+        assert_eq!(resume_after_seconds(LaneState::Admitted, 1e6, 10, 300), 1);
+        // No rate at all: as if paused.
+        assert_eq!(
+            resume_after_seconds(LaneState::Throttled, 0.0, 10, 120),
+            120
+        );
+    }
 }

@@ -73,6 +73,9 @@ fn series(t: i64) -> String {
             f64::from(l),
         );
     }
+    // Retries of two lanes: lane-0001 fresh, lane-0002 stale.
+    s.add("lane_retry_rps", "lane=\"lane-0001\"", t - 30, 0.25);
+    s.add("lane_retry_rps", "lane=\"lane-0002\"", t - 240, 3.0);
     s.render()
 }
 
@@ -143,7 +146,6 @@ async fn a_vector_of_1000_lanes() {
         t,
     )
     .await;
-    assert_eq!(e.output.lanes.len(), 1000);
     assert_eq!(
         e.output.lanes["ns/lane-0999"].requests_per_second,
         Some(999.0)
@@ -152,9 +154,21 @@ async fn a_vector_of_1000_lanes() {
         e.output.lanes["ns/lane-0000"].requests_per_second,
         Some(0.0)
     );
-    // lane-1000 has no series: reported, and left to its expected rate.
-    assert!(!e.output.lanes.contains_key("ns/lane-1000"));
+    // lane-1000 has no series: Unknown under the lane's own name for the
+    // signal, and named under the query's.
+    let l1000 = &e.output.lanes["ns/lane-1000"];
+    assert_eq!(l1000.requests_per_second, None);
+    assert!(
+        l1000.unknown["requestsPerSecond"].contains("missing"),
+        "{l1000:?}"
+    );
     assert!(e.output.unknown["laneRequestsPerSecond"].contains("lane-1000"));
+    assert_eq!(e.reasons["laneRequestsPerSecond"], "missing");
+    assert!(
+        e.output.lanes["ns/lane-0999"].unknown.is_empty(),
+        "a lane with a rate is not Unknown"
+    );
+    assert_eq!(e.output.lanes.len(), 1001);
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -181,6 +195,102 @@ async fn server_down_is_unknown() {
     let url = format!("http://127.0.0.1:{}", free_port());
     let e = eval_at(&url, json!({"inFlight": "x"}), &[], t0()).await;
     assert_eq!(e.reasons["inFlight"], "unreachable");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retries_are_a_lane_signal_of_their_own() {
+    let t = t0();
+    let Some(prom) = Prom::start("retries_are_a_lane_signal_of_their_own", &series(t)) else {
+        return;
+    };
+    let owned: Vec<LaneContract> = (0..4).map(|l| lane(&format!("lane-{l:04}"))).collect();
+    let lanes: Vec<&LaneContract> = owned.iter().collect();
+    let e = eval_at(
+        &prom.url(),
+        json!({"laneRequestsPerSecond": "lane_rps", "laneRetryRequestsPerSecond": "lane_retry_rps"}),
+        &lanes,
+        t,
+    )
+    .await;
+    let l1 = &e.output.lanes["ns/lane-0001"];
+    assert_eq!(l1.requests_per_second, Some(1.0));
+    assert_eq!(l1.retry_requests_per_second, Some(0.25));
+    assert!(l1.unknown.is_empty(), "{l1:?}");
+    assert!(e.ages.contains_key("laneRetryRequestsPerSecond"));
+    // A stale retry series and a missing one: Unknown, not zero, and the
+    // originals are unaffected.
+    let l2 = &e.output.lanes["ns/lane-0002"];
+    assert_eq!(l2.requests_per_second, Some(2.0));
+    assert_eq!(l2.retry_requests_per_second, None);
+    assert!(
+        l2.unknown["retryRequestsPerSecond"].contains("stale"),
+        "{l2:?}"
+    );
+    let l3 = &e.output.lanes["ns/lane-0003"];
+    assert_eq!(l3.retry_requests_per_second, None);
+    assert!(l3.unknown["retryRequestsPerSecond"].contains("missing"));
+    assert!(!l3.unknown.contains_key("requestsPerSecond"));
+    assert_eq!(e.reasons["laneRetryRequestsPerSecond"], "stale");
+    assert!(e.output.unknown["laneRetryRequestsPerSecond"].contains("lane-0003"));
+    assert!(!e.output.unknown.contains_key("laneRequestsPerSecond"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_lane_query_makes_every_lane_rate_unknown() {
+    let t = t0();
+    let Some(mut prom) = Prom::start(
+        "a_failing_lane_query_makes_every_lane_rate_unknown",
+        &series(t),
+    ) else {
+        return;
+    };
+    let owned: Vec<LaneContract> = (0..3).map(|l| lane(&format!("lane-{l:04}"))).collect();
+    let lanes: Vec<&LaneContract> = owned.iter().collect();
+    let every_lane = |e: &Evaluation, key: &str, what: &str| {
+        assert_eq!(e.output.lanes.len(), 3, "{:?}", e.output.lanes);
+        for (k, l) in &e.output.lanes {
+            assert_eq!(l.requests_per_second, None, "{k}");
+            assert_eq!(l.retry_requests_per_second, None, "{k}");
+            assert!(
+                l.unknown.get(key).is_some_and(|w| w.contains(what)),
+                "{k}: {:?}",
+                l.unknown
+            );
+        }
+    };
+    // Prometheus rejects the query.
+    let e = eval_at(
+        &prom.url(),
+        json!({"laneRequestsPerSecond": "sum((", "laneRetryRequestsPerSecond": "sum(("}),
+        &lanes,
+        t,
+    )
+    .await;
+    every_lane(&e, "requestsPerSecond", "HTTP 400");
+    every_lane(&e, "retryRequestsPerSecond", "HTTP 400");
+    assert_eq!(e.reasons["laneRequestsPerSecond"], "http_error");
+    // No series at all.
+    let e = eval_at(
+        &prom.url(),
+        json!({"laneRequestsPerSecond": "nobody_has_this", "laneRetryRequestsPerSecond": "nor_this"}),
+        &lanes,
+        t,
+    )
+    .await;
+    every_lane(&e, "requestsPerSecond", "empty");
+    every_lane(&e, "retryRequestsPerSecond", "empty");
+    // The server is down.
+    prom.stop();
+    let e = eval_at(
+        &prom.url(),
+        json!({"laneRequestsPerSecond": "lane_rps", "laneRetryRequestsPerSecond": "lane_retry_rps"}),
+        &lanes,
+        t,
+    )
+    .await;
+    every_lane(&e, "requestsPerSecond", "unreachable");
+    every_lane(&e, "retryRequestsPerSecond", "unreachable");
+    assert_eq!(e.reasons["laneRetryRequestsPerSecond"], "unreachable");
 }
 
 /// A tiny fake HTTP server answering every request with `response` after

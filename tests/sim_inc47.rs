@@ -105,6 +105,40 @@ fn lanekeeper_keeps_p0_within_deadline_pauses_p4_and_drains_p3() {
 }
 
 #[test]
+fn p3_is_deferred_never_lost_and_drains_in_the_closed_form_time() {
+    let (run, rep) = lanekeeper_run();
+    let p3 = lane(rep, "p3-shift-batch");
+    // Deferred, not rejected: no P3 job is lost, every one finishes within
+    // its deadline (the few still in the pool at the end are pending).
+    assert_eq!(p3.lost, 0, "{p3:#?}");
+    assert_eq!(p3.late, 0);
+    assert_eq!(p3.within_deadline_percent, Some(100.0));
+    assert!(p3.pending < 1_000, "P3 pending at the end: {}", p3.pending);
+    assert!(p3.deferred_requests > 50_000, "{p3:#?}");
+    assert!(p3.deferrals >= p3.deferred_requests);
+    assert_eq!(p3.retries, 0, "returns after a deferral are not retries");
+    assert!(p3.latency_p99_seconds.unwrap() < 7200.0);
+    // The backlog (queue plus deferred) peaks when P3 is released and
+    // drains at the net rate: the measured time is the closed form
+    // peak ÷ (served − arriving).
+    assert!(p3.peak_backlog > 100_000, "{p3:#?}");
+    let drain = p3.drain_seconds.expect("drains") as f64;
+    let closed = p3.drain_closed_form_seconds.expect("closed form");
+    assert!(
+        (drain - closed).abs() / closed < 0.01,
+        "drained in {drain}s, closed form {closed}s"
+    );
+    let l = run
+        .lanes
+        .iter()
+        .find(|l| l.name == "p3-shift-batch")
+        .unwrap();
+    assert_eq!(l.deferred_end, 0, "nobody still waiting to come back");
+    // P0 keeps its deadline meanwhile.
+    assert!(p0(rep) >= 99.9, "P0 within deadline {}", p0(rep));
+}
+
+#[test]
 fn level_goes_up_once_and_down_one_level_per_stable_window() {
     let (_, rep) = lanekeeper_run();
     let tl = &rep.profiles[0].level_timeline;
@@ -122,7 +156,11 @@ fn level_goes_up_once_and_down_one_level_per_stable_window() {
         downs.iter().all(|d| d.at > last_up),
         "no step up after a step down (no flapping): {tl:?}"
     );
-    assert_eq!(downs.len(), 2, "{tl:?}");
+    // Down to conserve after recovery. P3's deferred backlog then drains
+    // with the capacity the other lanes leave, which keeps in-flight above
+    // conserve's resumeBelow until it is gone: the step to normal comes a
+    // stable window after that, past the end of the shipped run.
+    assert!(!downs.is_empty(), "{tl:?}");
     let mut prev = downs[0].at - STABLE_FOR;
     for d in &downs {
         assert_eq!(d.to + 1, d.from, "one level at a time: {tl:?}");
@@ -130,7 +168,7 @@ fn level_goes_up_once_and_down_one_level_per_stable_window() {
         prev = d.at;
     }
     assert!(downs[0].at >= INCIDENT_END as i64 + STABLE_FOR);
-    assert_eq!(tl.last().unwrap().to, 0);
+    assert!(tl.last().unwrap().to <= 1, "{tl:?}");
 }
 
 #[test]

@@ -169,6 +169,166 @@ fn the_retry_budget_caps_amplification_for_clients_that_honour_it() {
     assert!(lane.retry_amplification.unwrap() > amp);
 }
 
+/// One profile and one P3-like lane with the given shedding mode and queue
+/// depth, no ladder.
+fn shedding_world(mode: &str, max_depth: u32, max_attempts: u32, budget: u32) -> World {
+    let min = if mode == "Defer" {
+        ", minUnitsPerSecond: \"60\""
+    } else {
+        ""
+    };
+    let text = format!(
+        r#"
+apiVersion: lanekeeper.dev/v1alpha1
+kind: CapacityProfile
+metadata: {{name: pool, namespace: t}}
+spec:
+  pool:
+    scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: pool}}
+    podSelector: {{matchLabels: {{app: pool}}}}
+  capacity: {{safeUnitsPerSecond: "117", unitsPerReplica: "10", warningUtilizationPercent: 85}}
+  replicas: {{min: 1, max: 20, maxScaleUpStep: 4, scaleDownStabilizationSeconds: 300}}
+---
+apiVersion: lanekeeper.dev/v1alpha1
+kind: LaneContract
+metadata: {{name: batch, namespace: t}}
+spec:
+  profile: pool
+  priority: 3
+  workUnitsPerRequest: "0.45"
+  expectedRequestsPerSecond: "220"
+  shedding: {{mode: {mode}{min}}}
+  deadlineSeconds: 7200
+  queue: {{maxDepth: {max_depth}, ttlSeconds: 3600}}
+  retry: {{maxAttempts: {max_attempts}, budgetPercent: {budget}}}
+  routes: {{primary: [batch]}}
+"#
+    );
+    let mut loaded = Loaded::default();
+    load_str(Path::new("test.yaml"), &text, &mut loaded).expect("test manifests load");
+    loaded.world
+}
+
+/// 220 jobs/s on a pool that completes only 60 units/s (133.3 jobs/s) for
+/// 208 s, then 117 (260 jobs/s): INC-47's P3 backlog of about 18,000 jobs
+/// builds up behind a 2,000-deep queue and drains at (260 − 220) jobs/s, in
+/// 450 s. A fifth of the clients ignore Retry-After.
+fn dip_scenario() -> Scenario {
+    scenario(
+        r#"
+seed: 13
+durationSeconds: 1000
+tickSeconds: 0.1
+clients: {maxRetries: 3, backoffSeconds: 1, backoffMultiplier: 2, maxBackoffSeconds: 30, jitter: 0.5, ignoreRetryAfterShare: 0.2}
+profiles:
+  t/pool: {capacity: [{at: 0, unitsPerSecond: 60}, {at: 208, unitsPerSecond: 117}]}
+lanes:
+  t/batch:
+    arrivals: [{at: 0, requestsPerSecond: 220}]
+    service: {p50Seconds: 0.5, p95Seconds: 1.5}
+"#,
+    )
+}
+
+#[test]
+fn deferred_work_is_not_lost_and_drains_at_the_net_rate() {
+    // maxAttempts 1 and no retry budget: returns after a deferral must count
+    // against neither.
+    let world = shedding_world("Defer", 2000, 1, 0);
+    let (run, rep) = sim::simulate(&world, &dip_scenario(), Policy::Lanekeeper).unwrap();
+    let lane = &rep.profiles[0].lanes[0];
+    assert_eq!(lane.lost, 0, "{lane:#?}");
+    assert_eq!(
+        lane.rejected + lane.expired + lane.deferred_past_deadline,
+        0
+    );
+    assert_eq!(lane.late, 0, "every job within its deadline");
+    assert_eq!(lane.within_deadline_percent, Some(100.0));
+    assert!(lane.deferred_requests > 10_000, "{lane:#?}");
+    assert!(lane.deferrals >= lane.deferred_requests);
+    assert!(lane.returns > 0);
+    assert_eq!(lane.retries, 0, "returns after a deferral are not retries");
+    // The backlog, queue plus deferred, peaks when capacity comes back.
+    let peak = lane.peak_backlog as f64;
+    assert!((17_000.0..19_000.0).contains(&peak), "peak {peak}");
+    let peak_at = lane.peak_backlog_at.unwrap();
+    assert!((208..=218).contains(&peak_at), "peak at {peak_at}");
+    // It drains at the net rate: peak / (260 − 220) jobs/s, about 450 s.
+    let drain = lane.drain_seconds.expect("drains") as f64;
+    let closed = peak / (260.0 - 220.0);
+    assert!(
+        (drain - closed).abs() / closed < 0.03,
+        "drained in {drain}s, closed form {closed}s"
+    );
+    assert!(
+        (430.0..470.0).contains(&drain),
+        "drained in {drain}s, not ≈ 450 s"
+    );
+    let measured_closed = lane.drain_closed_form_seconds.unwrap();
+    assert!(
+        (drain - measured_closed).abs() / measured_closed < 0.01,
+        "{drain} vs {measured_closed}"
+    );
+    // Compliant clients came back at Retry-After (≥ 1 s), not on their
+    // own backoff, and the telemetry the engine saw was originals only.
+    let l = &run.lanes[0];
+    assert_eq!(l.deferred_end, 0);
+    for e in &run.evaluations {
+        let d = &e.profiles[0].lanes[0];
+        assert!(
+            d.requests_per_second < 240.0,
+            "at {}: the engine saw {} req/s, returns included",
+            e.at,
+            d.requests_per_second
+        );
+    }
+}
+
+#[test]
+fn without_deferral_the_same_dip_loses_work() {
+    let world = shedding_world("Throttle", 2000, 3, 5);
+    let (_, rep) = sim::simulate(&world, &dip_scenario(), Policy::Lanekeeper).unwrap();
+    let lane = &rep.profiles[0].lanes[0];
+    assert!(lane.rejected > 10_000, "{lane:#?}");
+    assert_eq!(lane.lost, lane.rejected + lane.expired + lane.failed);
+    assert_eq!(lane.deferrals, 0);
+}
+
+#[test]
+fn the_engine_sees_originals_as_demand_and_retries_apart() {
+    // 100 req/s, a quarter of served attempts fail, clients retry up to 3
+    // times: ≈ 33 retries/s on top of 100 originals/s.
+    let world = batch_world("0.45", 10, 100);
+    let (run, rep) = sim::simulate(&world, &retry_scenario(), Policy::Lanekeeper).unwrap();
+    let lane = &rep.profiles[0].lanes[0];
+    assert!(lane.retries > 20_000, "{lane:#?}");
+    let mid: Vec<_> = run
+        .evaluations
+        .iter()
+        .filter(|e| (120..=840).contains(&e.at))
+        .collect();
+    assert!(!mid.is_empty());
+    for e in mid {
+        let d = &e.profiles[0].lanes[0];
+        assert!(
+            (d.requests_per_second - 100.0).abs() < 10.0,
+            "at {}: requestsPerSecond {} is not the originals' rate",
+            e.at,
+            d.requests_per_second
+        );
+        assert!(
+            (d.demand_units_per_second - 45.0).abs() < 4.5,
+            "at {}: demand {} counts retries",
+            e.at,
+            d.demand_units_per_second
+        );
+    }
+    // The series keeps them apart too.
+    let s = &rep.profiles[0].series[20];
+    assert!((s.lanes[0].originals - 100.0).abs() < 10.0, "{s:?}");
+    assert!((s.lanes[0].retries - 33.0).abs() < 8.0, "{s:?}");
+}
+
 fn inc47() -> (World, Scenario) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let loaded = lanekeeper::manifest::load(&[root.join("examples/inc-47/inc-47.yaml")]).unwrap();
@@ -189,8 +349,13 @@ fn conservation_and_capacity_bound_hold_for_every_policy() {
     ] {
         let run = sim::run(&world, &sc, policy).unwrap();
         for l in &run.lanes {
-            let finished = l.within_deadline + l.late + l.expired + l.rejected + l.failed;
-            let alive = l.queued_end + l.in_flight_end + l.retrying_end;
+            let finished = l.within_deadline
+                + l.late
+                + l.expired
+                + l.rejected
+                + l.failed
+                + l.deferred_past_deadline;
+            let alive = l.queued_end + l.in_flight_end + l.retrying_end + l.deferred_end;
             assert_eq!(
                 l.offered,
                 finished + alive,
@@ -198,7 +363,14 @@ fn conservation_and_capacity_bound_hold_for_every_policy() {
                 l.name
             );
             assert!(l.attempts >= l.offered);
-            assert!(l.admitted <= l.attempts);
+            // Returns after a deferral reach the pool too, but are no attempts.
+            assert!(l.admitted <= l.attempts + l.returns);
+            assert_eq!(
+                l.offered,
+                l.originals.iter().map(|&x| u64::from(x)).sum::<u64>(),
+                "{policy:?} {}: originals per second add up (no initial backlog)",
+                l.name
+            );
         }
         for p in &run.profiles {
             // Over any window of whole ticks, dispatched work ≤ capacity ×
@@ -240,4 +412,59 @@ fn same_seed_same_report_byte_for_byte() {
     sc.seed += 1;
     let c = render(&sc);
     assert_ne!(a.0, c.0, "another seed gives other draws");
+}
+
+#[test]
+fn the_p1_surge_is_measured_as_originals_and_retries_apart() {
+    // P1 180 → 320 req/s for 10 minutes at full capacity: the in-flight
+    // reflex holds P1 back and its clients retry. Demand counts originals
+    // only, so the retries do not push the ladder to the read-only level.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let world = lanekeeper::manifest::load(&[root.join("examples/p1-surge/manifests.yaml")])
+        .unwrap()
+        .world;
+    let sc = sim::scenario::load(&root.join("examples/p1-surge/scenario.yaml")).unwrap();
+    let (run, rep) = sim::simulate(&world, &sc, Policy::Lanekeeper).unwrap();
+    let p = &rep.profiles[0];
+    let p1 = p
+        .lanes
+        .iter()
+        .position(|l| l.name == "p1-agent-assist")
+        .unwrap();
+    let surge: Vec<_> = p
+        .series
+        .iter()
+        .filter(|s| (420..900).contains(&s.at))
+        .collect();
+    let mean = |f: &dyn Fn(&sim::report::SeriesPoint) -> f64| {
+        surge.iter().map(|s| f(s)).sum::<f64>() / surge.len() as f64
+    };
+    let originals = mean(&|s| s.lanes[p1].originals);
+    let retries = mean(&|s| s.lanes[p1].retries);
+    assert!((originals - 320.0).abs() < 10.0, "originals {originals}");
+    assert!(
+        retries > 20.0,
+        "the surge makes P1's clients retry: {retries}"
+    );
+    for e in &run.evaluations {
+        let d = &e.profiles[0];
+        let l = d
+            .lanes
+            .iter()
+            .find(|l| l.name == "p1-agent-assist")
+            .unwrap();
+        assert!(
+            l.requests_per_second < 345.0,
+            "at {}: P1 demand counts retries ({} req/s)",
+            e.at,
+            l.requests_per_second
+        );
+        assert!(
+            !d.gateway.read_only,
+            "at {}: read-only on a surge of {} req/s",
+            e.at, l.requests_per_second
+        );
+    }
+    let p3 = p.lanes.iter().find(|l| l.name == "p3-shift-batch").unwrap();
+    assert_eq!(p3.lost, 0, "P3 is deferred, not lost");
 }

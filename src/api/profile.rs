@@ -436,6 +436,13 @@ pub struct PrometheusQueries {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
     pub lane_requests_per_second: Option<String>,
+    /// Retries per second by lane (attempts after the first, not counted in
+    /// `laneRequestsPerSecond`): a vector like `laneRequestsPerSecond`, one
+    /// series per lane named in the `laneLabel` label. Not demand: it gives
+    /// each lane's retry amplification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_retry_requests_per_second: Option<String>,
     /// Error ratio (0..1) by pod: a vector with one series per pod, the pod's
     /// name in the `podLabel` label (per-pod evidence for drains).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -28,19 +28,65 @@ use crate::api::profile::{PrometheusQueries, PrometheusSignals};
 use crate::api::{CapacityProfile, LaneContract};
 use crate::metrics::Metrics;
 use crate::policy::{CAPACITY_SIGNAL, World, bind, key};
-use crate::snapshot::{SignalsFile, Snapshot};
+use crate::snapshot::{LaneSignals, SignalsFile, Snapshot};
 
 /// The signal names, as in `spec.signals.prometheus.queries` and in
 /// `status.unknownSignals`.
-pub const SIGNALS: [&str; 7] = [
+pub const SIGNALS: [&str; 8] = [
     CAPACITY_SIGNAL,
     "inFlight",
     "queueDepth",
     "p95LatencySeconds",
     "errorRatio",
     "laneRequestsPerSecond",
+    "laneRetryRequestsPerSecond",
     "podErrorRatio",
 ];
+
+/// A per-lane rate a query gives: which [`LaneSignals`] field it fills, and
+/// the name it is Unknown under there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LaneRate {
+    /// `laneRequestsPerSecond`: original requests, `requestsPerSecond`.
+    Originals,
+    /// `laneRetryRequestsPerSecond`: retries, `retryRequestsPerSecond`.
+    Retries,
+}
+
+impl LaneRate {
+    /// The lane rate a query signal gives, if it is one.
+    fn of(signal: &str) -> Option<Self> {
+        match signal {
+            "laneRequestsPerSecond" => Some(Self::Originals),
+            "laneRetryRequestsPerSecond" => Some(Self::Retries),
+            _ => None,
+        }
+    }
+
+    /// The query signal (`spec.signals.prometheus.queries`, and the key of
+    /// the profile's `unknown`).
+    fn signal(self) -> &'static str {
+        match self {
+            Self::Originals => "laneRequestsPerSecond",
+            Self::Retries => "laneRetryRequestsPerSecond",
+        }
+    }
+
+    /// The lane signal it fills, and its key in [`LaneSignals::unknown`].
+    fn lane_key(self) -> &'static str {
+        match self {
+            Self::Originals => "requestsPerSecond",
+            Self::Retries => "retryRequestsPerSecond",
+        }
+    }
+
+    fn set(self, l: &mut LaneSignals, v: f64) {
+        match self {
+            Self::Originals => l.requests_per_second = Some(v),
+            Self::Retries => l.retry_requests_per_second = Some(v),
+        }
+    }
+}
 
 /// Why a query gave no usable answer.
 #[derive(Clone, Debug, PartialEq)]
@@ -478,21 +524,22 @@ pub async fn evaluate(
             let pts = match res {
                 Err(p) => {
                     set_unknown(&mut e, signal, p.reason(), p.to_string());
+                    lanes_unknown(&mut e, lanes, signal, &p.to_string());
                     continue;
                 }
                 Ok(by_time) => by_time.get(&at).map(Vec::as_slice).unwrap_or_default(),
             };
             if pts.is_empty() {
-                set_unknown(
-                    &mut e,
-                    signal,
-                    "empty",
-                    "empty: the query returned no series".into(),
-                );
+                let why = "empty: the query returned no series";
+                set_unknown(&mut e, signal, "empty", why.into());
+                lanes_unknown(&mut e, lanes, signal, why);
+                continue;
+            }
+            if let Some(rate) = LaneRate::of(signal) {
+                lane_values(&mut e, cfg, lanes, pts, at, rate);
                 continue;
             }
             match signal {
-                "laneRequestsPerSecond" => lane_values(&mut e, cfg, lanes, pts, at),
                 "podErrorRatio" => pod_values(&mut e, cfg, pods, pts, at),
                 _ => {
                     if pts.len() > 1 {
@@ -529,54 +576,81 @@ pub async fn evaluate(
     evals
 }
 
+/// Marks every lane's rate of a failed lane query (`signal`) Unknown under
+/// the lane's own name for it (`requestsPerSecond`, `retryRequestsPerSecond`):
+/// a configured rate source that fails is Unknown, never silently absent.
+/// Does nothing for other signals.
+fn lanes_unknown(e: &mut Evaluation, lanes: &[&LaneContract], signal: &str, why: &str) {
+    let Some(rate) = LaneRate::of(signal) else {
+        return;
+    };
+    for lane in lanes {
+        let k = key(&lane.namespace().unwrap_or_default(), &lane.name_any());
+        e.output
+            .lanes
+            .entry(k)
+            .or_default()
+            .unknown
+            .insert(rate.lane_key().to_owned(), format!("{signal}: {why}"));
+    }
+}
+
+/// A lane query's vector: each lane's rate from the series whose `laneLabel`
+/// is its name; a lane without a usable series is Unknown (in the lane's
+/// `unknown`, and named under the query signal in the profile's).
 fn lane_values(
     e: &mut Evaluation,
     cfg: &PrometheusSignals,
     lanes: &[&LaneContract],
     pts: &[Point],
     at: i64,
+    rate: LaneRate,
 ) {
+    let signal = rate.signal();
     let by_lane: HashMap<&str, &Point> = pts
         .iter()
         .filter_map(|p| p.labels.get(&cfg.lane_label).map(|l| (l.as_str(), p)))
         .collect();
+    let missing_why = || format!("missing: no series with {}=<lane name>", cfg.lane_label);
     let mut missing = Vec::new();
     let mut worst: Option<(&'static str, String)> = None;
     let mut oldest: Option<f64> = None;
     for lane in lanes {
         let name = lane.name_any();
         let k = key(&lane.namespace().unwrap_or_default(), &name);
-        match by_lane.get(name.as_str()) {
-            None => missing.push(name),
+        let failed = match by_lane.get(name.as_str()) {
+            None => missing_why(),
             Some(p) => match check(p, at, cfg.staleness_seconds) {
                 Ok(v) => {
-                    e.output.lanes.entry(k).or_default().requests_per_second = Some(v);
+                    rate.set(e.output.lanes.entry(k).or_default(), v);
                     let a = age(p, at);
                     oldest = Some(oldest.map_or(a, |o: f64| o.max(a)));
+                    continue;
                 }
-                Err(r) => {
-                    missing.push(name);
-                    worst.get_or_insert(r);
+                Err((reason, why)) => {
+                    worst.get_or_insert((reason, why.clone()));
+                    why
                 }
             },
-        }
+        };
+        e.output
+            .lanes
+            .entry(k)
+            .or_default()
+            .unknown
+            .insert(rate.lane_key().to_owned(), format!("{signal}: {failed}"));
+        missing.push(name);
     }
     if let Some(a) = oldest {
-        e.ages.insert("laneRequestsPerSecond".into(), a);
+        e.ages.insert(signal.into(), a);
     }
     if !missing.is_empty() {
-        let (reason, why) = worst.unwrap_or((
-            "missing",
-            format!("missing: no series with {}=<lane name>", cfg.lane_label),
-        ));
+        let (reason, why) = worst.unwrap_or(("missing", missing_why()));
         set_unknown(
             e,
-            "laneRequestsPerSecond",
+            signal,
             reason,
-            format!(
-                "{why}; lanes without a usable rate use expectedRequestsPerSecond: {}",
-                list(&missing)
-            ),
+            format!("{why}; Unknown for lanes: {}", list(&missing)),
         );
     }
 }
@@ -647,6 +721,7 @@ pub fn configured(q: &PrometheusQueries) -> Vec<(&'static str, &str)> {
         &q.p95_latency_seconds,
         &q.error_ratio,
         &q.lane_requests_per_second,
+        &q.lane_retry_requests_per_second,
         &q.pod_error_ratio,
     ]
     .into_iter()
@@ -782,6 +857,7 @@ impl PrometheusSource {
                 let mut e = Evaluation::default();
                 for (s, _) in configured(&cfg.queries) {
                     set_unknown(&mut e, s, p.reason(), p.to_string());
+                    lanes_unknown(&mut e, input.lanes, s, &p.to_string());
                 }
                 e
             }
@@ -814,7 +890,8 @@ impl SignalSource for PrometheusSource {
 
 /// The `plan --prometheus` timeline: for every profile with Prometheus
 /// queries, its signals at every time of the window; lanes' rates from
-/// `laneRequestsPerSecond`. `url` overrides the profiles' own URLs (and lets
+/// `laneRequestsPerSecond` (originals) and `laneRetryRequestsPerSecond`
+/// (retries). `url` overrides the profiles' own URLs (and lets
 /// profiles with queries but no reachable URL be evaluated).
 ///
 /// Profiles without queries have no entry in any step (their telemetry is
@@ -912,7 +989,8 @@ fn prom_config(profile: &CapacityProfile, url: Option<&str>) -> Option<Prometheu
 
 /// The queries of the recording rules docs/telemetry.md recommends, for a
 /// profile that configures none: `pool:*{namespace,profile}` for the pool
-/// signals, `lane:requests_per_second{namespace}` by `lane`, and
+/// signals, `lane:requests_per_second{namespace}` (originals) and
+/// `lane:retry_requests_per_second{namespace}` (retries) by `lane`, and
 /// `pod:error_ratio{namespace}` by `pod` restricted to pods named after the
 /// scale target (`<name>-...`, as Deployments and StatefulSets name them).
 pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
@@ -931,6 +1009,9 @@ pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
         p95_latency_seconds: pool("p95_latency_seconds"),
         error_ratio: pool("error_ratio"),
         lane_requests_per_second: Some(format!("lane:requests_per_second{{namespace=\"{ns}\"}}")),
+        lane_retry_requests_per_second: Some(format!(
+            "lane:retry_requests_per_second{{namespace=\"{ns}\"}}"
+        )),
         pod_error_ratio: Some(format!(
             "pod:error_ratio{{namespace=\"{ns}\",pod=~\"{target}-.*\"}}"
         )),

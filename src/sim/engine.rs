@@ -15,6 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Exp1, StandardNormal};
 
 use crate::api::SheddingMode;
+use crate::gateway;
 use crate::policy::{self, Approvals, EngineState, Evaluation, LaneState, World, key};
 use crate::snapshot::{LaneSignals, ProfileSignals, Snapshot};
 
@@ -111,8 +112,11 @@ pub struct LaneRun {
     pub deadline: f64,
     /// Original requests (initial backlog included).
     pub offered: u64,
-    /// Attempts (originals and retries) that reached the gateway.
+    /// Attempts (originals and retries) that reached the gateway. A request
+    /// coming back after a deferral is not an attempt (see `returns`).
     pub attempts: u64,
+    /// Requests that came back to the gateway after a deferral.
+    pub returns: u64,
     /// Attempts dispatched to the pool.
     pub admitted: u64,
     /// Work units dispatched.
@@ -128,18 +132,34 @@ pub struct LaneRun {
     pub rejected: u64,
     /// Requests whose last attempt failed in the pool.
     pub failed: u64,
+    /// Requests whose last deferral told them to come back after their
+    /// deadline: the client gave up.
+    pub deferred_past_deadline: u64,
+    /// Deferrals: answers of a `Defer` lane that told a request to come back
+    /// later (its queue was full, or its wait ran out).
+    pub deferrals: u64,
+    /// Requests deferred at least once.
+    pub deferred_requests: u64,
     /// Attempts rejected at the gateway (retried or not).
     pub rejected_attempts: u64,
     /// Attempts that expired in a queue (retried or not).
     pub expired_attempts: u64,
     /// End-to-end latency of each completed request (seconds).
     pub latencies: Vec<f32>,
-    /// Attempts arriving in each second.
+    /// Attempts (originals and retries, not returns after a deferral)
+    /// arriving in each second.
     pub arrivals: Vec<u32>,
+    /// Original requests (first attempts) arriving in each second.
+    pub originals: Vec<u32>,
+    /// Retries (attempts after the first) arriving in each second.
+    pub retry_arrivals: Vec<u32>,
     /// Work units dispatched in each second.
     pub served_units: Vec<f64>,
     /// Queued attempts at the start of each second (and at the end, last).
     pub queued: Vec<u32>,
+    /// Deferred requests waiting to come back at the start of each second
+    /// (and at the end, last).
+    pub deferred: Vec<u32>,
     /// Admitted units/s of the decision in force at the start of each second
     /// (lanekeeper) or the configured limit (static).
     pub limit: Vec<f64>,
@@ -149,6 +169,8 @@ pub struct LaneRun {
     pub in_flight_end: u64,
     /// Waiting to retry at the end.
     pub retrying_end: u64,
+    /// Deferred and waiting to come back at the end.
+    pub deferred_end: u64,
     /// Mean arrival rate at the end of the run (scenario), req/s.
     pub rate_end: f64,
 }
@@ -158,8 +180,13 @@ struct Attempt {
     origin: f64,
     enq: f64,
     lane: u16,
+    /// Attempt number (1 = the original); a return after a deferral keeps it.
     n: u16,
     compliant: bool,
+    /// Coming back after a deferral (not a retry).
+    returning: bool,
+    /// Deferrals so far.
+    deferrals: u16,
 }
 
 struct Timed<T> {
@@ -196,6 +223,10 @@ struct LaneSetup {
     max_depth: usize,
     deadline: f64,
     never: bool,
+    /// `shedding.mode: Defer`: rejections are deferrals.
+    defer: bool,
+    /// The policy's `hysteresis.stableForSeconds` (the longest deferral).
+    stable_for: i64,
     max_attempts: u16,
     budget: f64,
     floor: Option<f64>,
@@ -216,6 +247,8 @@ struct Gate {
     state: LaneState,
     budget_tokens: f64,
     deficit: f64,
+    /// Retry-After of a deferral (Defer lanes): the expected time to resume.
+    resume_after: f64,
 }
 
 #[derive(Clone, Copy)]
@@ -334,6 +367,7 @@ struct Sim<'a> {
     rng_service: Vec<ChaCha8Rng>,
     rng_client: Vec<ChaCha8Rng>,
     retrying: Vec<u64>,
+    deferred_waiting: Vec<u64>,
     pool_count: Vec<u64>,
     // telemetry per profile per second
     lat: Vec<Vec<Vec<f32>>>,
@@ -474,6 +508,8 @@ impl<'a> Sim<'a> {
                     max_depth: s.queue.max_depth.max(0) as usize,
                     deadline: s.deadline_seconds as f64,
                     never: s.shedding.mode == SheddingMode::Never,
+                    defer: s.shedding.mode == SheddingMode::Defer,
+                    stable_for: gateway::stable_for_seconds(b.policy),
                     max_attempts: s.retry.max_attempts.clamp(1, i32::from(u16::MAX)) as u16,
                     budget: f64::from(s.retry.budget_percent.clamp(0, 100)) / 100.0,
                     floor: s.floor_units_per_second.as_ref().map(|f| f.value()),
@@ -523,8 +559,11 @@ impl<'a> Sim<'a> {
                     units: l.units,
                     deadline: l.deadline,
                     arrivals: vec![0; nsec],
+                    originals: vec![0; nsec],
+                    retry_arrivals: vec![0; nsec],
                     served_units: vec![0.0; nsec],
                     queued: vec![0; nsec + 1],
+                    deferred: vec![0; nsec + 1],
                     limit: vec![f64::NAN; nsec],
                     rate_end: l.arrivals.at(dur),
                     ..Default::default()
@@ -540,6 +579,7 @@ impl<'a> Sim<'a> {
                 state: LaneState::Admitted,
                 budget_tokens: budget_cap(l),
                 deficit: 0.0,
+                resume_after: l.stable_for.max(1) as f64,
             })
             .collect();
         let seed = sc.seed;
@@ -573,6 +613,7 @@ impl<'a> Sim<'a> {
             rng_service: (0..nl).map(|i| stream(seed, 3 * i as u64 + 1)).collect(),
             rng_client: (0..nl).map(|i| stream(seed, 3 * i as u64 + 2)).collect(),
             retrying: vec![0; nl],
+            deferred_waiting: vec![0; nl],
             pool_count: vec![0; nl],
             lat: vec![vec![Vec::new(); nsec]; np],
             done: vec![vec![0; nsec]; np],
@@ -645,6 +686,8 @@ impl<'a> Sim<'a> {
                     lane: i as u16,
                     n: 1,
                     compliant,
+                    returning: false,
+                    deferrals: 0,
                 };
                 self.out.lanes[i].offered += 1;
                 self.out.lanes[i].attempts += 1;
@@ -690,6 +733,8 @@ impl<'a> Sim<'a> {
                             lane: i as u16,
                             n: 1,
                             compliant,
+                            returning: false,
+                            deferrals: 0,
                         },
                         true,
                     ));
@@ -700,19 +745,32 @@ impl<'a> Sim<'a> {
                 let Some(r) = self.retry_heap.pop() else {
                     break;
                 };
-                self.retrying[usize::from(r.item.lane)] -= 1;
+                let li = usize::from(r.item.lane);
+                if r.item.returning {
+                    self.deferred_waiting[li] -= 1;
+                } else {
+                    self.retrying[li] -= 1;
+                }
                 batch.push((r.at, r.seq, r.item, false));
             }
             batch.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             for &(at, _, a, fresh) in &batch {
                 let mut a = a;
                 let li = usize::from(a.lane);
-                if fresh {
-                    self.out.lanes[li].offered += 1;
-                }
-                self.out.lanes[li].attempts += 1;
                 let s = self.sec(at);
-                self.out.lanes[li].arrivals[s] += 1;
+                let ln = &mut self.out.lanes[li];
+                if a.returning {
+                    ln.returns += 1;
+                } else {
+                    ln.attempts += 1;
+                    ln.arrivals[s] += 1;
+                    if fresh {
+                        ln.offered += 1;
+                        ln.originals[s] += 1;
+                    } else {
+                        ln.retry_arrivals[s] += 1;
+                    }
+                }
                 a.enq = at;
                 self.arrive(a, at);
             }
@@ -735,8 +793,12 @@ impl<'a> Sim<'a> {
             ln.queued_end = self.queued[i];
             ln.in_flight_end = self.pool_count[i];
             ln.retrying_end = self.retrying[i];
+            ln.deferred_end = self.deferred_waiting[i];
             if let Some(last) = ln.queued.last_mut() {
                 *last = self.queued[i] as u32;
+            }
+            if let Some(last) = ln.deferred.last_mut() {
+                *last = self.deferred_waiting[i] as u32;
             }
         }
         self.out
@@ -762,6 +824,7 @@ impl<'a> Sim<'a> {
         for i in 0..self.lanes.len() {
             let ln = &mut self.out.lanes[i];
             ln.queued[s] = self.queued[i] as u32;
+            ln.deferred[s] = self.deferred_waiting[i] as u32;
             ln.limit[s] = match self.policy {
                 Policy::Lanekeeper | Policy::Static => self.gates[i].rate,
                 _ => f64::NAN,
@@ -817,19 +880,23 @@ impl<'a> Sim<'a> {
         for (p, pr) in self.out.profiles.iter().enumerate() {
             let pk = key(&pr.namespace, &pr.name);
             for &i in &self.profile_lanes[p] {
-                let rps = if measured {
-                    let n: u64 = self.out.lanes[i].arrivals[lo_s..hi_s]
-                        .iter()
-                        .map(|&x| u64::from(x))
-                        .sum();
-                    n as f64 / (hi_s - lo_s) as f64
+                // Originals (first attempts) are demand; retries are counted
+                // apart; returns after a deferral are neither.
+                let (rps, retry_rps) = if measured {
+                    let rate = |v: &[u32]| {
+                        v[lo_s..hi_s].iter().map(|&x| u64::from(x)).sum::<u64>() as f64
+                            / (hi_s - lo_s) as f64
+                    };
+                    let ln = &self.out.lanes[i];
+                    (rate(&ln.originals), rate(&ln.retry_arrivals))
                 } else {
-                    self.lanes[i].arrivals.at(0.0)
+                    (self.lanes[i].arrivals.at(0.0), 0.0)
                 };
                 snap.lanes.insert(
                     self.lanes[i].key.clone(),
                     LaneSignals {
                         requests_per_second: Some(rps),
+                        retry_requests_per_second: Some(retry_rps),
                         ..Default::default()
                     },
                 );
@@ -908,6 +975,13 @@ impl<'a> Sim<'a> {
                     };
                     g.rate = ld.admitted_units_per_second * headroom;
                     g.state = ld.state;
+                    // What lanes.json tells the gateway (gateway::build).
+                    g.resume_after = gateway::resume_after_seconds(
+                        ld.state,
+                        ld.admitted_requests_per_second,
+                        self.lanes[i].max_depth as i64,
+                        self.lanes[i].stable_for,
+                    ) as f64;
                     // A paused (zero-rate) lane keeps no tokens.
                     g.tokens = g.tokens.min(burst(
                         g.rate,
@@ -927,12 +1001,21 @@ impl<'a> Sim<'a> {
         match self.policy {
             Policy::Fifo => {}
             Policy::Lanekeeper => {
-                let (budget, cap, max_attempts, max_depth) = {
+                let (budget, cap, max_attempts, max_depth, defer) = {
                     let l = &self.lanes[li];
-                    (l.budget, budget_cap(l), l.max_attempts, l.max_depth)
+                    (
+                        l.budget,
+                        budget_cap(l),
+                        l.max_attempts,
+                        l.max_depth,
+                        l.defer,
+                    )
                 };
                 let g = &mut self.gates[li];
-                if a.n == 1 {
+                if a.returning {
+                    // Back after a deferral: neither an original nor a retry,
+                    // so neither maxAttempts nor the retry budget applies.
+                } else if a.n == 1 {
                     g.budget_tokens = (g.budget_tokens + budget).min(cap);
                 } else if a.n > max_attempts || g.budget_tokens < 1.0 {
                     // Over the contract's maxAttempts or its retry budget:
@@ -948,6 +1031,10 @@ impl<'a> Sim<'a> {
                     return;
                 } else {
                     g.budget_tokens -= 1.0;
+                }
+                if defer {
+                    self.enqueue_deferring(a, now);
+                    return;
                 }
                 if self.queues[q].len() >= max_depth {
                     let ra = self.retry_after(li);
@@ -979,6 +1066,76 @@ impl<'a> Sim<'a> {
         }
         self.queues[q].push_back(a);
         self.queued[li] += 1;
+    }
+
+    /// Queues an attempt of a `Defer` lane (lanekeeper's gateway). The queue
+    /// is ordered by first arrival, so a request back from a deferral keeps
+    /// its place; when it is full, the request that arrived last (this one,
+    /// or the latest queued) is deferred.
+    fn enqueue_deferring(&mut self, a: Attempt, now: f64) {
+        let li = usize::from(a.lane);
+        let q = self.queue_of(li);
+        let max_depth = self.lanes[li].max_depth;
+        let queue = &mut self.queues[q];
+        let mut bumped = None;
+        if queue.len() >= max_depth {
+            match queue.back() {
+                Some(last) if last.origin > a.origin => {
+                    bumped = queue.pop_back();
+                }
+                _ => {
+                    self.defer(a, now);
+                    return;
+                }
+            }
+        }
+        let at = queue.partition_point(|x| x.origin <= a.origin);
+        queue.insert(at, a);
+        if let Some(b) = bumped {
+            self.defer(b, now);
+        } else {
+            self.queued[li] += 1;
+        }
+    }
+
+    /// A `Defer` lane tells a request to come back: after Retry-After (the
+    /// expected time to resume) if its client honours it, else on the
+    /// client's own backoff. Either way the request is kept, not failed: the
+    /// client gives up only when it would come back after the deadline.
+    fn defer(&mut self, a: Attempt, now: f64) {
+        let li = usize::from(a.lane);
+        let l = &self.lanes[li];
+        let c = &l.clients;
+        let k = a.deferrals.saturating_add(1);
+        let wait = if a.compliant {
+            self.gates[li].resume_after
+        } else {
+            let exp = c.backoff_multiplier.powi(i32::from(k) - 1);
+            let backoff = (c.backoff_seconds * exp).min(c.max_backoff_seconds);
+            let u: f64 = self.rng_client[li].random();
+            backoff * (1.0 - c.jitter * u)
+        };
+        let past_deadline = c.give_up_after_deadline && now + wait > a.origin + l.deadline;
+        let ln = &mut self.out.lanes[li];
+        ln.deferrals += 1;
+        if a.deferrals == 0 {
+            ln.deferred_requests += 1;
+        }
+        if past_deadline {
+            ln.deferred_past_deadline += 1;
+            return;
+        }
+        let s = self.next_seq();
+        self.deferred_waiting[li] += 1;
+        self.retry_heap.push(Timed {
+            at: now + wait,
+            seq: s,
+            item: Attempt {
+                returning: true,
+                deferrals: k,
+                ..a
+            },
+        });
     }
 
     /// Retry-After for a rejected attempt of lane `i`: the time its queue
@@ -1045,7 +1202,11 @@ impl<'a> Sim<'a> {
         self.retry_heap.push(Timed {
             at: now + wait,
             seq: s,
-            item: Attempt { n: a.n + 1, ..a },
+            item: Attempt {
+                n: a.n + 1,
+                returning: false,
+                ..a
+            },
         });
     }
 
@@ -1085,11 +1246,13 @@ impl<'a> Sim<'a> {
                 }
                 self.queues[q].pop_front();
                 self.queued[usize::from(h.lane)] -= 1;
-                self.fail(
-                    h,
-                    (h.enq + ttl).max(now - self.sc.tick_seconds),
-                    Fail::Expired,
-                );
+                let at = (h.enq + ttl).max(now - self.sc.tick_seconds);
+                if self.policy == Policy::Lanekeeper && self.lanes[usize::from(h.lane)].defer {
+                    // A Defer lane's wait ran out: deferred, not expired.
+                    self.defer(h, at);
+                } else {
+                    self.fail(h, at, Fail::Expired);
+                }
             }
         }
     }

@@ -91,13 +91,28 @@ pub struct LaneReport {
     pub rejected: u64,
     /// Requests whose last attempt failed in the pool.
     pub failed: u64,
-    /// Requests still queued, in the pool or waiting to retry at the end.
+    /// Requests of a `Defer` lane whose last deferral told them to come back
+    /// after their deadline (the client gave up).
+    pub deferred_past_deadline: u64,
+    /// Requests that ended without being served: `expired + rejected +
+    /// failed + deferredPastDeadline`.
+    pub lost: u64,
+    /// Requests still queued, in the pool, waiting to retry or deferred and
+    /// waiting to come back at the end.
     pub pending: u64,
+    /// Deferrals: answers of a `Defer` lane telling a request to come back
+    /// after Retry-After (not rejections: the request is kept).
+    pub deferrals: u64,
+    /// Requests deferred at least once.
+    pub deferred_requests: u64,
+    /// Requests that came back after a deferral (neither originals nor
+    /// retries).
+    pub returns: u64,
     /// Attempts rejected at the gateway, retried or not.
     pub rejected_attempts: u64,
     /// Attempts that expired in a queue, retried or not.
     pub expired_attempts: u64,
-    /// Attempts after the first.
+    /// Attempts after the first (returns after a deferral excluded).
     pub retries: u64,
     /// Attempts ÷ original requests.
     pub retry_amplification: Option<f64>,
@@ -111,17 +126,24 @@ pub struct LaneReport {
     pub latency_p95_seconds: Option<f64>,
     /// 99th percentile.
     pub latency_p99_seconds: Option<f64>,
-    /// Queued at the end.
+    /// Backlog at the end: queued, plus deferred and waiting to come back.
     pub backlog_at_end: u64,
-    /// Largest queue during the run.
+    /// Largest backlog (queued plus deferred) during the run.
     pub peak_backlog: u64,
     /// The last second at which the queue was at its peak.
     pub peak_backlog_at: Option<u64>,
-    /// First second after the peak at which the queue was down to at most
-    /// one tick's arrivals (None: never drained, or never backed up).
+    /// First second after the peak at which the backlog was down to at most
+    /// one tick's original arrivals (None: never drained, or never backed
+    /// up).
     pub drained_at: Option<u64>,
     /// `drainedAt − peakBacklogAt`.
     pub drain_seconds: Option<u64>,
+    /// The closed form of the drain: peak backlog ÷ (requests served −
+    /// original requests arriving), both per second and averaged over the
+    /// drain. Equal to `drainSeconds` (within a tick's arrivals) when the
+    /// backlog drains at the net rate; a shorter measured drain means work
+    /// was dropped on the way.
+    pub drain_closed_form_seconds: Option<f64>,
     /// Time to drain the backlog left at the end at the net rate of the last
     /// minute: 0 when there is none, None when it is not shrinking (never).
     pub drain_end_backlog_seconds: Option<f64>,
@@ -160,6 +182,12 @@ pub struct LaneSeries {
     pub served: f64,
     /// Queued at `at`.
     pub queued: u32,
+    /// Deferred and waiting to come back at `at`.
+    pub deferred: u32,
+    /// Original requests/s (first attempts).
+    pub originals: f64,
+    /// Retries/s (attempts after the first).
+    pub retries: f64,
 }
 
 fn percentile(sorted: &[f32], q: f64) -> Option<f64> {
@@ -177,10 +205,16 @@ fn round3(v: f64) -> f64 {
 fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
     let mut lat = l.latencies.clone();
     lat.sort_by(f32::total_cmp);
-    let q = &l.queued;
+    // The backlog: queued, plus deferred and waiting to come back.
+    let q: Vec<u32> = l
+        .queued
+        .iter()
+        .zip(&l.deferred)
+        .map(|(a, b)| a + b)
+        .collect();
     let peak = q.iter().copied().max().unwrap_or(0);
     let threshold = |s: usize| {
-        let rate = l.arrivals.get(s).copied().unwrap_or(0) as f64;
+        let rate = l.originals.get(s).copied().unwrap_or(0) as f64;
         (rate * tick).max(1.0)
     };
     let (peak_at, drained_at) = if f64::from(peak) > threshold(0).max(1.0) {
@@ -190,7 +224,17 @@ fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
     } else {
         (None, None)
     };
-    let end = l.queued_end as f64;
+    let closed_form = match (peak_at, drained_at) {
+        (Some(p), Some(d)) if d > p => {
+            let (p, d) = (p as usize, d as usize);
+            let n = (d - p) as f64;
+            let served = l.served_units[p..d].iter().sum::<f64>() / l.units.max(1e-9) / n;
+            let arriving = l.originals[p..d].iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+            (served - arriving > 1e-9).then(|| round3(f64::from(peak) / (served - arriving)))
+        }
+        _ => None,
+    };
+    let end = (l.queued_end + l.deferred_end) as f64;
     let drain_end = if end <= threshold(q.len().saturating_sub(2)) {
         Some(0.0)
     } else {
@@ -203,7 +247,8 @@ fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
         };
         (net < -1e-9).then(|| round3(end / -net))
     };
-    let finished = l.within_deadline + l.late + l.expired + l.rejected + l.failed;
+    let lost = l.expired + l.rejected + l.failed + l.deferred_past_deadline;
+    let finished = l.within_deadline + l.late + lost;
     LaneReport {
         namespace: l.namespace.clone(),
         name: l.name.clone(),
@@ -219,7 +264,12 @@ fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
         expired: l.expired,
         rejected: l.rejected,
         failed: l.failed,
+        deferred_past_deadline: l.deferred_past_deadline,
+        lost,
         pending: l.offered.saturating_sub(finished),
+        deferrals: l.deferrals,
+        deferred_requests: l.deferred_requests,
+        returns: l.returns,
         rejected_attempts: l.rejected_attempts,
         expired_attempts: l.expired_attempts,
         retries: l.attempts.saturating_sub(l.offered),
@@ -230,7 +280,7 @@ fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
         latency_p50_seconds: percentile(&lat, 0.50),
         latency_p95_seconds: percentile(&lat, 0.95),
         latency_p99_seconds: percentile(&lat, 0.99),
-        backlog_at_end: l.queued_end,
+        backlog_at_end: l.queued_end + l.deferred_end,
         peak_backlog: u64::from(peak),
         peak_backlog_at: peak_at,
         drained_at,
@@ -238,6 +288,7 @@ fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
             (Some(p), Some(d)) => Some(d - p),
             _ => None,
         },
+        drain_closed_form_seconds: closed_form,
         drain_end_backlog_seconds: drain_end,
     }
 }
@@ -283,6 +334,9 @@ pub fn report(run: &Run, interval: f64) -> SimReport {
                     },
                     served: round3(avg(&|s| l.served_units[s])),
                     queued: l.queued[s0],
+                    deferred: l.deferred[s0],
+                    originals: round3(avg(&|s| f64::from(l.originals[s]))),
+                    retries: round3(avg(&|s| f64::from(l.retry_arrivals[s]))),
                 })
                 .collect();
             let admitted = ls.iter().map(|l| l.admitted).sum::<Option<f64>>();
@@ -332,7 +386,13 @@ fn pct(v: Option<f64>) -> String {
 fn drain(l: &LaneReport) -> String {
     match l.drain_end_backlog_seconds {
         Some(0.0) => match l.drain_seconds {
-            Some(d) => format!("drained in {d}s (at {}s)", l.drained_at.unwrap_or_default()),
+            Some(d) => match l.drain_closed_form_seconds {
+                Some(c) => format!(
+                    "drained in {d}s (at {}s; closed form {c:.0}s)",
+                    l.drained_at.unwrap_or_default()
+                ),
+                None => format!("drained in {d}s (at {}s)", l.drained_at.unwrap_or_default()),
+            },
             None => "-".to_owned(),
         },
         Some(x) => format!("{:.0}s more", x.ceil()),
@@ -340,7 +400,7 @@ fn drain(l: &LaneReport) -> String {
     }
 }
 
-const HEADERS: [&str; 17] = [
+const HEADERS: [&str; 19] = [
     "LANE",
     "PRI",
     "OFFERED",
@@ -351,7 +411,9 @@ const HEADERS: [&str; 17] = [
     "EXPIRED",
     "REJECTED",
     "FAILED",
+    "LOST",
     "PENDING",
+    "DEFERRALS",
     "RETRIES",
     "AMPL",
     "P50",
@@ -372,7 +434,9 @@ fn lane_cells(l: &LaneReport) -> Vec<String> {
         l.expired.to_string(),
         l.rejected.to_string(),
         l.failed.to_string(),
+        l.lost.to_string(),
         l.pending.to_string(),
+        l.deferrals.to_string(),
         l.retries.to_string(),
         l.retry_amplification
             .map_or_else(|| "-".into(), |a| format!("{a:.3}")),

@@ -253,8 +253,9 @@ impl Series {
 
 /// The recording-rule style series of a signals timeline, starting at
 /// `base` (Unix seconds): pool signals, per-lane request rates (every lane:
-/// the step's rate, else its expectedRequestsPerSecond) and per-pod error
-/// ratios, labelled the way examples/inc-47-live's queries select them.
+/// the step's rate of originals, else its expectedRequestsPerSecond; the
+/// step's retries, else 0) and per-pod error ratios, labelled the way
+/// examples/inc-47-live's queries select them.
 pub fn series_of(signals: &SignalsFile, world: &World, base: i64) -> Series {
     use kube::ResourceExt;
     let mut s = Series::default();
@@ -296,12 +297,15 @@ pub fn series_of(signals: &SignalsFile, world: &World, base: i64) -> Series {
                 .get(&k)
                 .and_then(|l| l.requests_per_second)
                 .unwrap_or_else(|| lane.spec.expected_requests_per_second.value());
-            s.add(
-                "lane:requests_per_second",
-                &format!("lane=\"{}\",namespace=\"{ns}\"", lane.name_any()),
-                t,
-                rps,
-            );
+            let labels = format!("lane=\"{}\",namespace=\"{ns}\"", lane.name_any());
+            s.add("lane:requests_per_second", &labels, t, rps);
+            // Retries: the step's, else none.
+            let retries = step
+                .lanes
+                .get(&k)
+                .and_then(|l| l.retry_requests_per_second)
+                .unwrap_or(0.0);
+            s.add("lane:retry_requests_per_second", &labels, t, retries);
         }
     }
     s
