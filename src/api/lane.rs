@@ -30,7 +30,7 @@ use super::common::Decimal;
 #[x_kube(validation = Rule::new("!has(self.floorUnitsPerSecond) || !has(self.ceilingUnitsPerSecond) || quantity(self.floorUnitsPerSecond).compareTo(quantity(self.ceilingUnitsPerSecond)) <= 0").message("floorUnitsPerSecond must be <= ceilingUnitsPerSecond").field_path(".floorUnitsPerSecond"))]
 #[x_kube(validation = Rule::new("!has(self.borrowing) || self.checkpointable").message("borrowing requires checkpointable: true").field_path(".borrowing"))]
 #[x_kube(validation = Rule::new("self.queue.ttlSeconds < self.deadlineSeconds").message("queue.ttlSeconds must be less than deadlineSeconds: a request that waits its whole TTL has no time left to be served").field_path(".queue.ttlSeconds"))]
-#[x_kube(validation = Rule::new("!has(self.expectedServiceSeconds) || quantity(self.expectedServiceSeconds).add(self.queue.ttlSeconds).compareTo(quantity(string(self.deadlineSeconds))) <= 0").message("queue.ttlSeconds + expectedServiceSeconds must be <= deadlineSeconds").field_path(".expectedServiceSeconds"))]
+#[x_kube(validation = Rule::new("!has(self.expectedServiceSeconds) || quantity(self.expectedServiceSeconds).asApproximateFloat() + double(self.queue.ttlSeconds) <= double(self.deadlineSeconds)").message("queue.ttlSeconds + expectedServiceSeconds must be <= deadlineSeconds").field_path(".expectedServiceSeconds"))]
 pub struct LaneContractSpec {
     /// Name of the CapacityProfile (same namespace) this lane runs on.
     #[x_kube(validation = Rule::new("self != ''").message("profile must not be empty"))]
