@@ -134,14 +134,18 @@ async fn inc47_from_prometheus_decides_like_the_signals_file() {
     assert_eq!(at180.level, 2);
     assert!((at180.admitted_units_per_second - 400.1).abs() < 1e-6);
     // Whole decisions equal, except where a lane's demand came from: every
-    // lane has a measured rate in Prometheus, while the file leaves some to
-    // expectedRequestsPerSecond (with the same numbers).
+    // lane has a measured rate (and a retry series at 0) in Prometheus,
+    // while the file leaves some to expectedRequestsPerSecond (with the same
+    // numbers) and measures no retries; a retry amplification exists only
+    // for measured originals and retries.
     let (mut a, mut b) = (
         serde_json::to_value(&from_prom).unwrap(),
         serde_json::to_value(&from_file).unwrap(),
     );
     strip(&mut a, "demandSource");
     strip(&mut b, "demandSource");
+    strip(&mut a, "retryAmplification");
+    strip(&mut b, "retryAmplification");
     assert_eq!(first_difference(&a, &b, ""), None);
 }
 
