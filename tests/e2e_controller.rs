@@ -125,14 +125,13 @@ async fn a_confirmed_level_waits_for_the_annotation_which_is_consumed_on_the_way
         return;
     };
     // 140 units/s: even after levels 1..3 the demand exceeds capacity, so
-    // the ladder wants level 4 (continuity, Confirm). Its timeout is pushed
-    // far out so only the annotation lets the ladder in; a short stable
+    // the ladder wants level 4 (continuity: Manual, it changes what users
+    // see), so only the annotation lets the ladder in; a short stable
     // window lets it come down within the test.
     w.set(|t| t.available = 140.0);
     w.until_scraped().await;
     let mut policy = object(&w, "DegradationPolicy", POLICY);
     policy["spec"]["hysteresis"]["stableForSeconds"] = json!(1);
-    policy["spec"]["levels"][3]["approval"]["timeoutSeconds"] = json!(100_000);
     c.apply(&policy).await.unwrap();
     let mut ctl = start(&kc, &w, "approval");
 

@@ -51,6 +51,11 @@ pub fn inc47_objects(ns: &str, prom: &str) -> Vec<Value> {
             v["metadata"]["namespace"] = json!(ns);
             if v["kind"] == "DegradationPolicy" {
                 v["spec"]["hysteresis"]["stableForSeconds"] = json!(STABLE_FOR);
+                // Test time: the example's cool-down and five-minute ramp
+                // stages would outlast every wait (the rules themselves are
+                // tested in tests/engine_evidence.rs).
+                v["spec"]["hysteresis"]["cooldownFactor"] = json!("0");
+                v["spec"]["hysteresis"]["recovery"] = json!({"stepsPercent": [1, 10], "stepSeconds": 1});
             }
             if v["kind"] == "CapacityProfile" {
                 v["spec"]["drain"]["healthyForSeconds"] = json!(5);
