@@ -125,7 +125,15 @@ async fn converges_through_injected_faults() {
             .path("configmaps")
             .times(3),
     );
-    s.inject(Fault::status(503).method("GET").path("/scale").times(2));
+    // The scale target's watch: its first lists fail (the watch backs off
+    // and lists again; the reconcile holds the pool size meanwhile).
+    s.inject(
+        Fault::status(503)
+            .method("GET")
+            .path("deployments")
+            .watch_only(false)
+            .times(2),
+    );
     s.inject(Fault::conflict().method("PATCH").path("/status").times(3));
     s.inject(
         Fault::delay(Duration::from_millis(800))

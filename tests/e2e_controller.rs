@@ -287,15 +287,35 @@ async fn a_prometheus_outage_turns_telemetry_unknown_and_holds_the_level() {
     assert_no_refusals(&c, &w);
 }
 
+/// The controller's reads (GET and LIST; watches excluded) in the world's
+/// namespace so far (audit log).
+fn reads(c: &Cluster, w: &World) -> Vec<String> {
+    c.audit("system:serviceaccount:lanekeeper-system:lanekeeper")
+        .into_iter()
+        .filter(|e| e["objectRef"]["namespace"] == w.name())
+        .filter(|e| matches!(e["verb"].as_str(), Some("get" | "list")))
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["verb"].as_str().unwrap_or_default(),
+                e["requestURI"].as_str().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// At steady state a resync tick recomputes from the watch caches: over ten
+/// ticks the controller neither writes nor reads (no GET, no LIST; only its
+/// watches stay open), as the real server's audit log records.
 #[tokio::test(flavor = "multi_thread")]
-async fn steady_state_makes_no_writes() {
-    let Some(Env { c, kc, w, _shared }) = env("steady_state_makes_no_writes", "steady", 8).await
+async fn steady_state_makes_no_api_calls() {
+    let Some(Env { c, kc, w, _shared }) = env("steady_state_makes_no_api_calls", "steady", 8).await
     else {
         return;
     };
     if c.local.is_none() {
         eprintln!(
-            "steady_state_makes_no_writes: counts writes in the local control plane's audit log; not run on this cluster"
+            "steady_state_makes_no_api_calls: counts calls in the local control plane's audit log; not run on this cluster"
         );
         return;
     }
@@ -305,21 +325,96 @@ async fn steady_state_makes_no_writes() {
         (st["level"] == 1 && st["readyReplicas"] == 9 && st["desiredReplicas"] == 9).then_some(())
     })
     .await;
-    // Settle, then count the controller's writes over ten resync ticks (1 s).
+    // Settle, then count the controller's calls over ten resync ticks (1 s).
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let before = writes(&c, &w).len();
+    std::thread::sleep(Duration::from_millis(1500)); // the audit batch
+    let (writes_before, reads_before) = (writes(&c, &w).len(), reads(&c, &w).len());
     let metric_before = ctl.metric_sum("lanekeeper_api_writes_total").await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let after = writes(&c, &w);
+    std::thread::sleep(Duration::from_millis(1500));
+    let (after_w, after_r) = (writes(&c, &w), reads(&c, &w));
     assert_eq!(
-        after.len(),
-        before,
+        after_w.len(),
+        writes_before,
         "writes at steady state: {:#?}",
-        &after[before..]
+        &after_w[writes_before..]
+    );
+    assert_eq!(
+        after_r.len(),
+        reads_before,
+        "reads at steady state: {:#?}",
+        &after_r[reads_before..]
+    );
+    assert!(
+        reads_before > 0,
+        "the audit log shows the controller's first lists"
     );
     assert_eq!(
         ctl.metric_sum("lanekeeper_api_writes_total").await,
         metric_before
+    );
+    assert_no_refusals(&c, &w);
+}
+
+/// A change the controller can see triggers the reconcile of the profile it
+/// concerns at once, not at the next resync tick (a minute here): a pod
+/// turning unready shows in status, and a changed Prometheus answer in the
+/// gateway config, well before the tick.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_signal_is_acted_on_before_the_resync_tick() {
+    let Some(Env { c, kc, w, _shared }) = env(
+        "a_changed_signal_is_acted_on_before_the_resync_tick",
+        "react",
+        8,
+    )
+    .await
+    else {
+        return;
+    };
+    let _ctl = Controller::start(
+        &kc,
+        w.name(),
+        "react",
+        &["--leader-elect=false", "--resync-seconds", "60"],
+    );
+    eventually("9 Ready pods and the gateway config", T, || async {
+        let st = w.status().await;
+        (st["readyReplicas"] == 9 && w.lanes_json().await.is_some()).then_some(())
+    })
+    .await;
+    // Past the first reconciles: from here on only a trigger reconciles
+    // within the minute.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let within = Duration::from_secs(20);
+
+    let pod = w.pods().await[0].name_any();
+    let started = Instant::now();
+    patch_pod(
+        &c,
+        &w,
+        &pod,
+        json!({"status": {"conditions": [{"type": "ContainersReady", "status": "False"}]}}),
+        true,
+    )
+    .await;
+    eventually("8 Ready pods in status", within, || async {
+        (w.status().await["readyReplicas"] == 8).then_some(())
+    })
+    .await;
+    let pod_seen = started.elapsed();
+
+    let before = w.lanes_json().await.unwrap()["capacityUnitsPerSecond"].clone();
+    let (_, degraded) = inc47_capacities();
+    let started = Instant::now();
+    w.set(|t| t.available = degraded);
+    eventually("the new capacity in the gateway config", within, || async {
+        let cfg = w.lanes_json().await?;
+        (cfg["capacityUnitsPerSecond"] != before).then_some(())
+    })
+    .await;
+    let prom_seen = started.elapsed();
+    eprintln!(
+        "pod readiness seen in {pod_seen:?}, Prometheus change in {prom_seen:?} (resync 60 s)"
     );
     assert_no_refusals(&c, &w);
 }

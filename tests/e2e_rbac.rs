@@ -7,7 +7,7 @@
 //! through scenarios that together use every permission: INC-47 with leader
 //! election, a capacity drop and drain requests beyond the bound; an HPA in
 //! `HPAMinReplicas` mode; a StatefulSet pool; a Prometheus source that reads
-//! its bearer token from a Secret; an approval entered and consumed; an
+//! its bearer token from a Secret and its CA bundle from a ConfigMap; an approval entered and consumed; an
 //! object stored under a looser schema than the current CRD's. Every
 //! request in the audit log becomes (apiGroup, resource[/subresource],
 //! verb), and the set is compared with the rules of the ClusterRoles and
@@ -137,9 +137,23 @@ async fn scenario_statefulset(c: &Cluster, kc: &std::path::Path) -> String {
     w.name().to_owned()
 }
 
-/// The Prometheus source reads its bearer token from a Secret.
+/// The Prometheus source reads its bearer token from a Secret and its CA
+/// bundle from a ConfigMap (the cluster's own CA, from the kubeconfig: any
+/// valid PEM will do for an http:// URL).
 async fn scenario_prometheus_secret(c: &Cluster, kc: &std::path::Path) -> String {
     let w = World::new(c, "rbac-secret", 8, 0, None).await.unwrap();
+    let kubeconfig: Value = serde_yaml::from_str(&std::fs::read_to_string(kc).unwrap()).unwrap();
+    let ca: k8s_openapi::ByteString = serde_json::from_value(
+        kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"].clone(),
+    )
+    .expect("the kubeconfig carries its CA");
+    c.apply(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "prometheus-ca", "namespace": w.name()},
+        "data": {"ca.crt": String::from_utf8(ca.0).unwrap()}
+    }))
+    .await
+    .unwrap();
     c.kubectl_ok(&[
         "-n",
         w.name(),
@@ -152,6 +166,8 @@ async fn scenario_prometheus_secret(c: &Cluster, kc: &std::path::Path) -> String
     let mut profile = object(&w, "CapacityProfile");
     profile["spec"]["signals"]["prometheus"]["bearerTokenSecretRef"] =
         json!({"name": "prometheus-token", "key": "token"});
+    profile["spec"]["signals"]["prometheus"]["caBundle"] =
+        json!({"configMapKeyRef": {"name": "prometheus-ca", "key": "ca.crt"}});
     c.apply(&profile).await.unwrap();
     let _ctl = Controller::start(kc, w.name(), "rbac-secret", &["--leader-elect=false"]);
     eventually("level 1 read with the token", T, || async {

@@ -344,6 +344,12 @@ pub struct PrometheusSignals {
     #[serde(default = "default_staleness")]
     #[x_kube(validation = Rule::new("self > 0").message("stalenessSeconds must be > 0"))]
     pub staleness_seconds: i64,
+    /// How often the controller asks, in seconds. The queries run on their
+    /// own, one poll per interval; an answer that differs from the last one
+    /// triggers the profile's reconcile at once (not at the next resync).
+    #[serde(default = "default_prom_interval")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("intervalSeconds must be between 1 and 3600"))]
+    pub interval_seconds: i64,
     /// A bearer token sent as `Authorization: Bearer ...`, read from a key of
     /// a Secret in the profile's namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -364,6 +370,10 @@ pub struct PrometheusSignals {
     /// One PromQL expression per signal; every query is optional.
     #[serde(default)]
     pub queries: PrometheusQueries,
+}
+
+fn default_prom_interval() -> i64 {
+    5
 }
 
 fn default_prom_timeout() -> i64 {

@@ -11,6 +11,7 @@ use kube::core::DeserializeGuard;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
+use super::index::Index;
 use super::pods::PodIndex;
 use super::reconcile::writes::Writes;
 use super::scale::Resolver;
@@ -71,6 +72,8 @@ pub struct Context {
     pub policies: Store<DeserializeGuard<DegradationPolicy>>,
     /// Pod index.
     pub pods: PodIndex,
+    /// The other watch caches: ConfigMaps, HPAs, scale targets.
+    pub index: Index,
     /// Scale target resolution cache.
     pub resolver: Resolver,
     /// Status and annotation writes, with what they returned (bridges the

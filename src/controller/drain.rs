@@ -7,7 +7,8 @@
 //!   drain write the pool's pods are listed afresh from the API server, and the
 //!   write carries the pod's `resourceVersion` as a precondition (a pod that
 //!   changed in between fails the write with 409 and the drain waits for the
-//!   next evaluation);
+//!   next evaluation); a step that writes nothing counts from the pod watch's
+//!   cache and makes no API call;
 //! - writes for one pool are serialized (the controller never runs two
 //!   reconciles of one profile at once, and this module writes one pod at a
 //!   time), undrains before drains;
@@ -15,6 +16,8 @@
 //!   not being deleted), so a drained pod stays in the base and in the
 //!   drained count until it is undrained or gone;
 //! - a pod that is not ready is never labelled.
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -55,10 +58,10 @@ struct Census {
     bound: u32,
 }
 
-fn census(pods: &[Pod], spec: &DrainSpec) -> Census {
+fn census(pods: &[Arc<Pod>], spec: &DrainSpec) -> Census {
     let views: Vec<_> = pods
         .iter()
-        .map(pool_pod)
+        .map(|p| pool_pod(p))
         .filter(|p| !p.terminating)
         .collect();
     let ready = views.iter().filter(|p| p.signals().is_ready()).count() as u32;
@@ -68,12 +71,15 @@ fn census(pods: &[Pod], spec: &DrainSpec) -> Census {
     }
 }
 
-async fn fresh_pods(api: &Api<Pod>, selector: &str) -> Result<Vec<Pod>, Error> {
+async fn fresh_pods(api: &Api<Pod>, selector: &str) -> Result<Vec<Arc<Pod>>, Error> {
     Ok(api
         .list(&ListParams::default().labels(selector))
         .await
         .map_err(|e| Error::kube("list pool pods", e))?
-        .items)
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect())
 }
 
 fn refused(a: &PodDrain, reason: DrainReason) -> PodDrain {
@@ -87,14 +93,17 @@ fn refused(a: &PodDrain, reason: DrainReason) -> PodDrain {
 /// Carries out the decision's drain on the pool's pods and returns it as
 /// carried out: drains and undrains written, candidates refused (by the
 /// bound re-checked against the newest state, by readiness, by a race), the
-/// drained count and the bound after this step. `enforce` is false in
-/// observe mode: then nothing is written and every drain is refused with
-/// `Observe`.
+/// drained count and the bound after this step. `cached` is the pod watch's
+/// copy of the pool: what a step that writes nothing counts from. `enforce`
+/// is false in observe mode: then nothing is written and every drain is
+/// refused with `Observe`.
+#[allow(clippy::too_many_arguments)]
 pub async fn actuate(
     api: &Api<Pod>,
     pod_selector: &Selector,
     spec: &DrainSpec,
     decided: &Drain,
+    cached: &[Arc<Pod>],
     enforce: bool,
     now: i64,
     mut on_write: impl FnMut(&str),
@@ -109,7 +118,7 @@ pub async fn actuate(
     let wants = |action| decided.actions.iter().filter(move |a| a.action == action);
     if !enforce {
         done.extend(wants(DrainAction::Drain).map(|a| refused(a, DrainReason::Observe)));
-        let c = census(&fresh_pods(api, &selector).await?, spec);
+        let c = census(cached, spec);
         done.sort_by(|a, b| a.pod.cmp(&b.pod));
         return Ok(Drain {
             actions: done,
@@ -118,8 +127,12 @@ pub async fn actuate(
         });
     }
 
+    // Whether this step went to the API server (then the count after it is
+    // read afresh too).
+    let mut touched = false;
     // Undrains first: they only free slots.
     if wants(DrainAction::Undrain).next().is_some() {
+        touched = true;
         let pods = fresh_pods(api, &selector).await?;
         for a in wants(DrainAction::Undrain) {
             let Some(p) = pods.iter().find(|p| p.name_any() == a.pod) else {
@@ -155,6 +168,7 @@ pub async fn actuate(
 
     // Drains, each re-checking the bound against the newest state.
     for a in wants(DrainAction::Drain) {
+        touched = true;
         let pods = fresh_pods(api, &selector).await?;
         let c = census(&pods, spec);
         let Some(p) = pods.iter().find(|p| p.name_any() == a.pod) else {
@@ -203,9 +217,14 @@ pub async fn actuate(
     }
 
     // Readiness gates, then the count after this step.
-    let pods = fresh_pods(api, &selector).await?;
-    set_gates(api, &pods, now, &mut on_write).await?;
-    let c = census(&pods, spec);
+    let c = if touched {
+        let pods = fresh_pods(api, &selector).await?;
+        set_gates(api, &pods, now, &mut on_write).await?;
+        census(&pods, spec)
+    } else {
+        set_gates(api, cached, now, &mut on_write).await?;
+        census(cached, spec)
+    };
     done.sort_by(|a, b| a.pod.cmp(&b.pod));
     Ok(Drain {
         actions: done,
@@ -218,7 +237,7 @@ pub async fn actuate(
 /// drained, False while drained.
 async fn set_gates(
     api: &Api<Pod>,
-    pods: &[Pod],
+    pods: &[Arc<Pod>],
     now: i64,
     on_write: &mut impl FnMut(&str),
 ) -> Result<(), Error> {

@@ -12,10 +12,12 @@ pub mod context;
 pub mod drain;
 pub mod error;
 pub mod http;
+pub mod index;
 pub mod pods;
 mod reconcile;
 pub mod scale;
 pub mod status;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,6 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
@@ -172,6 +176,35 @@ async fn run_namespace(
     );
     let mut sources: Vec<Arc<dyn SignalSource>> = vec![Arc::new(ClusterSource)];
     sources.extend(extra_sources.iter().cloned());
+    // The owned ConfigMaps and the HPAs, into caches that reconciles read
+    // and whose changes trigger the profiles they concern.
+    let (cm_store, cm_writer) = kube::runtime::reflector::store();
+    let cm_stream = kube::runtime::reflector(
+        cm_writer,
+        watcher(
+            scoped_api::<ConfigMap>(&client, &ns),
+            watcher::Config::default()
+                .labels("app.kubernetes.io/managed-by=lanekeeper")
+                .any_semantic(),
+        )
+        .default_backoff()
+        .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None),
+    )
+    .touched_objects();
+    let (hpa_store, hpa_writer) = kube::runtime::reflector::store();
+    let hpa_stream = kube::runtime::reflector(
+        hpa_writer,
+        watcher(
+            scoped_api::<HorizontalPodAutoscaler>(&client, &ns),
+            watch_config(),
+        )
+        .default_backoff()
+        .modify(|h: &mut HorizontalPodAutoscaler| h.metadata.managed_fields = None),
+    )
+    .touched_objects();
+    for source in &sources {
+        source.attach(&ns, trigger_tx.clone());
+    }
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings: settings.clone(),
@@ -180,14 +213,15 @@ async fn run_namespace(
         sources,
         lanes: lane_store.clone(),
         policies: policy_store.clone(),
-        pods: pods::PodIndex::new(client.clone(), trigger_tx),
+        pods: pods::PodIndex::new(client.clone(), trigger_tx.clone()),
+        index: index::Index::new(client.clone(), trigger_tx, cm_store, hpa_store),
         resolver: scale::Resolver::default(),
         writes: Writes::new(client.clone(), metrics.clone()),
         seen: context::Seen::default(),
         failures: Mutex::new(HashMap::new()),
     });
-    let cm_api: Api<k8s_openapi::api::core::v1::ConfigMap> = scoped_api(&client, &ns);
     let profile_store = controller.store();
+    let hpa_profiles = profile_store.clone();
     let resync = settings.resync;
     let ticker = futures::stream::unfold((), move |()| async move {
         tokio::time::sleep(resync).await;
@@ -216,12 +250,10 @@ async fn run_namespace(
     ));
     let ctx_for_stop = ctx.clone();
     let run = controller
-        .owns(
-            cm_api,
-            watcher::Config::default()
-                .labels("app.kubernetes.io/managed-by=lanekeeper")
-                .any_semantic(),
-        )
+        .owns_stream(cm_stream)
+        .watches_stream(hpa_stream, move |h: HorizontalPodAutoscaler| {
+            index::profiles_of_hpa(&h, &hpa_profiles.state())
+        })
         .watches_stream(lane_stream, lane_map)
         .watches_stream(policy_stream, policy_map)
         .reconcile_on(pod_trigger)
@@ -247,6 +279,10 @@ async fn run_namespace(
     reporter.abort();
     ready_task.abort();
     ctx_for_stop.pods.shutdown();
+    ctx_for_stop.index.shutdown();
+    for source in &ctx_for_stop.sources {
+        source.detach(&ns);
+    }
 }
 
 type Stores = (

@@ -3,18 +3,16 @@
 //! keeps only what it needs of each pod.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
-use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::core::{ObjectMeta, Selector};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use tokio::task::JoinHandle;
+
+use super::watch::{Trigger, Watch};
 
 use crate::api::CapacityProfile;
 use crate::signals::PoolPod;
@@ -46,34 +44,43 @@ pub const DRAIN_REQUEST_ANNOTATION: &str = "lanekeeper.dev/drain-request";
 
 struct Entry {
     selector: String,
-    store: Store<Pod>,
-    synced: Arc<AtomicBool>,
-    task: JoinHandle<()>,
+    watch: Watch<Pod>,
 }
 
 /// Per-profile pod watches.
 pub struct PodIndex {
     client: Client,
-    trigger: UnboundedSender<ObjectRef<CapacityProfile>>,
+    trigger: Trigger,
     entries: Mutex<HashMap<ObjectRef<CapacityProfile>, Entry>>,
 }
 
-/// Keeps only what the controller reads: name, namespace, uid, labels,
-/// lanekeeper's annotations, deletion mark, readiness gates, conditions and
-/// pod IP.
+/// Keeps only what the controller reads: name, namespace, uid, resource
+/// version, lanekeeper's labels and annotations and the revision labels,
+/// deletion mark, readiness gates, the conditions it reads (containers
+/// ready, scheduled, lanekeeper's serving gate; a message only where it is
+/// reported), phase and pod IP. A pool pod then takes a few hundred bytes in
+/// the index, whatever its spec.
 pub fn strip(pod: &mut Pod) {
     let m = &mut pod.metadata;
+    let ours = |k: &str| k.starts_with("lanekeeper.dev/");
     let keep = ObjectMeta {
         name: m.name.take(),
         namespace: m.namespace.take(),
         uid: m.uid.take(),
         resource_version: m.resource_version.take(),
-        labels: m.labels.take(),
-        annotations: m.annotations.take().map(|a| {
-            a.into_iter()
-                .filter(|(k, _)| k.starts_with("lanekeeper.dev/"))
+        labels: m.labels.take().map(|l| {
+            l.into_iter()
+                .filter(|(k, _)| {
+                    ours(k)
+                        || k == super::reconcile::pool::DEPLOYMENT_REVISION_LABEL
+                        || k == super::reconcile::pool::STATEFULSET_REVISION_LABEL
+                })
                 .collect()
         }),
+        annotations: m
+            .annotations
+            .take()
+            .map(|a| a.into_iter().filter(|(k, _)| ours(k)).collect()),
         deletion_timestamp: m.deletion_timestamp.take(),
         ..Default::default()
     };
@@ -86,14 +93,28 @@ pub fn strip(pod: &mut Pod) {
         });
     }
     if let Some(status) = pod.status.take() {
+        let conditions = status.conditions.map(|cs| {
+            cs.into_iter()
+                .filter(|c| {
+                    matches!(c.type_.as_str(), "ContainersReady" | "PodScheduled") || ours(&c.type_)
+                })
+                .map(|mut c| {
+                    c.last_probe_time = None;
+                    c.last_transition_time = None;
+                    if c.type_ != "PodScheduled" || c.status != "False" {
+                        c.message = None;
+                    }
+                    c
+                })
+                .collect()
+        });
         pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
-            conditions: status.conditions,
+            conditions,
             pod_ip: status.pod_ip,
             phase: status.phase,
             ..Default::default()
         });
     }
-    pod.metadata.managed_fields = None;
 }
 
 /// Pods of the pool that the scheduler could not place (Pending with
@@ -159,7 +180,7 @@ pub fn pool_pod(p: &Pod) -> PoolPod {
 impl PodIndex {
     /// A new, empty index; pod changes are sent to `trigger` as the profile
     /// to reconcile.
-    pub fn new(client: Client, trigger: UnboundedSender<ObjectRef<CapacityProfile>>) -> Self {
+    pub fn new(client: Client, trigger: Trigger) -> Self {
         Self {
             client,
             trigger,
@@ -180,17 +201,13 @@ impl PodIndex {
         }
         let key = ObjectRef::from_obj(profile);
         let mut entries = self.entries.lock().expect("not poisoned");
-        let stale = entries.get(&key).is_some_and(|e| e.selector != sel);
-        if stale && let Some(e) = entries.remove(&key) {
-            e.task.abort();
+        if entries.get(&key).is_some_and(|e| e.selector != sel) {
+            entries.remove(&key);
         }
         let entry = entries
             .entry(key.clone())
             .or_insert_with(|| self.start(profile, &sel, selector, key.clone()));
-        if !entry.synced.load(Ordering::Acquire) {
-            return Ok(None);
-        }
-        Ok(Some(entry.store.state()))
+        Ok(entry.watch.state())
     }
 
     fn start(
@@ -202,53 +219,27 @@ impl PodIndex {
     ) -> Entry {
         let ns = profile.namespace().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-        let (store, writer) = reflector::store();
-        let synced = Arc::new(AtomicBool::new(false));
-        let flag = synced.clone();
-        let trigger = self.trigger.clone();
         let config = watcher::Config::default().labels_from(&selector);
-        let task = tokio::spawn(async move {
-            let stream = watcher(api, config)
-                .default_backoff()
-                .modify(strip)
-                .reflect(writer);
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(watcher::Event::InitDone) => {
-                        flag.store(true, Ordering::Release);
-                        let _ = trigger.unbounded_send(key.clone());
-                    }
-                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                        if flag.load(Ordering::Acquire) {
-                            let _ = trigger.unbounded_send(key.clone());
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "pod watch error (retrying with backoff)"),
-                }
-            }
-        });
         Entry {
             selector: sel.to_owned(),
-            store,
-            synced,
-            task,
+            watch: Watch::start(
+                watcher(api, config).modify(strip),
+                (),
+                "pods",
+                self.trigger.clone(),
+                key,
+            ),
         }
     }
 
     /// Stops the watch of a deleted profile.
     pub fn forget(&self, key: &ObjectRef<CapacityProfile>) {
-        if let Some(e) = self.entries.lock().expect("not poisoned").remove(key) {
-            e.task.abort();
-        }
+        self.entries.lock().expect("not poisoned").remove(key);
     }
 
     /// Stops every watch.
     pub fn shutdown(&self) {
-        for (_, e) in self.entries.lock().expect("not poisoned").drain() {
-            e.task.abort();
-        }
+        self.entries.lock().expect("not poisoned").clear();
     }
 }
 

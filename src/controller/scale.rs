@@ -3,10 +3,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::Client;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::{ApiCapabilities, pinned_kind};
 use serde_json::json;
@@ -72,53 +71,6 @@ pub struct TargetState {
     pub workload: Option<DynamicObject>,
 }
 
-/// Reads the scale target.
-pub async fn read(
-    client: &Client,
-    resolver: &Resolver,
-    ns: &str,
-    r: &ScaleTargetRef,
-) -> Result<TargetState, Error> {
-    let (ar, _) = resolver.resolve(client, r).await?;
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
-    let obj = api
-        .get_opt(&r.name)
-        .await
-        .map_err(|e| Error::kube("get scale target", e))?;
-    let Some(obj) = obj else {
-        return Err(Error::ScaleTarget(format!(
-            "{} {}/{ns}/{} not found",
-            r.api_version, r.kind, r.name
-        )));
-    };
-    let ready_replicas = obj
-        .data
-        .pointer("/status/readyReplicas")
-        .and_then(|v| v.as_u64())
-        .map(|v| v.min(u64::from(u32::MAX)) as u32)
-        .or_else(|| {
-            // The status exists but omits readyReplicas when it is 0.
-            obj.data.pointer("/status/replicas").map(|_| 0)
-        });
-    let raw = api
-        .get_subresource("scale", &r.name)
-        .await
-        .map_err(|e| Error::kube("get scale", e))?;
-    let scale: Scale = serde_json::to_value(&raw)
-        .and_then(serde_json::from_value)
-        .map_err(|e| {
-            Error::ScaleTarget(format!(
-                "the scale subresource of {} {} is not a Scale: {e}",
-                r.kind, r.name
-            ))
-        })?;
-    Ok(TargetState {
-        replicas: scale.spec.and_then(|s| s.replicas),
-        ready_replicas,
-        workload: Some(obj),
-    })
-}
-
 /// Sets the replicas through the scale subresource (server-side apply).
 pub async fn write(
     client: &Client,
@@ -145,30 +97,6 @@ pub async fn write(
     .await
     .map_err(|e| Error::kube("patch scale", e))?;
     Ok(())
-}
-
-/// The HorizontalPodAutoscaler that targets the workload, if any.
-pub async fn find_hpa(
-    client: &Client,
-    ns: &str,
-    r: &ScaleTargetRef,
-) -> Result<Option<HorizontalPodAutoscaler>, Error> {
-    let api: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::kube("list horizontalpodautoscalers", e))?;
-    let group = |v: &str| v.split_once('/').map_or("", |(g, _)| g).to_owned();
-    Ok(list.items.into_iter().find(|h| {
-        let t = &h
-            .spec
-            .as_ref()
-            .map(|s| s.scale_target_ref.clone())
-            .unwrap_or_default();
-        t.kind == r.kind
-            && t.name == r.name
-            && t.api_version.as_deref().map(group) == Some(group(&r.api_version))
-    }))
 }
 
 /// Raises (or lowers) the HPA's `minReplicas` to `replicas`, within its

@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
+use futures::channel::mpsc::UnboundedSender;
 use futures::future::BoxFuture;
+use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{CapacityProfile, LaneContract};
 use crate::snapshot::{LaneSignals, PodSignals, ProfileSignals};
@@ -72,10 +74,26 @@ pub struct SourceOutput {
     pub unknown: BTreeMap<String, String>,
 }
 
+/// Where a source that polls on its own says that a profile's signals
+/// changed: the profile to reconcile.
+pub type Trigger = UnboundedSender<ObjectRef<CapacityProfile>>;
+
 /// A source of live signals.
 pub trait SignalSource: Send + Sync {
     /// Collects signals for one profile.
     fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput>;
+
+    /// A controller for `scope` (a namespace, or all of them) starts: a
+    /// source that polls on its own sends the profiles of that scope whose
+    /// signals changed to `trigger`.
+    fn attach(&self, _scope: &Option<String>, _trigger: Trigger) {}
+
+    /// The controller for `scope` stopped (lease lost, shutdown): stop
+    /// polling for it.
+    fn detach(&self, _scope: &Option<String>) {}
+
+    /// The profile is gone: forget it.
+    fn forget(&self, _namespace: &str, _name: &str) {}
 }
 
 /// Signals the cluster itself gives: ready replicas from the scale target,

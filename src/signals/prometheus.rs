@@ -15,15 +15,17 @@
 //! ([`signals_file`]), so both feed the engine identically.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, join_all};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde::Deserialize;
+use tokio::task::JoinHandle;
 
-use super::{SignalSource, SourceInput, SourceOutput};
+use super::{SignalSource, SourceInput, SourceOutput, Trigger};
 use crate::api::profile::{PrometheusQueries, PrometheusSignals};
 use crate::api::{CapacityProfile, LaneContract};
 use crate::metrics::Metrics;
@@ -299,6 +301,9 @@ impl PromClient {
                 .chars()
                 .take(200)
                 .collect();
+            if matches!(code.as_u16(), 401 | 403) {
+                return Err(Problem::Auth(format!("HTTP {}: {msg}", code.as_u16())));
+            }
             return Err(Problem::Http(code.as_u16(), msg));
         }
         let r =
@@ -732,10 +737,55 @@ pub fn configured(q: &PrometheusQueries) -> Vec<(&'static str, &str)> {
 
 /// The controller's Prometheus source. Profiles without
 /// `spec.signals.prometheus` (or without queries) get nothing from it.
+///
+/// Each profile with queries gets a poller: a task that evaluates the
+/// queries every `intervalSeconds` and, when the answer differs from the
+/// last one, triggers the profile's reconcile at once. A reconcile takes the
+/// poller's latest answer; it queries itself only when there is none yet or
+/// the latest is older than an interval plus the query timeout (the poller
+/// is stuck), so a reconcile never waits on Prometheus while the poller
+/// keeps up. Credentials (bearer token, CA bundle) are read from the API
+/// server when a poller starts and again every [`CREDENTIALS_TTL`], or at
+/// once after Prometheus answers 401 or 403.
 pub struct PrometheusSource {
+    inner: Arc<Inner>,
+}
+
+/// How long credentials read from Secrets and ConfigMaps are reused.
+pub const CREDENTIALS_TTL: Duration = Duration::from_secs(300);
+
+/// Namespace, object name, key, and whether the object is a Secret.
+type CredentialKey = (String, String, String, bool);
+
+struct Inner {
     kube: Option<kube::Client>,
     metrics: Option<Metrics>,
     clients: Mutex<HashMap<String, PromClient>>,
+    credentials: Mutex<HashMap<CredentialKey, (Instant, Vec<u8>)>>,
+    triggers: Mutex<Vec<(Option<String>, Trigger)>>,
+    pollers: Mutex<HashMap<String, Poller>>,
+}
+
+/// What a poller evaluates: owned copies of what the last reconcile saw.
+#[derive(Clone)]
+struct PollInput {
+    profile: CapacityProfile,
+    lanes: Vec<LaneContract>,
+    pods: Option<Vec<String>>,
+}
+
+struct Poller {
+    /// The Prometheus spec it was started for (restarted when it changes).
+    spec: PrometheusSignals,
+    input: Arc<Mutex<PollInput>>,
+    latest: Arc<Mutex<Option<(Instant, SourceOutput)>>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl PrometheusSource {
@@ -743,16 +793,179 @@ impl PrometheusSource {
     /// reports ages and errors to `metrics`.
     pub fn new(kube: Option<kube::Client>, metrics: Option<Metrics>) -> Self {
         Self {
-            kube,
-            metrics,
-            clients: Mutex::new(HashMap::new()),
+            inner: Arc::new(Inner {
+                kube,
+                metrics,
+                clients: Mutex::new(HashMap::new()),
+                credentials: Mutex::new(HashMap::new()),
+                triggers: Mutex::new(Vec::new()),
+                pollers: Mutex::new(HashMap::new()),
+            }),
         }
+    }
+
+    /// One profile's signals: the poller's latest answer, or a query now
+    /// when there is no fresh one. Starts (or restarts) the profile's
+    /// poller.
+    pub async fn observe(&self, input: &SourceInput<'_>) -> SourceOutput {
+        let profile = input.profile;
+        let pkey = key(
+            &profile.namespace().unwrap_or_default(),
+            &profile.name_any(),
+        );
+        let Some(cfg) = profile
+            .spec
+            .signals
+            .as_ref()
+            .and_then(|s| s.prometheus.as_ref())
+            .filter(|c| !c.queries.is_empty())
+        else {
+            self.inner
+                .pollers
+                .lock()
+                .expect("not poisoned")
+                .remove(&pkey);
+            return SourceOutput::default();
+        };
+        let poll_input = PollInput {
+            profile: profile.clone(),
+            lanes: input.lanes.iter().map(|l| (*l).clone()).collect(),
+            pods: input
+                .pods
+                .map(|p| p.iter().map(|p| p.name.clone()).collect()),
+        };
+        let fresh_for =
+            Duration::from_secs((cfg.interval_seconds + cfg.timeout_seconds).max(1) as u64 + 1);
+        let latest = {
+            let mut pollers = self.inner.pollers.lock().expect("not poisoned");
+            if pollers.get(&pkey).is_some_and(|p| &p.spec != cfg) {
+                pollers.remove(&pkey);
+            }
+            let poller = pollers
+                .entry(pkey.clone())
+                .or_insert_with(|| Inner::start(&self.inner, cfg.clone(), poll_input.clone()));
+            *poller.input.lock().expect("not poisoned") = poll_input;
+            poller.latest.clone()
+        };
+        if let Some((at, out)) = latest.lock().expect("not poisoned").as_ref()
+            && at.elapsed() <= fresh_for
+        {
+            return out.clone();
+        }
+        let out = self
+            .inner
+            .evaluate_now(
+                profile,
+                cfg,
+                input.lanes,
+                input
+                    .pods
+                    .map(|p| p.iter().map(|p| p.name.clone()).collect::<Vec<_>>())
+                    .as_deref(),
+                input.now,
+            )
+            .await;
+        *latest.lock().expect("not poisoned") = Some((Instant::now(), out.clone()));
+        out
+    }
+}
+
+impl Inner {
+    /// Starts a profile's poller.
+    fn start(this: &Arc<Inner>, spec: PrometheusSignals, input: PollInput) -> Poller {
+        let input = Arc::new(Mutex::new(input));
+        let latest: Arc<Mutex<Option<(Instant, SourceOutput)>>> = Arc::new(Mutex::new(None));
+        let every = Duration::from_secs(spec.interval_seconds.max(1) as u64);
+        let task = tokio::spawn({
+            let (this, input, latest) = (Arc::downgrade(this), input.clone(), latest.clone());
+            let spec = spec.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let Some(inner) = this.upgrade() else { return };
+                    let i = input.lock().expect("not poisoned").clone();
+                    let lanes: Vec<&LaneContract> = i.lanes.iter().collect();
+                    let out = inner
+                        .evaluate_now(&i.profile, &spec, &lanes, i.pods.as_deref(), unix_now())
+                        .await;
+                    let changed = {
+                        let mut l = latest.lock().expect("not poisoned");
+                        let changed = l.as_ref().is_none_or(|(_, prev)| *prev != out);
+                        *l = Some((Instant::now(), out));
+                        changed
+                    };
+                    if changed {
+                        inner.trigger(&i.profile);
+                    }
+                }
+            }
+        });
+        Poller {
+            spec,
+            input,
+            latest,
+            task,
+        }
+    }
+
+    /// Sends the profile to the controller of its scope.
+    fn trigger(&self, profile: &CapacityProfile) {
+        let ns = profile.namespace();
+        let triggers = self.triggers.lock().expect("not poisoned");
+        if let Some((_, t)) = triggers
+            .iter()
+            .find(|(scope, _)| scope.is_none() || *scope == ns)
+        {
+            let r = ObjectRef::new(&profile.name_any()).within(ns.as_deref().unwrap_or_default());
+            let _ = t.unbounded_send(r);
+        }
+    }
+
+    /// Evaluates the queries now and records ages and errors.
+    async fn evaluate_now(
+        &self,
+        profile: &CapacityProfile,
+        cfg: &PrometheusSignals,
+        lanes: &[&LaneContract],
+        pods: Option<&[String]>,
+        now: i64,
+    ) -> SourceOutput {
+        let ns = profile.namespace().unwrap_or_default();
+        let pkey = key(&ns, &profile.name_any());
+        let eval = match self.client_for(&ns, cfg).await {
+            Ok(c) => {
+                let e = evaluate(&c, cfg, lanes, pods, &Window::At(now))
+                    .await
+                    .pop()
+                    .unwrap_or_default();
+                if e.reasons.values().any(|r| *r == "auth") {
+                    // Credentials may have been rotated: read them again.
+                    self.credentials
+                        .lock()
+                        .expect("not poisoned")
+                        .retain(|(n, ..), _| *n != ns);
+                }
+                e
+            }
+            Err(p) => {
+                let mut e = Evaluation::default();
+                for (s, _) in configured(&cfg.queries) {
+                    set_unknown(&mut e, s, p.reason(), p.to_string());
+                    lanes_unknown(&mut e, lanes, s, &p.to_string());
+                }
+                e
+            }
+        };
+        if let Some(m) = &self.metrics {
+            record(m, &pkey, &eval);
+        }
+        eval.output
     }
 
     async fn client_for(&self, ns: &str, cfg: &PrometheusSignals) -> Result<PromClient, Problem> {
         let token = match &cfg.bearer_token_secret_ref {
             Some(r) => Some(
-                String::from_utf8(self.secret_key(ns, &r.name, &r.key).await?)
+                String::from_utf8(self.credential(ns, &r.name, &r.key, true).await?)
                     .map_err(|_| {
                         Problem::Auth(format!(
                             "Secret {}/{}: key {} is not UTF-8",
@@ -766,8 +979,8 @@ impl PrometheusSource {
         };
         let ca = match &cfg.ca_bundle {
             Some(b) => match (&b.config_map_key_ref, &b.secret_key_ref) {
-                (Some(r), _) => Some(self.config_map_key(ns, &r.name, &r.key).await?),
-                (None, Some(r)) => Some(self.secret_key(ns, &r.name, &r.key).await?),
+                (Some(r), _) => Some(self.credential(ns, &r.name, &r.key, false).await?),
+                (None, Some(r)) => Some(self.credential(ns, &r.name, &r.key, true).await?),
                 (None, None) => None,
             },
             None => None,
@@ -789,6 +1002,33 @@ impl PrometheusSource {
         }
         cache.insert(fp, c.clone());
         Ok(c)
+    }
+
+    /// A key of a Secret (`secret`) or ConfigMap, reused for
+    /// [`CREDENTIALS_TTL`].
+    async fn credential(
+        &self,
+        ns: &str,
+        name: &str,
+        key: &str,
+        secret: bool,
+    ) -> Result<Vec<u8>, Problem> {
+        let k = (ns.to_owned(), name.to_owned(), key.to_owned(), secret);
+        if let Some((at, v)) = self.credentials.lock().expect("not poisoned").get(&k)
+            && at.elapsed() < CREDENTIALS_TTL
+        {
+            return Ok(v.clone());
+        }
+        let v = if secret {
+            self.secret_key(ns, name, key).await?
+        } else {
+            self.config_map_key(ns, name, key).await?
+        };
+        self.credentials
+            .lock()
+            .expect("not poisoned")
+            .insert(k, (Instant::now(), v.clone()));
+        Ok(v)
     }
 
     async fn secret_key(&self, ns: &str, name: &str, key: &str) -> Result<Vec<u8>, Problem> {
@@ -820,53 +1060,12 @@ impl PrometheusSource {
             .map(String::into_bytes)
             .ok_or_else(|| Problem::Auth(format!("ConfigMap {ns}/{name} has no key {key}")))
     }
+}
 
-    /// Collects one profile's signals now.
-    pub async fn observe(&self, input: &SourceInput<'_>) -> SourceOutput {
-        let profile = input.profile;
-        let Some(cfg) = profile
-            .spec
-            .signals
-            .as_ref()
-            .and_then(|s| s.prometheus.as_ref())
-        else {
-            return SourceOutput::default();
-        };
-        if cfg.queries.is_empty() {
-            return SourceOutput::default();
-        }
-        let ns = profile.namespace().unwrap_or_default();
-        let pkey = key(&ns, &profile.name_any());
-        let eval = match self.client_for(&ns, cfg).await {
-            Ok(c) => {
-                let pods: Option<Vec<String>> = input
-                    .pods
-                    .map(|p| p.iter().map(|p| p.name.clone()).collect());
-                evaluate(
-                    &c,
-                    cfg,
-                    input.lanes,
-                    pods.as_deref(),
-                    &Window::At(input.now),
-                )
-                .await
-                .pop()
-                .unwrap_or_default()
-            }
-            Err(p) => {
-                let mut e = Evaluation::default();
-                for (s, _) in configured(&cfg.queries) {
-                    set_unknown(&mut e, s, p.reason(), p.to_string());
-                    lanes_unknown(&mut e, input.lanes, s, &p.to_string());
-                }
-                e
-            }
-        };
-        if let Some(m) = &self.metrics {
-            record(m, &pkey, &eval);
-        }
-        eval.output
-    }
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Reports an evaluation's ages and unknown reasons as metrics.
@@ -885,6 +1084,37 @@ pub fn record(m: &Metrics, profile: &str, e: &Evaluation) {
 impl SignalSource for PrometheusSource {
     fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput> {
         Box::pin(self.observe(input))
+    }
+
+    fn attach(&self, scope: &Option<String>, trigger: Trigger) {
+        let mut t = self.inner.triggers.lock().expect("not poisoned");
+        t.retain(|(s, _)| s != scope);
+        t.push((scope.clone(), trigger));
+    }
+
+    fn detach(&self, scope: &Option<String>) {
+        self.inner
+            .triggers
+            .lock()
+            .expect("not poisoned")
+            .retain(|(s, _)| s != scope);
+        self.inner
+            .pollers
+            .lock()
+            .expect("not poisoned")
+            .retain(|k, _| {
+                scope
+                    .as_ref()
+                    .is_some_and(|ns| !k.starts_with(&format!("{ns}/")))
+            });
+    }
+
+    fn forget(&self, namespace: &str, name: &str) {
+        self.inner
+            .pollers
+            .lock()
+            .expect("not poisoned")
+            .remove(&key(namespace, name));
     }
 }
 

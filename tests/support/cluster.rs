@@ -437,8 +437,13 @@ pub struct Controller {
 
 impl Controller {
     /// Starts `lanekeeper run` with `kubeconfig`, watching `namespace`, with
-    /// a 1 s resync and `extra` arguments.
+    /// a 1 s resync (unless `extra` gives one) and `extra` arguments.
     pub fn start(kubeconfig: &Path, namespace: &str, identity: &str, extra: &[&str]) -> Self {
+        let resync: &[&str] = if extra.contains(&"--resync-seconds") {
+            &[]
+        } else {
+            &["--resync-seconds", "1"]
+        };
         let metrics_addr = format!("127.0.0.1:{}", free_port());
         let health_addr = format!("127.0.0.1:{}", free_port());
         let log = scratch().join(format!("{}.log", unique(identity)));
@@ -452,13 +457,12 @@ impl Controller {
                 &metrics_addr,
                 "--health-addr",
                 &health_addr,
-                "--resync-seconds",
-                "1",
                 "--identity",
                 identity,
                 "--lease-namespace",
                 RELEASE_NS,
             ])
+            .args(resync)
             .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env(

@@ -60,7 +60,7 @@ pub fn inc47_objects(ns: &str, prom: &str) -> Vec<Value> {
             if v["kind"] == "CapacityProfile" {
                 v["spec"]["drain"]["healthyForSeconds"] = json!(5);
                 v["spec"]["signals"] = json!({"prometheus": {
-                    "url": prom, "timeoutSeconds": 2, "stalenessSeconds": 30,
+                    "url": prom, "timeoutSeconds": 2, "stalenessSeconds": 30, "intervalSeconds": 1,
                     "laneLabel": "lane", "podLabel": "pod",
                     "queries": {
                         "availableUnitsPerSecond": format!("pool:available_units_per_second{{namespace=\"{ns}\",profile=\"{PROFILE}\"}}"),

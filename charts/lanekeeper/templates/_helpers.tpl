@@ -75,8 +75,10 @@ audit log).
   verbs: ["patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  # create: a server-side apply of a ConfigMap that does not exist yet is
-  # authorized as patch and create.
+  # list, watch: the gateway ConfigMaps are read from a watch (label
+  # app.kubernetes.io/managed-by=lanekeeper). get: a Prometheus CA bundle
+  # from a ConfigMap. create: a server-side apply of a ConfigMap that does
+  # not exist yet is authorized as patch and create.
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
@@ -91,28 +93,32 @@ audit log).
   resources: ["secrets"]
   verbs: ["get"]
 {{- end }}
+# The scale target is watched by name (its replicas are spec.replicas for
+# these kinds, so their scale subresource is only written).
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
-  verbs: ["get"]
+  verbs: ["list", "watch"]
 - apiGroups: ["apps"]
   resources: ["deployments/scale", "statefulsets/scale"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 # A Deployment pool's current revision is its newest ReplicaSet's
-# pod-template-hash (drains wait for a rollout; see docs/operations.md).
+# pod-template-hash (drains wait for a rollout; see docs/operations.md);
+# watched, metadata only.
 - apiGroups: ["apps"]
   resources: ["replicasets"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- range .Values.rbac.extraScaleTargets }}
 - apiGroups: [{{ .apiGroup | quote }}]
   resources: [{{ .resource | quote }}]
-  verbs: ["get"]
+  verbs: ["list", "watch"]
+# Other kinds: the scale subresource is read when the object changes.
 - apiGroups: [{{ .apiGroup | quote }}]
   resources: [{{ printf "%s/scale" .resource | quote }}]
   verbs: ["get", "patch"]
 {{- end }}
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: [{{ if .Values.rbac.hpaMinReplicas }}"list", "patch"{{ else }}"list"{{ end }}]
+  verbs: [{{ if .Values.rbac.hpaMinReplicas }}"list", "watch", "patch"{{ else }}"list", "watch"{{ end }}]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

@@ -147,12 +147,12 @@ async fn gateway_config(
     let observe = obs.observe_only();
     let name = gateway::configmap_name(profile.name_str(), observe);
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
-    let current = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| Error::kube("get gateway configmap", e))?;
+    // The ConfigMap as the watch cache has it (lanekeeper's ConfigMaps carry
+    // its managed-by label, which the watch selects).
+    let current = ctx.index.configmap(profile.namespace_str(), &name);
+    let cached_rv = current.as_ref().and_then(|c| c.resource_version());
     let (prev_cfg, current_hash) = current
-        .as_ref()
+        .as_deref()
         .map_or((None, None), gateway::from_configmap);
     let binding = obs.binding();
     let cfg = gateway::build(
@@ -163,7 +163,12 @@ async fn gateway_config(
         prev_cfg.as_ref(),
         obs.now,
     );
-    let written = current_hash != Some(cfg.content_hash.as_str());
+    let object = format!("ConfigMap/{}/{name}", profile.namespace_str());
+    let written = current_hash != Some(cfg.content_hash.as_str())
+        && !ctx
+            .index
+            .lag
+            .in_flight(&object, cached_rv.as_deref(), &cfg.content_hash);
     if written {
         let cm = gateway::configmap(profile, &cfg, observe);
         api.patch(
@@ -173,6 +178,9 @@ async fn gateway_config(
         )
         .await
         .map_err(|e| Error::kube("apply gateway configmap", e))?;
+        ctx.index
+            .lag
+            .wrote(&object, cached_rv.as_deref(), &cfg.content_hash);
         ctx.metrics.write("ConfigMap", "apply");
         tracing::info!(profile = %profile.key(), configmap = %name, hash = %cfg.content_hash, "gateway config written");
     }
@@ -201,12 +209,22 @@ async fn pool_size(
     let ns = profile.namespace_str();
     let target_ref = &profile.spec.pool.scale_target_ref;
     let client = &ctx.client;
-    match (scale::find_hpa(client, ns, target_ref).await?, mode) {
+    match (ctx.index.hpa(ns, target_ref), mode) {
         (Some(h), ScalingMode::HpaMinReplicas) => {
             let Some(d) = decision.desired_replicas else {
                 return Ok((None, None));
             };
+            let object = format!("HorizontalPodAutoscaler/{ns}/{}", h.name_any());
+            let rv = h.resource_version();
+            if ctx
+                .index
+                .lag
+                .in_flight(&object, rv.as_deref(), &d.to_string())
+            {
+                return Ok((None, None));
+            }
             if scale::write_hpa_min(client, ns, &h, d, FIELD_MANAGER).await? {
+                ctx.index.lag.wrote(&object, rv.as_deref(), &d.to_string());
                 ctx.metrics.write("HorizontalPodAutoscaler", "apply");
                 return Ok((
                     Some(Scaled::HpaMin {
@@ -230,7 +248,17 @@ async fn pool_size(
             let Some(n) = scale::scale_write_due(decision.desired_replicas, target.replicas) else {
                 return Ok((None, None));
             };
+            let object = format!("{}/{ns}/{}", target_ref.kind, target_ref.name);
+            let rv = target.workload.as_ref().and_then(|w| w.resource_version());
+            if ctx
+                .index
+                .lag
+                .in_flight(&object, rv.as_deref(), &n.to_string())
+            {
+                return Ok((None, None));
+            }
             scale::write(client, &ctx.resolver, ns, target_ref, n, FIELD_MANAGER).await?;
+            ctx.index.lag.wrote(&object, rv.as_deref(), &n.to_string());
             ctx.metrics.write("Scale", "apply");
             Ok((
                 Some(Scaled::Replicas {
@@ -252,7 +280,7 @@ async fn bounded_drain(
     decision: &ProfileDecision,
 ) -> Result<Option<Drain>, Error> {
     let profile = &obs.profile;
-    let (Some(spec), Some(_)) = (&profile.spec.drain, &obs.pods) else {
+    let (Some(spec), Some(cached)) = (&profile.spec.drain, &obs.pods) else {
         return Ok(None);
     };
     let selector = selector_of(profile).map_err(|e| Error::Invalid(e.to_string()))?;
@@ -263,6 +291,7 @@ async fn bounded_drain(
         &selector,
         spec,
         &decision.drain,
+        cached,
         !obs.observe_only(),
         obs.now,
         |kind| metrics.write(kind, "patch"),

@@ -52,7 +52,7 @@ pub async fn reconcile(
     // last, so when many profiles reconcile at start-up, awaiting it left all
     // but one asleep until the timeout (30 s); poll the readiness instead.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !stores_ready(&ctx.lanes, &ctx.policies) {
+    while !(stores_ready(&ctx.lanes, &ctx.policies) && ctx.index.synced()) {
         if Instant::now() >= deadline {
             return Err(Error::IndexNotSynced);
         }

@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use super::super::context::{APPROVE_ANNOTATION, Context};
 use super::super::error::Error;
 use super::super::pods::{self, DRAIN_REASON_ANNOTATION, DRAINED_AT_ANNOTATION};
-use super::super::scale::{self, TargetState};
+use super::super::scale::TargetState;
 use super::pool::{self as pool_view, PoolView, WorkloadKind};
 use crate::api::calibration::CalibrationCheck;
 use crate::api::{
@@ -191,7 +191,6 @@ pub fn drained_from_cluster(
 pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observation, Error> {
     let now = now();
     let profile = ctx.writes.freshen(profile);
-    let ns = profile.namespace_str().to_owned();
 
     // Bind from the watch caches, then keep the freshest copy of each bound
     // object.
@@ -230,21 +229,30 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
     let pool_pods: Option<Vec<crate::signals::PoolPod>> = raw_pods
         .as_ref()
         .map(|ps| ps.iter().map(|p| pods::pool_pod(p)).collect());
+    // The scale target and its ReplicaSets, from their watch caches.
     let target_ref = &profile.spec.pool.scale_target_ref;
-    let (target, scale_problem) = match scale::read(&ctx.client, &ctx.resolver, &ns, target_ref)
-        .await
-    {
-        Ok(t) => (Some(t), None),
+    let (view, scale_problem) = match ctx.index.target(&ctx.resolver, &profile).await {
+        Ok(Some(v)) => (Some(v), None),
+        Ok(None) => (
+            None,
+            Some(format!(
+                "the watch of {} {} has not synced yet",
+                target_ref.kind, target_ref.name
+            )),
+        ),
         Err(Error::Kube { source, context }) if !matches!(&source, kube::Error::Api(s) if s.code == 404) =>
         {
             return Err(Error::Kube { context, source });
         }
         Err(e) => (None, Some(e.to_string())),
     };
-    let pool = match target.as_ref().and_then(|t| t.workload.as_ref()) {
-        Some(w) => Some(pool_view::read(&ctx.client, &ns, target_ref, w).await),
-        None => None,
-    };
+    let pool = view.as_ref().and_then(|v| {
+        v.state
+            .workload
+            .as_ref()
+            .map(|w| pool_view::read(target_ref, w, v.replicasets.as_deref()))
+    });
+    let target = view.map(|v| v.state);
     let calibration = CalibrationCheck::new(
         profile.spec.capacity.calibration.as_ref(),
         pool.as_ref().map(|p| &p.config_hash),

@@ -24,12 +24,12 @@
 //! - StatefulSet: the pod's `controller-revision-hash` label against
 //!   `status.updateRevision`.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::Client;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject, ListParams};
-use kube::core::Selector;
+use kube::api::{DynamicObject, PartialObjectMeta};
 use serde_json::Value;
 
 use crate::api::ScaleTargetRef;
@@ -123,21 +123,23 @@ pub fn statefulset_rollout(obj: &Value) -> (Option<bool>, Option<String>) {
 
 /// The `pod-template-hash` of a Deployment's current ReplicaSet: among the
 /// sets it controls, the one with its revision number, else the highest.
-pub fn current_replicaset_hash(
+pub fn current_replicaset_hash<'a>(
     deployment_uid: &str,
     deployment_revision: Option<&str>,
-    sets: &[ReplicaSet],
+    sets: impl IntoIterator<Item = &'a ObjectMeta>,
 ) -> Option<String> {
-    let revision = |rs: &ReplicaSet| {
-        rs.annotations()
-            .get(REVISION_ANNOTATION)
+    let revision = |rs: &ObjectMeta| {
+        rs.annotations
+            .as_ref()
+            .and_then(|a| a.get(REVISION_ANNOTATION))
             .and_then(|r| r.parse::<u64>().ok())
     };
-    let owned: Vec<&ReplicaSet> = sets
-        .iter()
+    let owned: Vec<&ObjectMeta> = sets
+        .into_iter()
         .filter(|rs| {
-            rs.owner_references()
+            rs.owner_references
                 .iter()
+                .flatten()
                 .any(|o| o.uid == deployment_uid && o.controller == Some(true))
         })
         .collect();
@@ -146,13 +148,22 @@ pub fn current_replicaset_hash(
         .iter()
         .find(|rs| wanted.is_some() && revision(rs) == wanted)
         .or_else(|| owned.iter().max_by_key(|rs| revision(rs)))?;
-    current.labels().get(DEPLOYMENT_REVISION_LABEL).cloned()
+    current
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(DEPLOYMENT_REVISION_LABEL))
+        .cloned()
 }
 
-/// Reads what the workload says about the pool. A Deployment's ReplicaSets
-/// are listed (by its selector) for its current revision; a failed list
-/// leaves the revision unknown and says why.
-pub async fn read(client: &Client, ns: &str, r: &ScaleTargetRef, obj: &DynamicObject) -> PoolView {
+/// What the workload says about the pool. A Deployment's current revision
+/// comes from its ReplicaSets (the watch cache's, selected by the pool's
+/// pod selector); `None` while that cache has not synced leaves the revision
+/// unknown and says why.
+pub fn read(
+    r: &ScaleTargetRef,
+    obj: &DynamicObject,
+    replicasets: Option<&[Arc<PartialObjectMeta<ReplicaSet>>]>,
+) -> PoolView {
     let value = serde_json::to_value(obj).unwrap_or(Value::Null);
     let config_hash = workload_config_hash(&value);
     let mut view = PoolView {
@@ -164,25 +175,20 @@ pub async fn read(client: &Client, ns: &str, r: &ScaleTargetRef, obj: &DynamicOb
     match WorkloadKind::of(r) {
         WorkloadKind::Deployment => {
             view.rollout_in_progress = deployment_in_progress(&value);
-            let selector = value
-                .pointer("/spec/selector")
-                .cloned()
-                .and_then(|s| serde_json::from_value::<LabelSelector>(s).ok())
-                .and_then(|s| Selector::try_from(s).ok())
-                .map(|s| s.to_string())
-                .unwrap_or_default();
-            let api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
-            match api.list(&ListParams::default().labels(&selector)).await {
-                Ok(list) => {
+            match replicasets {
+                Some(sets) => {
                     view.current_revision = current_replicaset_hash(
                         obj.uid().as_deref().unwrap_or_default(),
                         obj.annotations()
                             .get(REVISION_ANNOTATION)
                             .map(String::as_str),
-                        &list.items,
+                        sets.iter().map(|s| &s.metadata),
                     );
                 }
-                Err(e) => view.revision_problem = Some(format!("list replicasets: {e}")),
+                None => {
+                    view.revision_problem =
+                        Some("the ReplicaSet watch has not synced yet".to_owned())
+                }
             }
         }
         WorkloadKind::StatefulSet => {
@@ -283,20 +289,23 @@ mod tests {
             rs("other-zzz", "uid-2", "9", "zzz"),
         ];
         assert_eq!(
-            current_replicaset_hash("uid-1", Some("3"), &sets),
+            current_replicaset_hash("uid-1", Some("3"), sets.iter().map(|s| &s.metadata)),
             Some("ccc".into())
         );
         // A rollback makes an older set current again.
         assert_eq!(
-            current_replicaset_hash("uid-1", Some("2"), &sets),
+            current_replicaset_hash("uid-1", Some("2"), sets.iter().map(|s| &s.metadata)),
             Some("bbb".into())
         );
         // Without the Deployment's annotation: the highest revision it owns.
         assert_eq!(
-            current_replicaset_hash("uid-1", None, &sets),
+            current_replicaset_hash("uid-1", None, sets.iter().map(|s| &s.metadata)),
             Some("ccc".into())
         );
-        assert_eq!(current_replicaset_hash("uid-3", None, &sets), None);
+        assert_eq!(
+            current_replicaset_hash("uid-3", None, sets.iter().map(|s| &s.metadata)),
+            None
+        );
     }
 
     #[test]

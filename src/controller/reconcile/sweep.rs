@@ -95,6 +95,10 @@ fn forget_gone(ctx: &Context, profiles: &Store<DeserializeGuard<CapacityProfile>
         let mut r = ObjectRef::<CapacityProfile>::new(&w.name);
         r.namespace = Some(w.namespace.clone());
         ctx.pods.forget(&r);
+        ctx.index.forget(&r);
+        for source in &ctx.sources {
+            source.forget(&w.namespace, &w.name);
+        }
     }
 }
 

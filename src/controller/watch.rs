@@ -1,0 +1,94 @@
+//! One watch into a reflector store, run as a task, that triggers the
+//! reconcile of the profile it serves on every change: the building block
+//! of the pod index and of the scale-target index.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::task::JoinHandle;
+
+use crate::api::CapacityProfile;
+pub use crate::signals::Trigger;
+
+/// One watch into a reflector store, run as a task: synced once the first
+/// list is in, every later change sent to the trigger as the profile to
+/// reconcile. Aborted when dropped.
+pub struct Watch<K: Resource + Clone + 'static>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    store: Store<K>,
+    synced: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl<K> Watch<K>
+where
+    K: Resource + Clone + Debug + Send + Sync + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
+{
+    /// Starts a watch from a stream of watcher events (already modified as
+    /// the caller wants them stored).
+    pub fn start<S>(
+        events: S,
+        dyntype: K::DynamicType,
+        what: &'static str,
+        trigger: Trigger,
+        key: ObjectRef<CapacityProfile>,
+    ) -> Self
+    where
+        S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    {
+        let writer = reflector::store::Writer::new(dyntype);
+        let store = writer.as_reader();
+        let synced = Arc::new(AtomicBool::new(false));
+        let flag = synced.clone();
+        let task = tokio::spawn(async move {
+            let stream = events.default_backoff().reflect(writer);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::InitDone) => {
+                        flag.store(true, Ordering::Release);
+                        let _ = trigger.unbounded_send(key.clone());
+                    }
+                    Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                        if flag.load(Ordering::Acquire) {
+                            let _ = trigger.unbounded_send(key.clone());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, watch = what, profile = %key, "watch error (retrying with backoff)")
+                    }
+                }
+            }
+        });
+        Self {
+            store,
+            synced,
+            task,
+        }
+    }
+
+    /// The objects, once the watch has synced (None before).
+    pub fn state(&self) -> Option<Vec<Arc<K>>> {
+        self.synced
+            .load(Ordering::Acquire)
+            .then(|| self.store.state())
+    }
+}
+
+impl<K: Resource + Clone + 'static> Drop for Watch<K>
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
