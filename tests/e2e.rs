@@ -336,11 +336,13 @@ async fn calls_outside_the_charts_role_are_refused() {
         Err(kube::Error::Api(s)) if s.code == 403 => {}
         other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
     };
-    // Reading what it needs works...
-    Api::<Deployment>::namespaced(sa.clone(), &ns.name)
-        .get(POOL)
+    // Reading what it needs works (the scale target is watched by name)...
+    let by_name = ListParams::default().fields(&format!("metadata.name={POOL}"));
+    let found = Api::<Deployment>::namespaced(sa.clone(), &ns.name)
+        .list(&by_name)
         .await
-        .expect("get the pool Deployment");
+        .expect("list the pool Deployment");
+    assert_eq!(found.items.len(), 1);
     // ...deleting a Deployment, listing Secrets, writing a Secret, deleting
     // pods and reading across to another kind are refused.
     forbidden(
