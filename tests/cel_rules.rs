@@ -314,6 +314,24 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
             "stalenessSeconds must be > 0",
         ),
         (
+            "Prometheus interval 0",
+            with(
+                p(),
+                "/spec/signals/prometheus/intervalSeconds",
+                Some(json!(0)),
+            ),
+            "intervalSeconds must be between 1 and 3600",
+        ),
+        (
+            "Prometheus interval over an hour",
+            with(
+                p(),
+                "/spec/signals/prometheus/intervalSeconds",
+                Some(json!(3601)),
+            ),
+            "intervalSeconds must be between 1 and 3600",
+        ),
+        (
             "bearer token secret name empty",
             with(
                 p(),
