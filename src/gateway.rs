@@ -84,6 +84,10 @@ pub struct InFlight {
     pub stop_at: i64,
     /// Resume below this many.
     pub resume_below: i64,
+    /// ... and only once the p95 latency the gateway measures has been
+    /// stable this long (absent: 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_after_stable_seconds: Option<i64>,
 }
 
 /// Generations of the inputs.
@@ -140,6 +144,14 @@ pub struct LaneConfig {
     pub optional_context: Option<OptionalContext>,
     /// Borrowing grants.
     pub borrowing: Vec<Borrow>,
+    /// The contract's guaranteed floor in work units/s: reserved by the
+    /// gateway even when the admitted rate is lower (absent: no floor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_units_per_second: Option<f64>,
+    /// The contract's expected service time in seconds: a request whose
+    /// wait plus this would pass its deadline is refused at once (absent: 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_service_seconds: Option<f64>,
 }
 
 /// Queue limits.
@@ -215,6 +227,10 @@ pub struct OptionalContext {
     pub history_turns: i32,
     /// Whether this is the degraded value.
     pub degraded: bool,
+    /// The degraded value, which the gateway sends while it conserves at
+    /// `inFlight.conserveAt` (absent: `historyTurns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_history_turns: Option<i32>,
 }
 
 /// A borrowing grant.
@@ -346,8 +362,11 @@ pub fn build(
                     o.history_turns
                 },
                 degraded: flags.reject_optional_context,
+                degraded_history_turns: None,
             }),
             borrowing,
+            floor_units_per_second: None,
+            expected_service_seconds: None,
         });
     }
     let mut cfg = GatewayConfig {
@@ -372,6 +391,7 @@ pub fn build(
             conserve_at: f.conserve_at,
             stop_at: f.stop_at,
             resume_below: f.resume_below,
+            resume_after_stable_seconds: None,
         }),
         generations,
         lanes: out_lanes,

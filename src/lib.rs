@@ -3,6 +3,7 @@
 //! ladders for shared GPU inference pools, reconciled into gateway configs,
 //! pool sizes, bounded drains and degradation levels.
 
+pub mod admission;
 pub mod api;
 pub mod controller;
 pub mod gateway;
