@@ -13,6 +13,15 @@
 //! - `GET /control`: the current numbers as JSON.
 //! - `PUT /control`: a JSON object with any of the fields of `GET /control`;
 //!   the fields given replace the current values, unknown fields are a 400.
+//! - `POST /v1/chat/completions`: an OpenAI-style answer after
+//!   `serviceMillis` (plus `tokenMillis` per completion token when
+//!   streaming), `completionTokens` tokens; with `"stream": true` the tokens
+//!   come as server-sent events, one every `tokenMillis`, then `data: [DONE]`.
+//!   `GET /control` counts the chat requests received (`chatRequests`), the
+//!   ones in progress (`chatInFlight`), the ones whose client went away
+//!   before the end (`chatCancelled`), and echoes the last request's
+//!   `x-lanekeeper-*` headers and message count (`lastHeaders`,
+//!   `lastMessages`), so tests can see what a gateway sent.
 //!
 //! ```sh
 //! lanekeeper-fake-model --listen 0.0.0.0:8000 --running 12 --waiting 3
@@ -55,6 +64,15 @@ struct Args {
     /// Start not ready (`/health` answers 503 until set ready).
     #[arg(long)]
     not_ready: bool,
+    /// Time to answer a chat completion, in milliseconds.
+    #[arg(long, env = "FAKE_MODEL_SERVICE_MILLIS", default_value_t = 20)]
+    service_millis: u64,
+    /// Time between streamed tokens, in milliseconds.
+    #[arg(long, env = "FAKE_MODEL_TOKEN_MILLIS", default_value_t = 5)]
+    token_millis: u64,
+    /// Completion tokens per answer.
+    #[arg(long, env = "FAKE_MODEL_COMPLETION_TOKENS", default_value_t = 16)]
+    completion_tokens: u64,
 }
 
 /// The numbers the server reports; `PUT /control` replaces any of them.
@@ -76,6 +94,31 @@ struct Numbers {
     /// Delay before answering `/metrics`, in milliseconds (for scrape
     /// timeouts).
     metrics_delay_millis: u64,
+    /// Time to answer a chat completion, in milliseconds.
+    #[serde(default)]
+    service_millis: u64,
+    /// Time between streamed tokens, in milliseconds.
+    #[serde(default)]
+    token_millis: u64,
+    /// Completion tokens per answer.
+    #[serde(default)]
+    completion_tokens: u64,
+    /// Chat requests received (read-only).
+    #[serde(default)]
+    chat_requests: u64,
+    /// Chat requests in progress (read-only).
+    #[serde(default)]
+    chat_in_flight: u64,
+    /// Chat requests whose client went away before the answer ended
+    /// (read-only).
+    #[serde(default)]
+    chat_cancelled: u64,
+    /// The last chat request's `x-lanekeeper-*` headers (read-only).
+    #[serde(default)]
+    last_headers: std::collections::BTreeMap<String, String>,
+    /// The number of messages of the last chat request (read-only).
+    #[serde(default)]
+    last_messages: usize,
 }
 
 /// A partial update: every field optional.
@@ -89,6 +132,9 @@ struct Update {
     request_errors_total: Option<u64>,
     ready: Option<bool>,
     metrics_delay_millis: Option<u64>,
+    service_millis: Option<u64>,
+    token_millis: Option<u64>,
+    completion_tokens: Option<u64>,
 }
 
 #[derive(Clone)]
@@ -192,6 +238,15 @@ fn json(status: StatusCode, n: &Numbers) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+fn json_value(status: StatusCode, v: &serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
 async fn get_control(State(app): State<App>) -> Response {
     json(StatusCode::OK, &app.snapshot())
 }
@@ -238,9 +293,116 @@ async fn put_control(State(app): State<App>, body: Bytes) -> Response {
     if let Some(v) = update.metrics_delay_millis {
         n.metrics_delay_millis = v;
     }
+    if let Some(v) = update.service_millis {
+        n.service_millis = v;
+    }
+    if let Some(v) = update.token_millis {
+        n.token_millis = v;
+    }
+    if let Some(v) = update.completion_tokens {
+        n.completion_tokens = v;
+    }
     let now = n.clone();
     drop(n);
     json(StatusCode::OK, &now)
+}
+
+/// Counts a chat request in progress; one dropped before `done` was set
+/// (its client went away) counts as cancelled.
+struct InProgress {
+    numbers: Arc<Mutex<Numbers>>,
+    done: bool,
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        let mut n = self.numbers.lock().expect("not poisoned");
+        n.chat_in_flight = n.chat_in_flight.saturating_sub(1);
+        if !self.done {
+            n.chat_cancelled += 1;
+        }
+    }
+}
+
+async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Bytes) -> Response {
+    let request: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            let err = serde_json::json!({"error": {"message": format!("bad JSON: {e}"), "type": "invalid_request_error"}});
+            return json_value(StatusCode::BAD_REQUEST, &err);
+        }
+    };
+    let stream = request["stream"].as_bool().unwrap_or(false);
+    let (service, token, tokens) = {
+        let mut n = app.numbers.lock().expect("not poisoned");
+        n.chat_requests += 1;
+        n.chat_in_flight += 1;
+        n.last_headers = headers
+            .iter()
+            .filter(|(k, _)| k.as_str().starts_with("x-lanekeeper-"))
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_owned(),
+                    v.to_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        n.last_messages = request["messages"].as_array().map_or(0, Vec::len);
+        (n.service_millis, n.token_millis, n.completion_tokens)
+    };
+    let mut guard = InProgress {
+        numbers: app.numbers.clone(),
+        done: false,
+    };
+    let model = request["model"].as_str().unwrap_or(&app.model).to_owned();
+    tokio::time::sleep(Duration::from_millis(service)).await;
+    if !stream {
+        guard.done = true;
+        drop(guard);
+        let content = "ok ".repeat(tokens as usize);
+        let answer = serde_json::json!({
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content.trim_end()}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
+        });
+        return json_value(StatusCode::OK, &answer);
+    }
+    let events = futures::stream::unfold((0u64, Some(guard)), move |(i, guard)| {
+        let model = model.clone();
+        async move {
+            let mut guard = guard?;
+            if i > tokens {
+                return None;
+            }
+            if i == tokens {
+                guard.done = true;
+                drop(guard);
+                return Some((
+                    Ok::<_, std::convert::Infallible>(Bytes::from_static(b"data: [DONE]\n\n")),
+                    (i + 1, None),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(token)).await;
+            let chunk = serde_json::json!({
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "model": model,
+                "choices": [{"index": 0, "delta": {"content": "ok "}, "finish_reason": null}]
+            });
+            Some((
+                Ok(Bytes::from(format!("data: {chunk}\n\n"))),
+                (i + 1, Some(guard)),
+            ))
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(axum::body::Body::from_stream(events))
+        .expect("valid response")
 }
 
 async fn shutdown_signal() {
@@ -270,6 +432,14 @@ async fn main() -> std::io::Result<()> {
             request_errors_total: 0,
             ready: !args.not_ready,
             metrics_delay_millis: 0,
+            service_millis: args.service_millis,
+            token_millis: args.token_millis,
+            completion_tokens: args.completion_tokens,
+            chat_requests: 0,
+            chat_in_flight: 0,
+            chat_cancelled: 0,
+            last_headers: Default::default(),
+            last_messages: 0,
         })),
     };
     let router = Router::new()
@@ -277,6 +447,7 @@ async fn main() -> std::io::Result<()> {
         .route("/health", get(health))
         .route("/livez", get(|| async { "ok\n" }))
         .route("/control", get(get_control).put(put_control))
+        .route("/v1/chat/completions", axum::routing::post(chat))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on {}", listener.local_addr()?);
