@@ -11,6 +11,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
+pub mod proxy;
 pub mod signals;
 pub mod sim;
 pub mod snapshot;

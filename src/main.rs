@@ -104,6 +104,9 @@ enum CliError {
     /// `simulate` or `diff` failed.
     #[error(transparent)]
     Sim(#[from] sim::cli::CliError),
+    /// `gateway` could not start or stopped with an error.
+    #[error(transparent)]
+    Gateway(#[from] lanekeeper::proxy::GatewayError),
     /// `calibration-hash -f` could not be read or parsed.
     #[error("{path}: {reason}")]
     HashInput { path: String, reason: String },
@@ -136,6 +139,12 @@ impl CliError {
             | CliError::Controller(_)
             | CliError::Write { .. } => 1,
             CliError::Sim(e) => e.exit_code(),
+            CliError::Gateway(
+                lanekeeper::proxy::GatewayError::NoConfigSource
+                | lanekeeper::proxy::GatewayError::NotNamespaced { .. }
+                | lanekeeper::proxy::GatewayError::Header(_),
+            ) => 2,
+            CliError::Gateway(_) => 1,
         }
     }
 }
@@ -169,6 +178,9 @@ enum Command {
     Simulate(lanekeeper::sim::cli::SimulateArgs),
     /// Compare base and head manifests on the same scenarios and signals.
     Diff(lanekeeper::sim::cli::DiffArgs),
+    /// The data path: an OpenAI-compatible admission proxy in front of the
+    /// pool, enforcing a profile's `lanes.json` (docs/gateway.md).
+    Gateway(lanekeeper::proxy::GatewayArgs),
     /// Print the hash of a workload's pod template, the value of a
     /// CapacityProfile's `capacity.calibration.configHash` (the controller
     /// compares it with the same hash of the scale target).
@@ -563,6 +575,15 @@ fn run_operator(args: &RunArgs) -> Result<(), CliError> {
     })
 }
 
+fn run_gateway(args: lanekeeper::proxy::GatewayArgs) -> Result<(), CliError> {
+    init_logging(LogFormat::Text);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)?;
+    Ok(rt.block_on(lanekeeper::proxy::run(args))?)
+}
+
 fn crdgen(out_dir: Option<&std::path::Path>) -> Result<(), CliError> {
     match out_dir {
         None => {
@@ -592,6 +613,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => sim::cli::run_simulate(&args).map_err(CliError::from),
         Command::Diff(args) => sim::cli::run_diff(&args).map_err(CliError::from),
         Command::CalibrationHash(args) => run_calibration_hash(&args),
+        Command::Gateway(args) => run_gateway(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
