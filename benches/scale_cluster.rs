@@ -192,7 +192,13 @@ fn world_objects(ns: &str, profile: &str, replicas: usize, prom: Option<&str>) -
                 // Lane names in cap actions: the first copy of each.
                 if let Some(levels) = v["spec"]["levels"].as_array_mut() {
                     for level in levels {
-                        if let Some(caps) = level["actions"]["cap"].as_array_mut() {
+                        // get_mut, not IndexMut: indexing would insert
+                        // `cap: null` into levels without caps.
+                        if let Some(caps) = level
+                            .get_mut("actions")
+                            .and_then(|a| a.get_mut("cap"))
+                            .and_then(Value::as_array_mut)
+                        {
                             for c in caps {
                                 if let Some(ls) = c["lanes"].as_array_mut() {
                                     for l in ls {

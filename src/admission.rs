@@ -1743,7 +1743,7 @@ mod tests {
         l.queue.ttl_seconds = 10_000;
         l.deadline_seconds = 10_000;
         let mut c = core(vec![l]);
-        let mut at = |t: &'static str| Request {
+        let at = |t: &'static str| Request {
             lane: "a",
             tenant: Some(t),
             attempt: None,

@@ -38,7 +38,11 @@ use crate::gateway::GatewayConfig;
 #[derive(clap::Args, Debug, Clone)]
 pub struct GatewayArgs {
     /// Address to serve requests on.
-    #[arg(long, env = "LANEKEEPER_GATEWAY_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(
+        long,
+        env = "LANEKEEPER_GATEWAY_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
     pub listen: SocketAddr,
     /// A mounted `lanes.json`, reloaded when its contents change.
     #[arg(long, env = "LANEKEEPER_GATEWAY_CONFIG", conflicts_with = "configmap")]
@@ -53,13 +57,25 @@ pub struct GatewayArgs {
     #[arg(long = "route", env = "LANEKEEPER_GATEWAY_ROUTES", value_delimiter = ',', value_parser = parse_route)]
     pub routes: Vec<(String, String)>,
     /// Address of `/metrics`, `/healthz` and `/readyz`.
-    #[arg(long, env = "LANEKEEPER_GATEWAY_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    #[arg(
+        long,
+        env = "LANEKEEPER_GATEWAY_METRICS_ADDR",
+        default_value = "0.0.0.0:9090"
+    )]
     pub metrics_addr: SocketAddr,
     /// The header naming a request's lane (the LaneContract's name).
-    #[arg(long, env = "LANEKEEPER_GATEWAY_LANE_HEADER", default_value = "x-lanekeeper-lane")]
+    #[arg(
+        long,
+        env = "LANEKEEPER_GATEWAY_LANE_HEADER",
+        default_value = "x-lanekeeper-lane"
+    )]
     pub lane_header: String,
     /// The header naming a request's tenant (fair queueing inside a lane).
-    #[arg(long, env = "LANEKEEPER_GATEWAY_TENANT_HEADER", default_value = "x-lanekeeper-tenant")]
+    #[arg(
+        long,
+        env = "LANEKEEPER_GATEWAY_TENANT_HEADER",
+        default_value = "x-lanekeeper-tenant"
+    )]
     pub tenant_header: String,
     /// Enforce 1/N of every rate, burst, floor, queue and watermark: the
     /// number of gateway replicas. Without it (and without
@@ -68,7 +84,11 @@ pub struct GatewayArgs {
     pub replicas: Option<u32>,
     /// `NAMESPACE/NAME` of the gateway's own Service: N is the number of its
     /// ready endpoints (EndpointSlices), followed as replicas come and go.
-    #[arg(long, env = "LANEKEEPER_GATEWAY_ENDPOINTS_SERVICE", conflicts_with = "replicas")]
+    #[arg(
+        long,
+        env = "LANEKEEPER_GATEWAY_ENDPOINTS_SERVICE",
+        conflicts_with = "replicas"
+    )]
     pub endpoints_service: Option<String>,
     /// The largest request body accepted, in bytes (413 beyond).
     #[arg(long, env = "LANEKEEPER_GATEWAY_MAX_BODY_BYTES", default_value_t = 4 << 20)]
@@ -114,7 +134,9 @@ impl Metrics {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry.register(Box::new(c.clone())).expect("registered once");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("registered once");
             c
         };
         let requests = counter(
@@ -146,7 +168,9 @@ impl Metrics {
                 &["lane"],
             )
             .expect("valid metric");
-            registry.register(Box::new(h.clone())).expect("registered once");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("registered once");
             h
         };
         let wait = hist(
@@ -158,17 +182,24 @@ impl Metrics {
             "Time from sending a request upstream to its response headers.",
         );
         let queue_depth = IntGaugeVec::new(
-            Opts::new("lanekeeper_gateway_queue_depth", "Requests waiting per lane."),
+            Opts::new(
+                "lanekeeper_gateway_queue_depth",
+                "Requests waiting per lane.",
+            ),
             &["lane"],
         )
         .expect("valid metric");
-        registry.register(Box::new(queue_depth.clone())).expect("registered once");
+        registry
+            .register(Box::new(queue_depth.clone()))
+            .expect("registered once");
         let in_flight = IntGauge::new(
             "lanekeeper_gateway_in_flight",
             "Requests this replica has in flight to the pool.",
         )
         .expect("valid metric");
-        registry.register(Box::new(in_flight.clone())).expect("registered once");
+        registry
+            .register(Box::new(in_flight.clone()))
+            .expect("registered once");
         let config_info = GaugeVec::new(
             Opts::new(
                 "lanekeeper_gateway_config_info",
@@ -177,7 +208,9 @@ impl Metrics {
             &["profile", "mode", "hash"],
         )
         .expect("valid metric");
-        registry.register(Box::new(config_info.clone())).expect("registered once");
+        registry
+            .register(Box::new(config_info.clone()))
+            .expect("registered once");
         let pressure = IntGaugeVec::new(
             Opts::new(
                 "lanekeeper_gateway_pressure",
@@ -186,13 +219,17 @@ impl Metrics {
             &["state"],
         )
         .expect("valid metric");
-        registry.register(Box::new(pressure.clone())).expect("registered once");
+        registry
+            .register(Box::new(pressure.clone()))
+            .expect("registered once");
         let replicas = IntGauge::new(
             "lanekeeper_gateway_replicas",
             "The number of gateway replicas this one shares the rates with (N of 1/N).",
         )
         .expect("valid metric");
-        registry.register(Box::new(replicas.clone())).expect("registered once");
+        registry
+            .register(Box::new(replicas.clone()))
+            .expect("registered once");
         Metrics {
             registry,
             requests,
@@ -364,7 +401,12 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
             )));
         }
         if let Some((ns, name)) = endpoints {
-            tasks.push(tokio::spawn(watch_endpoints(shared.clone(), client, ns, name)));
+            tasks.push(tokio::spawn(watch_endpoints(
+                shared.clone(),
+                client,
+                ns,
+                name,
+            )));
         }
     }
 
@@ -527,7 +569,11 @@ async fn watch_configmap(shared: Arc<Shared>, client: kube::Client, ns: String, 
     while let Some(ev) = stream.next().await {
         match ev {
             Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => {
-                match cm.data.as_ref().and_then(|d| d.get(crate::gateway::CONFIG_KEY)) {
+                match cm
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(crate::gateway::CONFIG_KEY))
+                {
                     Some(text) => {
                         if let Some(cfg) = parse_config(&shared, text.as_bytes(), &source) {
                             install(&shared, cfg, &source);
@@ -539,12 +585,18 @@ async fn watch_configmap(shared: Arc<Shared>, client: kube::Client, ns: String, 
                             .config_loads
                             .with_label_values(&["invalid"])
                             .inc();
-                        tracing::error!(source, "the ConfigMap has no lanes.json key; keeping the last good config");
+                        tracing::error!(
+                            source,
+                            "the ConfigMap has no lanes.json key; keeping the last good config"
+                        );
                     }
                 }
             }
             Ok(watcher::Event::Delete(_)) => {
-                tracing::warn!(source, "the ConfigMap was deleted; keeping the last good config");
+                tracing::warn!(
+                    source,
+                    "the ConfigMap was deleted; keeping the last good config"
+                );
             }
             Ok(_) => {}
             Err(e) => {
@@ -566,7 +618,10 @@ async fn watch_endpoints(shared: Arc<Shared>, client: kube::Client, ns: String, 
     let api: kube::Api<EndpointSlice> = kube::Api::namespaced(client, &ns);
     let (reader, writer) = reflector::store();
     let cfg = watcher::Config::default().labels(&format!("kubernetes.io/service-name={service}"));
-    let mut stream = reflector(writer, watcher(api, cfg)).default_backoff().touched_objects().boxed();
+    let mut stream = reflector(writer, watcher(api, cfg))
+        .default_backoff()
+        .touched_objects()
+        .boxed();
     while let Some(ev) = stream.next().await {
         if let Err(e) = ev {
             tracing::warn!(error = %e, "watching the gateway's EndpointSlices failed; keeping the replica count");
@@ -584,7 +639,11 @@ async fn watch_endpoints(shared: Arc<Shared>, client: kube::Client, ns: String, 
         if st.replicas == n {
             continue;
         }
-        tracing::info!(from = st.replicas, to = n, "gateway replicas changed; re-sharing the rates");
+        tracing::info!(
+            from = st.replicas,
+            to = n,
+            "gateway replicas changed; re-sharing the rates"
+        );
         st.replicas = n;
         shared.metrics.replicas.set(i64::from(n));
         let share = 1.0 / f64::from(n);
@@ -662,7 +721,10 @@ async fn metrics_page(State(shared): State<Arc<Shared>>) -> Response {
         return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
     }
     (
-        [(header::CONTENT_TYPE, TextEncoder::new().format_type().to_owned())],
+        [(
+            header::CONTENT_TYPE,
+            TextEncoder::new().format_type().to_owned(),
+        )],
         buf,
     )
         .into_response()
@@ -672,7 +734,11 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     if shared.state.lock().expect("not poisoned").core.is_some() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no lanes.json loaded yet\n").into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no lanes.json loaded yet\n",
+        )
+            .into_response()
     }
 }
 
@@ -785,7 +851,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let body = match http_body_util::Limited::new(body, limit).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            let too_big = e.downcast_ref::<http_body_util::LengthLimitError>().is_some();
+            let too_big = e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
             return if too_big {
                 error(
                     StatusCode::PAYLOAD_TOO_LARGE,
@@ -805,7 +873,8 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     };
 
     let tenant = header_str(headers, &shared.args.tenant_header).map(str::to_owned);
-    let attempt_header = header_str(headers, "x-lanekeeper-attempt").and_then(|v| v.parse::<u32>().ok());
+    let attempt_header =
+        header_str(headers, "x-lanekeeper-attempt").and_then(|v| v.parse::<u32>().ok());
     let request_id = header_str(headers, "idempotency-key")
         .or_else(|| header_str(headers, "x-request-id"))
         .map(str::to_owned);
@@ -878,7 +947,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             st.core.as_ref().and_then(|c| c.lane_index(&lane_name))
         };
         let Some(lane) = lane else {
-            return error(StatusCode::BAD_REQUEST, "invalid_request_error", "unknown_lane", format!("lane {lane_name} is gone"));
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "unknown_lane",
+                format!("lane {lane_name} is gone"),
+            );
         };
         let pass = Pass {
             lane,
@@ -899,7 +973,12 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             return refusal(&lane_name, &r);
         }
         Verdict::UnknownLane => {
-            return error(StatusCode::BAD_REQUEST, "invalid_request_error", "unknown_lane", format!("lane {lane_name} is gone"));
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "unknown_lane",
+                format!("lane {lane_name} is gone"),
+            );
         }
         Verdict::Queued { attempt, .. } => {
             count(attempt, Outcome::Queued);
@@ -930,7 +1009,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                         StatusCode::SERVICE_UNAVAILABLE,
                         "lanekeeper_unavailable",
                         "queue_dropped",
-                        format!("lane {lane_name}: the request's place in the queue was lost (config change)"),
+                        format!(
+                            "lane {lane_name}: the request's place in the queue was lost (config change)"
+                        ),
                     );
                 }
             }
@@ -945,15 +1026,26 @@ fn refusal(lane: &str, r: &Refusal) -> Response {
     let (kind, message) = if r.deferred() {
         (
             "lanekeeper_deferred",
-            format!("lane {lane}: deferred; the work is wanted later, come back after Retry-After with the same request id"),
+            format!(
+                "lane {lane}: deferred; the work is wanted later, come back after Retry-After with the same request id"
+            ),
         )
     } else {
         (
             "rate_limit_exceeded",
-            format!("lane {lane}: refused by {} ({})", r.limit, r.outcome.as_str()),
+            format!(
+                "lane {lane}: refused by {} ({})",
+                r.limit,
+                r.outcome.as_str()
+            ),
         )
     };
-    let mut resp = error(StatusCode::TOO_MANY_REQUESTS, kind, r.outcome.as_str(), message);
+    let mut resp = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        kind,
+        r.outcome.as_str(),
+        message,
+    );
     if let Some(s) = r.retry_after_seconds {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(s.max(1)));
@@ -988,7 +1080,12 @@ async fn forward(
     let (route, flags, history_turns) = {
         let st = shared.state.lock().expect("not poisoned");
         let Some(core) = st.core.as_ref() else {
-            return error(StatusCode::SERVICE_UNAVAILABLE, "lanekeeper_no_config", "no_config", "no config".to_owned());
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lanekeeper_no_config",
+                "no_config",
+                "no config".to_owned(),
+            );
         };
         let lane = core.lane(pass.lane);
         (
@@ -998,7 +1095,12 @@ async fn forward(
         )
     };
     let Some(route) = route else {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "lanekeeper_no_route", "no_route", format!("lane {lane_name} has no route in lanes.json"));
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "lanekeeper_no_route",
+            "no_route",
+            format!("lane {lane_name} has no route in lanes.json"),
+        );
     };
     let Some(base) = shared.routes.get(&route) else {
         return error(
@@ -1017,39 +1119,59 @@ async fn forward(
     {
         body = Bytes::from(serde_json::to_vec(&v).expect("JSON serializes"));
     }
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str());
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let uri: axum::http::Uri = match format!("{base}{path}").parse() {
         Ok(u) => u,
         Err(e) => {
-            return error(StatusCode::BAD_GATEWAY, "lanekeeper_bad_route", "bad_route", format!("lane {lane_name}: route {route}: {e}"));
+            return error(
+                StatusCode::BAD_GATEWAY,
+                "lanekeeper_bad_route",
+                "bad_route",
+                format!("lane {lane_name}: route {route}: {e}"),
+            );
         }
     };
-    let mut out = axum::http::Request::builder().method(parts.method.clone()).uri(uri);
+    let mut out = axum::http::Request::builder()
+        .method(parts.method.clone())
+        .uri(uri);
     let headers = out.headers_mut().expect("builder is fine");
     for (k, v) in &parts.headers {
         if !HOP_BY_HOP.contains(&k.as_str()) && k != header::CONTENT_LENGTH {
             headers.append(k.clone(), v.clone());
         }
     }
-    headers.insert("x-lanekeeper-attempt-kind", HeaderValue::from_static(pass.attempt.as_str()));
+    headers.insert(
+        "x-lanekeeper-attempt-kind",
+        HeaderValue::from_static(pass.attempt.as_str()),
+    );
     if flags.read_only {
         headers.insert("x-lanekeeper-read-only", HeaderValue::from_static("true"));
     }
     if flags.static_fallback {
-        headers.insert("x-lanekeeper-static-fallback", HeaderValue::from_static("true"));
+        headers.insert(
+            "x-lanekeeper-static-fallback",
+            HeaderValue::from_static("true"),
+        );
     }
     let out = match out.body(Full::new(body)) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", "bad_request", e.to_string()),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "bad_request",
+                e.to_string(),
+            );
+        }
     };
 
     let remaining = Duration::from_secs_f64(
         (pass.remaining_seconds - arrived.elapsed().as_secs_f64()).clamp(0.001, 86_400.0 * 7.0),
     );
-    let deadline = pass.remaining_seconds.is_finite().then(|| Instant::now() + remaining);
+    let deadline = pass
+        .remaining_seconds
+        .is_finite()
+        .then(|| Instant::now() + remaining);
     {
         let now = shared.now();
         let mut st = shared.state.lock().expect("not poisoned");
@@ -1072,26 +1194,41 @@ async fn forward(
             shared
                 .metrics
                 .requests
-                .with_label_values(&[lane_name, "default", pass.attempt.as_str(), "upstream_error"])
+                .with_label_values(&[
+                    lane_name,
+                    "default",
+                    pass.attempt.as_str(),
+                    "upstream_error",
+                ])
                 .inc();
             return error(
                 StatusCode::BAD_GATEWAY,
                 "lanekeeper_upstream_error",
                 "upstream_error",
-                format!("lane {lane_name}: route {route} is unreachable: {e} (the gateway does not retry)"),
+                format!(
+                    "lane {lane_name}: route {route} is unreachable: {e} (the gateway does not retry)"
+                ),
             );
         }
         Err(_) => {
             shared
                 .metrics
                 .requests
-                .with_label_values(&[lane_name, "default", pass.attempt.as_str(), "upstream_error"])
+                .with_label_values(&[
+                    lane_name,
+                    "default",
+                    pass.attempt.as_str(),
+                    "upstream_error",
+                ])
                 .inc();
             return error(
                 StatusCode::GATEWAY_TIMEOUT,
                 "lanekeeper_upstream_timeout",
                 "deadline",
-                format!("lane {lane_name}: route {route} did not answer within the request's remaining deadline ({:.3} s)", remaining.as_secs_f64()),
+                format!(
+                    "lane {lane_name}: route {route} did not answer within the request's remaining deadline ({:.3} s)",
+                    remaining.as_secs_f64()
+                ),
             );
         }
     };
@@ -1106,7 +1243,12 @@ async fn forward(
         shared
             .metrics
             .requests
-            .with_label_values(&[lane_name, "default", pass.attempt.as_str(), "upstream_error"])
+            .with_label_values(&[
+                lane_name,
+                "default",
+                pass.attempt.as_str(),
+                "upstream_error",
+            ])
             .inc();
     }
     let (mut head, incoming) = response.into_parts();

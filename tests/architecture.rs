@@ -184,6 +184,36 @@ fn the_engine_names_no_kubernetes_crate() {
     }
 }
 
+/// The gateway's admission core is pure: no clock, no I/O, no runtime (the
+/// proxy and `simulate` hand it the time).
+#[test]
+fn the_admission_core_has_no_clock_and_no_io() {
+    let f = src().join("admission.rs");
+    let text = std::fs::read_to_string(&f).unwrap();
+    for (n, line) in text.lines().enumerate() {
+        for word in [
+            "tokio",
+            "kube::",
+            "k8s_openapi",
+            "std::time",
+            "SystemTime",
+            "Instant",
+            "std::fs",
+            "std::net",
+            "hyper",
+            "axum",
+            "reqwest",
+        ] {
+            assert!(
+                !line.contains(word),
+                "{}:{}: the admission core must stay pure ({word}): {line}",
+                rel(&f),
+                n + 1
+            );
+        }
+    }
+}
+
 /// The layer of a top-level module; modules not named are not ordered.
 fn layer(module: &[String]) -> Option<(usize, &'static str)> {
     match module.first().map(String::as_str) {
@@ -193,7 +223,9 @@ fn layer(module: &[String]) -> Option<(usize, &'static str)> {
         Some("metrics") => Some((2, "metrics")),
         Some("signals") => Some((3, "signals")),
         Some("gateway") => Some((3, "gateway")),
+        Some("admission") => Some((4, "admission")),
         Some("controller") => Some((4, "controller")),
+        Some("proxy") => Some((5, "proxy")),
         _ => None,
     }
 }

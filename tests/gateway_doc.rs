@@ -162,6 +162,12 @@ fn the_doc_examples_are_what_build_produces() {
         serde_json::to_value(&s[0]).unwrap(),
         "regenerate with `cargo test --test gateway_doc -- --ignored --nocapture`"
     );
+    // The same config ships as a file, for `lanekeeper gateway --config`.
+    assert_eq!(
+        std::fs::read_to_string(root().join("examples/inc-47/lanes-420.json")).unwrap(),
+        gateway::to_json(&s[0]),
+        "examples/inc-47/lanes-420.json is the INC-47 config at 420 units/s (print it with `cargo test --test gateway_doc -- --ignored --nocapture`)"
+    );
     let lane = s[1]
         .lanes
         .iter()

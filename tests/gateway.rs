@@ -1,0 +1,698 @@
+//! `lanekeeper gateway` end to end: the real binary on real sockets, in front
+//! of `lanekeeper-fake-model`, enforcing `lanes.json` files written here.
+//! Each test starts its own model and gateway on free loopback ports.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A child process killed when dropped, with the address it printed.
+struct Proc {
+    child: Child,
+    addr: String,
+    metrics: Option<String>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a binary that prints `listening on ADDR [metrics on ADDR]`.
+fn spawn(bin: &str, args: &[&str]) -> Proc {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{bin}: {e}"));
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.first(), Some(&"listening"), "{bin} printed {line:?}");
+    Proc {
+        child,
+        addr: words[2].to_owned(),
+        metrics: words.get(5).map(|s| (*s).to_owned()),
+    }
+}
+
+fn model(args: &[&str]) -> Proc {
+    let mut all = vec!["--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    spawn(env!("CARGO_BIN_EXE_lanekeeper-fake-model"), &all)
+}
+
+fn gateway(config: &Path, model: &Proc, extra: &[&str]) -> Proc {
+    let routes: Vec<String> = ["agent-large", "extract-small", "batch-medium", "eval-large"]
+        .iter()
+        .map(|r| format!("{r}=http://{}", model.addr))
+        .collect();
+    let mut args = vec![
+        "gateway".to_owned(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--metrics-addr".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--config".to_owned(),
+        config.display().to_string(),
+        "--reload-millis".to_owned(),
+        "50".to_owned(),
+    ];
+    for r in &routes {
+        args.push("--route".to_owned());
+        args.push(r.clone());
+    }
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    spawn(env!("CARGO_BIN_EXE_lanekeeper"), &refs)
+}
+
+/// The INC-47 config at 420 units/s as shipped.
+fn inc47() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(root().join("examples/inc-47/lanes-420.json")).unwrap(),
+    )
+    .unwrap()
+}
+
+fn lane_mut<'a>(cfg: &'a mut Value, name: &str) -> &'a mut Value {
+    cfg["lanes"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|l| l["name"] == name)
+        .unwrap()
+}
+
+/// A temp dir for one test's config file.
+fn config_file(test: &str, cfg: &Value) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lanekeeper-gw-{}-{test}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("lanes.json");
+    write_config(&path, cfg);
+    path
+}
+
+/// Writes atomically (rename), as kubelet swaps a mounted ConfigMap.
+fn write_config(path: &Path, cfg: &Value) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(cfg).unwrap()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap()
+}
+
+fn chat(c: &reqwest::Client, gw: &Proc, lane: Option<&str>) -> reqwest::RequestBuilder {
+    let mut r = c
+        .post(format!("http://{}/v1/chat/completions", gw.addr))
+        .header("content-type", "application/json")
+        .body(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string());
+    if let Some(l) = lane {
+        r = r.header("x-lanekeeper-lane", l);
+    }
+    r
+}
+
+/// Waits until the gateway answers something other than 503 "no config".
+async fn ready(c: &reqwest::Client, gw: &Proc) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = c
+            .get(format!("http://{}/readyz", gw.metrics.as_ref().unwrap()))
+            .send()
+            .await;
+        if r.is_ok_and(|r| r.status() == 200) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gateway never loaded its config"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn metrics(c: &reqwest::Client, gw: &Proc) -> String {
+    c.get(format!("http://{}/metrics", gw.metrics.as_ref().unwrap()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the first sample whose line contains every fragment.
+fn sample(text: &str, fragments: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| fragments.iter().all(|f| l.contains(f)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn control(c: &reqwest::Client, m: &Proc) -> Value {
+    c.get(format!("http://{}/control", m.addr))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn no_config_means_no_admission_and_lanes_are_named() {
+    let m = model(&[]);
+    let missing = std::env::temp_dir().join(format!("lanekeeper-gw-none-{}", std::process::id()));
+    let gw = gateway(&missing.join("lanes.json"), &m, &[]);
+    let c = client();
+    let r = chat(&c, &gw, Some("p0-disruption-assist"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "no_config");
+    assert_eq!(
+        control(&c, &m).await["chatRequests"],
+        0,
+        "nothing reached the pool"
+    );
+
+    let path = config_file("named", &inc47());
+    let gw = gateway(&path, &m, &[]);
+    ready(&c, &gw).await;
+    for lane in [None, Some("nope")] {
+        let r = chat(&c, &gw, lane).send().await.unwrap();
+        assert_eq!(r.status(), 400);
+        let body: Value = r.json().await.unwrap();
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("x-lanekeeper-lane"), "{msg}");
+        assert!(
+            msg.contains("p0-disruption-assist") && msg.contains("p4-eval-backfill"),
+            "{msg}"
+        );
+        assert_eq!(body["error"]["code"], "unknown_lane");
+    }
+    let r = chat(&c, &gw, Some("p0-disruption-assist"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(control(&c, &m).await["chatRequests"], 1);
+}
+
+#[tokio::test]
+async fn paused_lanes_are_refused_with_retry_after_and_the_rate_holds() {
+    let m = model(&["--service-millis", "0"]);
+    let mut cfg = inc47();
+    // P2 at 20 req/s with a burst of 20 and no queue: 20 pass at once.
+    let p2 = lane_mut(&mut cfg, "p2-email-extract");
+    p2["admittedRequestsPerSecond"] = json!(20.0);
+    p2["burst"] = json!(20);
+    p2["queue"]["maxDepth"] = json!(0);
+    p2["retryAfterSeconds"] = json!(3);
+    let path = config_file("paused", &cfg);
+    let gw = gateway(&path, &m, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+
+    let r = chat(&c, &gw, Some("p4-eval-backfill"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "300");
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("p4-eval-backfill")
+    );
+
+    let mut ok = 0;
+    let mut limited = 0;
+    for _ in 0..40 {
+        let r = chat(&c, &gw, Some("p2-email-extract"))
+            .send()
+            .await
+            .unwrap();
+        match r.status().as_u16() {
+            200 => ok += 1,
+            429 => {
+                assert_eq!(r.headers()["retry-after"], "3");
+                let body: Value = r.json().await.unwrap();
+                assert_eq!(body["error"]["code"], "rejected_queue_full");
+                limited += 1;
+            }
+            s => panic!("status {s}"),
+        }
+    }
+    // 20 of the burst, plus what refilled while the loop ran (20/s).
+    assert!((20..=30).contains(&ok), "admitted {ok}");
+    assert_eq!(ok + limited, 40);
+    let text = metrics(&c, &gw).await;
+    assert_eq!(
+        sample(
+            &text,
+            &[
+                "lanekeeper_gateway_requests_total{",
+                "lane=\"p2-email-extract\"",
+                "outcome=\"admitted\""
+            ]
+        ),
+        ok as f64
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &[
+                "lanekeeper_gateway_requests_total{",
+                "lane=\"p4-eval-backfill\"",
+                "outcome=\"rejected_rate\""
+            ]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_defer_lane_defers_with_the_header_and_its_return_is_not_a_retry() {
+    let m = model(&["--service-millis", "0"]);
+    let mut cfg = inc47();
+    let p3 = lane_mut(&mut cfg, "p3-shift-batch");
+    p3["admittedRequestsPerSecond"] = json!(0.5);
+    p3["burst"] = json!(1);
+    p3["queue"]["maxDepth"] = json!(0);
+    let path = config_file("defer", &cfg);
+    let gw = gateway(&path, &m, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    let send = |id: &str| {
+        chat(&c, &gw, Some("p3-shift-batch"))
+            .header("idempotency-key", id)
+            .send()
+    };
+    assert_eq!(send("job-1").await.unwrap().status(), 200);
+    let r = send("job-2").await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["lanekeeper-deferred"], "true");
+    assert_eq!(r.headers()["retry-after"], "150");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "lanekeeper_deferred");
+    // It comes back after the token refilled: admitted, as a return.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(send("job-2").await.unwrap().status(), 200);
+    let text = metrics(&c, &gw).await;
+    assert_eq!(
+        sample(
+            &text,
+            &[
+                "lane=\"p3-shift-batch\"",
+                "attempt=\"returning\"",
+                "outcome=\"admitted\""
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, &["lane=\"p3-shift-batch\"", "attempt=\"retry\""]),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn retries_beyond_the_budget_are_refused() {
+    let m = model(&["--service-millis", "0"]);
+    let path = config_file("retries", &inc47());
+    let gw = gateway(&path, &m, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    // P0: maxAttempts 2, budget 5 %: 20 originals pay for one retry.
+    for i in 0..20 {
+        let r = chat(&c, &gw, Some("p0-disruption-assist"))
+            .header("x-request-id", format!("o-{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let retry = |id: &str| {
+        chat(&c, &gw, Some("p0-disruption-assist"))
+            .header("x-request-id", id)
+            .header("x-lanekeeper-attempt", "2")
+            .send()
+    };
+    assert_eq!(retry("o-0").await.unwrap().status(), 200);
+    let r = retry("o-1").await.unwrap();
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rejected_retry_budget");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("retry.budgetPercent")
+    );
+    // o-0 a third time: beyond maxAttempts 2, whatever the header says.
+    let r = chat(&c, &gw, Some("p0-disruption-assist"))
+        .header("x-request-id", "o-0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("retry.maxAttempts")
+    );
+}
+
+#[tokio::test]
+async fn a_new_config_is_loaded_and_a_bad_one_keeps_the_last_good() {
+    let m = model(&["--service-millis", "0"]);
+    let mut cfg = inc47();
+    let path = config_file("reload", &cfg);
+    let gw = gateway(&path, &m, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    assert_eq!(
+        chat(&c, &gw, Some("p4-eval-backfill"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        429
+    );
+
+    // P4 resumes in the next config: admitted within a reload or two.
+    let p4 = lane_mut(&mut cfg, "p4-eval-backfill");
+    p4["state"] = json!("Admitted");
+    p4["admittedRequestsPerSecond"] = json!(10.0);
+    p4["burst"] = json!(10);
+    cfg["contentHash"] = json!("sha256:test-resumed");
+    write_config(&path, &cfg);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while chat(&c, &gw, Some("p4-eval-backfill"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != 200
+    {
+        assert!(Instant::now() < deadline, "the new config was not loaded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Garbage, then an unknown schema version: both refused, P4 still admitted.
+    std::fs::write(&path, b"{ not json").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut v2 = cfg.clone();
+    v2["schemaVersion"] = json!(2);
+    v2["contentHash"] = json!("sha256:test-v2");
+    lane_mut(&mut v2, "p4-eval-backfill")["state"] = json!("Paused");
+    write_config(&path, &v2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        chat(&c, &gw, Some("p4-eval-backfill"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let text = metrics(&c, &gw).await;
+    assert!(
+        sample(&text, &["lanekeeper_gateway_config_loads_total", "invalid"]) >= 2.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &["lanekeeper_gateway_config_info", "sha256:test-resumed"]
+        ),
+        1.0,
+        "the last good config is in force"
+    );
+}
+
+#[tokio::test]
+async fn streams_pass_through_and_a_client_leaving_cancels_upstream() {
+    let m = model(&[
+        "--service-millis",
+        "0",
+        "--token-millis",
+        "100",
+        "--completion-tokens",
+        "50",
+    ]);
+    let path = config_file("stream", &inc47());
+    let gw = gateway(&path, &m, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    let started = Instant::now();
+    let mut r = c
+        .post(format!("http://{}/v1/chat/completions", gw.addr))
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .body(
+            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let first = r.chunk().await.unwrap().expect("a first event");
+    // Unbuffered: the first token is here long before the 5 s answer ends.
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(String::from_utf8_lossy(&first).starts_with("data: "));
+    assert_eq!(control(&c, &m).await["chatInFlight"], 1);
+    drop(r);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let ctl = control(&c, &m).await;
+        if ctl["chatCancelled"] == 1 {
+            assert_eq!(ctl["chatInFlight"], 0);
+            break;
+        }
+        assert!(Instant::now() < deadline, "upstream not cancelled: {ctl}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = metrics(&c, &gw).await;
+    assert_eq!(sample(&text, &["lanekeeper_gateway_in_flight "]), 0.0);
+}
+
+#[tokio::test]
+async fn the_floor_is_there_when_a_p0_burst_arrives_while_p3_borrows_it() {
+    let m = model(&["--service-millis", "0"]);
+    let mut cfg = inc47();
+    // P0 was quiet (admitted 20 req/s) and lends 50.1 units/s of its 93.6
+    // floor to P3 until well after the test.
+    let p0 = lane_mut(&mut cfg, "p0-disruption-assist");
+    p0["admittedRequestsPerSecond"] = json!(20.0);
+    p0["admittedUnitsPerSecond"] = json!(36.0);
+    p0["burst"] = json!(20);
+    p0["floorUnitsPerSecond"] = json!(93.6);
+    let p3 = lane_mut(&mut cfg, "p3-shift-batch");
+    p3["borrowing"] = json!([{"from": "p0-disruption-assist", "unitsPerSecond": 50.1,
+        "expiresAt": "2099-01-01T00:00:00Z", "releaseWithinSeconds": 30}]);
+    let path = config_file("floor", &cfg);
+    let gw = gateway(&path, &m, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    // A burst of 52 P0 requests (its whole floor, 93.6 / 1.8) at once.
+    let burst: Vec<_> = (0..52)
+        .map(|_| chat(&c, &gw, Some("p0-disruption-assist")).send())
+        .collect();
+    let statuses: Vec<u16> = futures::future::join_all(burst)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().status().as_u16())
+        .collect();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    assert_eq!(ok, 52, "the floor's second is there at once: {statuses:?}");
+    let text = metrics(&c, &gw).await;
+    assert_eq!(
+        sample(
+            &text,
+            &["lane=\"p0-disruption-assist\"", "outcome=\"admitted\""]
+        ),
+        52.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &["lane=\"p0-disruption-assist\"", "outcome=\"queued\""]
+        ),
+        0.0,
+        "none of the burst waited"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_that_is_down_gets_502_naming_the_lane() {
+    // A port with nothing listening: bind, read the port, close.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let down = Proc {
+        child: Command::new("true").spawn().unwrap(),
+        addr: format!("127.0.0.1:{port}"),
+        metrics: None,
+    };
+    let path = config_file("down", &inc47());
+    let gw = gateway(&path, &down, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    let r = chat(&c, &gw, Some("p1-agent-assist")).send().await.unwrap();
+    assert_eq!(r.status(), 502);
+    let body: Value = r.json().await.unwrap();
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("p1-agent-assist") && msg.contains("agent-large"),
+        "{msg}"
+    );
+    let text = metrics(&c, &gw).await;
+    assert_eq!(
+        sample(
+            &text,
+            &["lane=\"p1-agent-assist\"", "outcome=\"upstream_error\""]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn observe_mode_admits_everything_and_counts_the_shadow() {
+    let m = model(&["--service-millis", "0"]);
+    let mut cfg = inc47();
+    cfg["mode"] = json!("Observe");
+    let path = config_file("observe", &cfg);
+    let gw = gateway(&path, &m, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    for _ in 0..3 {
+        assert_eq!(
+            chat(&c, &gw, Some("p4-eval-backfill"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    let text = metrics(&c, &gw).await;
+    assert_eq!(
+        sample(
+            &text,
+            &[
+                "lanekeeper_gateway_shadow_requests_total",
+                "lane=\"p4-eval-backfill\"",
+                "outcome=\"rejected_rate\""
+            ]
+        ),
+        3.0
+    );
+    assert_eq!(control(&c, &m).await["chatRequests"], 3);
+}
+
+#[tokio::test]
+async fn flags_and_degraded_history_reach_the_upstream() {
+    let m = model(&["--service-millis", "0"]);
+    let mut cfg = inc47();
+    cfg["flags"]["readOnly"] = json!(true);
+    let path = config_file("flags", &cfg);
+    let gw = gateway(&path, &m, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    // P1's history is 8 turns at this level: 12 turns are trimmed to the
+    // system message and the last 8 (16 messages).
+    let mut messages = vec![json!({"role": "system", "content": "s"})];
+    for i in 0..12 {
+        messages.push(json!({"role": "user", "content": format!("u{i}")}));
+        messages.push(json!({"role": "assistant", "content": format!("a{i}")}));
+    }
+    let r = c
+        .post(format!("http://{}/v1/chat/completions", gw.addr))
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .body(json!({"model": "m", "messages": messages}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let ctl = control(&c, &m).await;
+    assert_eq!(ctl["lastMessages"], 17);
+    assert_eq!(ctl["lastHeaders"]["x-lanekeeper-read-only"], "true");
+    assert_eq!(ctl["lastHeaders"]["x-lanekeeper-lane"], "p1-agent-assist");
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused() {
+    let m = model(&[]);
+    let path = config_file("body", &inc47());
+    let gw = gateway(&path, &m, &["--max-body-bytes", "1024"]);
+    let c = client();
+    ready(&c, &gw).await;
+    let r = c
+        .post(format!("http://{}/v1/chat/completions", gw.addr))
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .body("x".repeat(4096))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(control(&c, &m).await["chatRequests"], 0);
+}
+
+#[tokio::test]
+async fn each_replica_enforces_its_share() {
+    let m = model(&["--service-millis", "0"]);
+    let mut cfg = inc47();
+    let p2 = lane_mut(&mut cfg, "p2-email-extract");
+    p2["admittedRequestsPerSecond"] = json!(40.0);
+    p2["burst"] = json!(40);
+    p2["queue"]["maxDepth"] = json!(0);
+    let path = config_file("share", &cfg);
+    let gw = gateway(&path, &m, &["--replicas", "4"]);
+    let c = client();
+    ready(&c, &gw).await;
+    let mut ok = 0;
+    for _ in 0..20 {
+        if chat(&c, &gw, Some("p2-email-extract"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 200
+        {
+            ok += 1;
+        }
+    }
+    // A burst of 10 (40 / 4) and 10 req/s of refill while the loop ran.
+    assert!((10..=13).contains(&ok), "admitted {ok}");
+}
