@@ -675,14 +675,10 @@ async fn drive(shared: Arc<Shared>) {
             match core.as_mut() {
                 Some(core) => {
                     for (ticket, r) in core.poll(now) {
-                        match waiters.remove(&ticket) {
-                            Some(tx) => {
-                                if let Err(Resolution::Pass(_)) = tx.send(r) {
-                                    // The client went away as its turn came:
-                                    // nothing was started.
-                                }
-                            }
-                            None => {}
+                        // A send fails only when the client went away as its
+                        // turn came: nothing is started for it.
+                        if let Some(tx) = waiters.remove(&ticket) {
+                            let _ = tx.send(r);
                         }
                     }
                     for (i, name) in core.lane_names().enumerate() {
