@@ -472,6 +472,11 @@ async fn main() {
         apply(&client, &serde_json::to_value(y).unwrap()).await;
     }
     let nodes = (per_profile * profiles).div_ceil(GPUS_PER_NODE);
+    let status_of = || {
+        json!({"status": {
+            "allocatable": {"cpu": "256", "memory": "2Ti", "pods": "1000", "nvidia.com/gpu": GPUS_PER_NODE.to_string()},
+            "capacity": {"cpu": "256", "memory": "2Ti", "pods": "1000", "nvidia.com/gpu": GPUS_PER_NODE.to_string()}}})
+    };
     for n in 0..nodes {
         let name = format!("lk-scale-gpu-{n}");
         apply(&client, &json!({"apiVersion": "v1", "kind": "Node",
@@ -482,13 +487,42 @@ async fn main() {
             "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}
         }))
         .await;
-        let status = json!({"status": {
-            "allocatable": {"cpu": "256", "memory": "2Ti", "pods": "1000", "nvidia.com/gpu": GPUS_PER_NODE.to_string()},
-            "capacity": {"cpu": "256", "memory": "2Ti", "pods": "1000", "nvidia.com/gpu": GPUS_PER_NODE.to_string()}}});
+        let status = status_of();
         Api::<Node>::all(client.clone())
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .unwrap();
+    }
+    // kwok takes a new node over by writing its status, which can land after
+    // the patch above and drop the GPUs (seen with 157 nodes: 23 lost them,
+    // and 1,408 pods stayed Pending). Patch again until every node has them.
+    let gpus_of = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .and_then(|a| a.get("nvidia.com/gpu"))
+            .map(|q| q.0.clone())
+    };
+    for round in 0.. {
+        let mut missing = Vec::new();
+        for n in 0..nodes {
+            let name = format!("lk-scale-gpu-{n}");
+            let node = Api::<Node>::all(client.clone()).get(&name).await.unwrap();
+            if gpus_of(&node).as_deref() != Some(&GPUS_PER_NODE.to_string()) {
+                missing.push(name);
+            }
+        }
+        if missing.is_empty() {
+            break;
+        }
+        assert!(round < 30, "nodes without their GPUs after 30 rounds: {missing:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for name in missing {
+            Api::<Node>::all(client.clone())
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status_of()))
+                .await
+                .unwrap();
+        }
     }
 
     // 2. The world.
