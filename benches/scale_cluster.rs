@@ -515,7 +515,10 @@ async fn main() {
         if missing.is_empty() {
             break;
         }
-        assert!(round < 30, "nodes without their GPUs after 30 rounds: {missing:?}");
+        assert!(
+            round < 30,
+            "nodes without their GPUs after 30 rounds: {missing:?}"
+        );
         tokio::time::sleep(Duration::from_secs(1)).await;
         for name in missing {
             Api::<Node>::all(client.clone())
