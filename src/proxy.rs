@@ -129,15 +129,41 @@ struct Metrics {
     replicas: IntGauge,
 }
 
+/// Registers a collector and hands it back.
+fn registered<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("each metric is registered once");
+    c
+}
+
 impl Metrics {
     fn new() -> Metrics {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("registered once");
-            c
+            registered(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
+        };
+        let gauges = |name: &str, help: &str, labels: &[&str]| {
+            registered(
+                &registry,
+                IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
+        };
+        let gauge = |name: &str, help: &str| {
+            registered(&registry, IntGauge::new(name, help).expect("valid metric"))
+        };
+        let hist = |name: &str, help: &str| {
+            let opts = HistogramOpts::new(name, help).buckets(vec![
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0, 300.0,
+            ]);
+            registered(
+                &registry,
+                HistogramVec::new(opts, &["lane"]).expect("valid metric"),
+            )
         };
         let requests = counter(
             "lanekeeper_gateway_requests_total",
@@ -159,20 +185,6 @@ impl Metrics {
             "Config loads by result (loaded, unchanged, invalid, unreadable).",
             &["result"],
         );
-        let hist = |name: &str, help: &str| {
-            let h = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(vec![
-                    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                    60.0, 120.0, 300.0,
-                ]),
-                &["lane"],
-            )
-            .expect("valid metric");
-            registry
-                .register(Box::new(h.clone()))
-                .expect("registered once");
-            h
-        };
         let wait = hist(
             "lanekeeper_gateway_admission_wait_seconds",
             "Time a request waited in its lane's queue before going upstream.",
@@ -181,55 +193,35 @@ impl Metrics {
             "lanekeeper_gateway_upstream_latency_seconds",
             "Time from sending a request upstream to its response headers.",
         );
-        let queue_depth = IntGaugeVec::new(
-            Opts::new(
-                "lanekeeper_gateway_queue_depth",
-                "Requests waiting per lane.",
-            ),
+        let queue_depth = gauges(
+            "lanekeeper_gateway_queue_depth",
+            "Requests waiting per lane.",
             &["lane"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(queue_depth.clone()))
-            .expect("registered once");
-        let in_flight = IntGauge::new(
+        );
+        let in_flight = gauge(
             "lanekeeper_gateway_in_flight",
             "Requests this replica has in flight to the pool.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(in_flight.clone()))
-            .expect("registered once");
-        let config_info = GaugeVec::new(
-            Opts::new(
-                "lanekeeper_gateway_config_info",
-                "The config in force (1): its profile, mode and contentHash.",
-            ),
-            &["profile", "mode", "hash"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(config_info.clone()))
-            .expect("registered once");
-        let pressure = IntGaugeVec::new(
-            Opts::new(
-                "lanekeeper_gateway_pressure",
-                "The in-flight pressure state (1 for the state in force: normal, conserve, stop).",
-            ),
+        );
+        let config_info = registered(
+            &registry,
+            GaugeVec::new(
+                Opts::new(
+                    "lanekeeper_gateway_config_info",
+                    "The config in force (1): its profile, mode and contentHash.",
+                ),
+                &["profile", "mode", "hash"],
+            )
+            .expect("valid metric"),
+        );
+        let pressure = gauges(
+            "lanekeeper_gateway_pressure",
+            "The in-flight pressure state (1 for the state in force: normal, conserve, stop).",
             &["state"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(pressure.clone()))
-            .expect("registered once");
-        let replicas = IntGauge::new(
+        );
+        let replicas = gauge(
             "lanekeeper_gateway_replicas",
             "The number of gateway replicas this one shares the rates with (N of 1/N).",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(replicas.clone()))
-            .expect("registered once");
+        );
         Metrics {
             registry,
             requests,

@@ -966,3 +966,140 @@ async fn calibration_follows_the_pool_and_drains_wait_for_its_rollout() {
     .await;
     assert_no_refusals(&c, &w);
 }
+
+/// A `lanekeeper gateway --configmap` process (killed when dropped), in
+/// front of a `lanekeeper-fake-model`.
+struct GatewayProc {
+    children: Vec<std::process::Child>,
+    addr: String,
+    metrics: String,
+}
+
+impl Drop for GatewayProc {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn first_line_addrs(child: &mut std::process::Child) -> Vec<String> {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line.split_whitespace()
+        .filter(|w| w.contains(':'))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn gateway_for(kc: &std::path::Path, w: &World) -> GatewayProc {
+    use std::process::{Command, Stdio};
+    let mut model = Command::new(env!("CARGO_BIN_EXE_lanekeeper-fake-model"))
+        .args(["--listen", "127.0.0.1:0", "--service-millis", "0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let model_addr = first_line_addrs(&mut model).remove(0);
+    let mut args = vec![
+        "gateway".to_owned(),
+        "--listen=127.0.0.1:0".to_owned(),
+        "--metrics-addr=127.0.0.1:0".to_owned(),
+        format!("--configmap={}/agent-assist-lanes", w.name()),
+    ];
+    for r in ["agent-large", "extract-small", "batch-medium", "eval-large"] {
+        args.push(format!("--route={r}=http://{model_addr}"));
+    }
+    let mut gw = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .args(&args)
+        .env("KUBECONFIG", kc)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addrs = first_line_addrs(&mut gw);
+    GatewayProc {
+        addr: addrs[0].clone(),
+        metrics: addrs[1].clone(),
+        children: vec![model, gw],
+    }
+}
+
+/// The contentHash a gateway has in force (its config_info metric).
+async fn gateway_hash(g: &GatewayProc) -> Option<String> {
+    let text = reqwest::get(format!("http://{}/metrics", g.metrics))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("lanekeeper_gateway_config_info{") && l.ends_with(" 1"))?;
+    let at = line.find("hash=\"")? + 6;
+    Some(line[at..].split('"').next()?.to_owned())
+}
+
+/// The data path follows the controller: a gateway watching the profile's
+/// ConfigMap (with the chart ServiceAccount's token, as the controller runs)
+/// enforces each new config moments after the controller writes it. INC-47
+/// loses capacity, the controller steps to level 2 and pauses P4, and the
+/// gateway refuses P4 from then on.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateway_enforces_the_controllers_configmap_moments_after_the_write() {
+    let Some(Env { c, kc, w, _shared }) = env(
+        "the_gateway_enforces_the_controllers_configmap_moments_after_the_write",
+        "gwcm",
+        8,
+    )
+    .await
+    else {
+        return;
+    };
+    let _ctl = start(&kc, &w, "gwcm");
+    let first = eventually("the first gateway config", T, || async {
+        w.lanes_json().await
+    })
+    .await;
+    let g = gateway_for(&kc, &w);
+    let want = first["contentHash"].as_str().unwrap().to_owned();
+    eventually("the gateway loads the first config", T, || async {
+        (gateway_hash(&g).await.as_deref() == Some(want.as_str())).then_some(())
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let p4 = || {
+        http.post(format!("http://{}/v1/chat/completions", g.addr))
+            .header("x-lanekeeper-lane", "p4-eval-backfill")
+            .body(r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#)
+            .send()
+    };
+    assert_eq!(p4().await.unwrap().status(), 200, "P4 admitted at level 1");
+
+    // Capacity drops: the controller writes level 2; time its write (as the
+    // API server shows it) to the gateway's config in force.
+    let (_, degraded) = inc47_capacities();
+    w.set(|t| t.available = degraded);
+    let (written, at_write) = eventually("the controller writes level 2", T, || async {
+        let cfg = w.lanes_json().await?;
+        is_inc47_level2(&cfg).then(|| {
+            (
+                cfg["contentHash"].as_str().unwrap().to_owned(),
+                Instant::now(),
+            )
+        })
+    })
+    .await;
+    eventually("the gateway loads level 2", T, || async {
+        (gateway_hash(&g).await.as_deref() == Some(written.as_str())).then_some(())
+    })
+    .await;
+    let lag = at_write.elapsed();
+    eprintln!("the gateway enforced the controller's write {lag:?} after the API server showed it");
+    let r = p4().await.unwrap();
+    assert_eq!(r.status(), 429, "P4 paused at level 2");
+    assert_eq!(r.headers()["retry-after"], "300");
+    assert_no_refusals(&c, &w);
+}

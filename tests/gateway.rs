@@ -179,6 +179,24 @@ async fn control(c: &reqwest::Client, m: &Proc) -> Value {
         .unwrap()
 }
 
+/// A fake model started with `model_args`, and a gateway in front of it
+/// enforcing `cfg` (written for `test`) with `extra` flags, loaded.
+struct Up {
+    m: Proc,
+    gw: Proc,
+    path: PathBuf,
+    c: reqwest::Client,
+}
+
+async fn up(test: &str, cfg: &Value, model_args: &[&str], extra: &[&str]) -> Up {
+    let m = model(model_args);
+    let path = config_file(test, cfg);
+    let gw = gateway(&path, &m, extra);
+    let c = client();
+    ready(&c, &gw).await;
+    Up { m, gw, path, c }
+}
+
 #[tokio::test]
 async fn no_config_means_no_admission_and_lanes_are_named() {
     let m = model(&[]);
@@ -223,7 +241,6 @@ async fn no_config_means_no_admission_and_lanes_are_named() {
 
 #[tokio::test]
 async fn paused_lanes_are_refused_with_retry_after_and_the_rate_holds() {
-    let m = model(&["--service-millis", "0"]);
     let mut cfg = inc47();
     // P2 at 20 req/s with a burst of 20 and no queue: 20 pass at once.
     let p2 = lane_mut(&mut cfg, "p2-email-extract");
@@ -231,10 +248,12 @@ async fn paused_lanes_are_refused_with_retry_after_and_the_rate_holds() {
     p2["burst"] = json!(20);
     p2["queue"]["maxDepth"] = json!(0);
     p2["retryAfterSeconds"] = json!(3);
-    let path = config_file("paused", &cfg);
-    let gw = gateway(&path, &m, &[]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up {
+        m: _m,
+        gw,
+        path: _path,
+        c,
+    } = up("paused", &cfg, &["--service-millis", "0"], &[]).await;
 
     let r = chat(&c, &gw, Some("p4-eval-backfill"))
         .send()
@@ -298,16 +317,17 @@ async fn paused_lanes_are_refused_with_retry_after_and_the_rate_holds() {
 
 #[tokio::test]
 async fn a_defer_lane_defers_with_the_header_and_its_return_is_not_a_retry() {
-    let m = model(&["--service-millis", "0"]);
     let mut cfg = inc47();
     let p3 = lane_mut(&mut cfg, "p3-shift-batch");
     p3["admittedRequestsPerSecond"] = json!(0.5);
     p3["burst"] = json!(1);
     p3["queue"]["maxDepth"] = json!(0);
-    let path = config_file("defer", &cfg);
-    let gw = gateway(&path, &m, &[]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up {
+        m: _m,
+        gw,
+        path: _path,
+        c,
+    } = up("defer", &cfg, &["--service-millis", "0"], &[]).await;
     let send = |id: &str| {
         chat(&c, &gw, Some("p3-shift-batch"))
             .header("idempotency-key", id)
@@ -343,11 +363,12 @@ async fn a_defer_lane_defers_with_the_header_and_its_return_is_not_a_retry() {
 
 #[tokio::test]
 async fn retries_beyond_the_budget_are_refused() {
-    let m = model(&["--service-millis", "0"]);
-    let path = config_file("retries", &inc47());
-    let gw = gateway(&path, &m, &[]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up {
+        m: _m,
+        gw,
+        path: _path,
+        c,
+    } = up("retries", &inc47(), &["--service-millis", "0"], &[]).await;
     // P0: maxAttempts 2, budget 5 %: 20 originals pay for one retry.
     for i in 0..20 {
         let r = chat(&c, &gw, Some("p0-disruption-assist"))
@@ -392,12 +413,8 @@ async fn retries_beyond_the_budget_are_refused() {
 
 #[tokio::test]
 async fn a_new_config_is_loaded_and_a_bad_one_keeps_the_last_good() {
-    let m = model(&["--service-millis", "0"]);
     let mut cfg = inc47();
-    let path = config_file("reload", &cfg);
-    let gw = gateway(&path, &m, &[]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up { m: _m, gw, path, c } = up("reload", &cfg, &["--service-millis", "0"], &[]).await;
     assert_eq!(
         chat(&c, &gw, Some("p4-eval-backfill"))
             .send()
@@ -460,18 +477,25 @@ async fn a_new_config_is_loaded_and_a_bad_one_keeps_the_last_good() {
 
 #[tokio::test]
 async fn streams_pass_through_and_a_client_leaving_cancels_upstream() {
-    let m = model(&[
-        "--service-millis",
-        "0",
-        "--token-millis",
-        "100",
-        "--completion-tokens",
-        "50",
-    ]);
-    let path = config_file("stream", &inc47());
-    let gw = gateway(&path, &m, &[]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up {
+        m,
+        gw,
+        path: _path,
+        c,
+    } = up(
+        "stream",
+        &inc47(),
+        &[
+            "--service-millis",
+            "0",
+            "--token-millis",
+            "100",
+            "--completion-tokens",
+            "50",
+        ],
+        &[],
+    )
+    .await;
     let started = Instant::now();
     let mut r = c
         .post(format!("http://{}/v1/chat/completions", gw.addr))
@@ -507,7 +531,6 @@ async fn streams_pass_through_and_a_client_leaving_cancels_upstream() {
 
 #[tokio::test]
 async fn the_floor_is_there_when_a_p0_burst_arrives_while_p3_borrows_it() {
-    let m = model(&["--service-millis", "0"]);
     let mut cfg = inc47();
     // P0 was quiet (admitted 20 req/s) and lends 50.1 units/s of its 93.6
     // floor to P3 until well after the test.
@@ -519,10 +542,12 @@ async fn the_floor_is_there_when_a_p0_burst_arrives_while_p3_borrows_it() {
     let p3 = lane_mut(&mut cfg, "p3-shift-batch");
     p3["borrowing"] = json!([{"from": "p0-disruption-assist", "unitsPerSecond": 50.1,
         "expiresAt": "2099-01-01T00:00:00Z", "releaseWithinSeconds": 30}]);
-    let path = config_file("floor", &cfg);
-    let gw = gateway(&path, &m, &[]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up {
+        m: _m,
+        gw,
+        path: _path,
+        c,
+    } = up("floor", &cfg, &["--service-millis", "0"], &[]).await;
     // A burst of 52 P0 requests (its whole floor, 93.6 / 1.8) at once.
     let burst: Vec<_> = (0..52)
         .map(|_| chat(&c, &gw, Some("p0-disruption-assist")).send())
@@ -589,13 +614,14 @@ async fn an_upstream_that_is_down_gets_502_naming_the_lane() {
 
 #[tokio::test]
 async fn observe_mode_admits_everything_and_counts_the_shadow() {
-    let m = model(&["--service-millis", "0"]);
     let mut cfg = inc47();
     cfg["mode"] = json!("Observe");
-    let path = config_file("observe", &cfg);
-    let gw = gateway(&path, &m, &[]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up {
+        m,
+        gw,
+        path: _path,
+        c,
+    } = up("observe", &cfg, &["--service-millis", "0"], &[]).await;
     for _ in 0..3 {
         assert_eq!(
             chat(&c, &gw, Some("p4-eval-backfill"))
@@ -623,13 +649,14 @@ async fn observe_mode_admits_everything_and_counts_the_shadow() {
 
 #[tokio::test]
 async fn flags_and_degraded_history_reach_the_upstream() {
-    let m = model(&["--service-millis", "0"]);
     let mut cfg = inc47();
     cfg["flags"]["readOnly"] = json!(true);
-    let path = config_file("flags", &cfg);
-    let gw = gateway(&path, &m, &[]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up {
+        m,
+        gw,
+        path: _path,
+        c,
+    } = up("flags", &cfg, &["--service-millis", "0"], &[]).await;
     // P1's history is 8 turns at this level: 12 turns are trimmed to the
     // system message and the last 8 (16 messages).
     let mut messages = vec![json!({"role": "system", "content": "s"})];
@@ -653,11 +680,12 @@ async fn flags_and_degraded_history_reach_the_upstream() {
 
 #[tokio::test]
 async fn a_body_over_the_limit_is_refused() {
-    let m = model(&[]);
-    let path = config_file("body", &inc47());
-    let gw = gateway(&path, &m, &["--max-body-bytes", "1024"]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up {
+        m,
+        gw,
+        path: _path,
+        c,
+    } = up("body", &inc47(), &[], &["--max-body-bytes", "1024"]).await;
     let r = c
         .post(format!("http://{}/v1/chat/completions", gw.addr))
         .header("x-lanekeeper-lane", "p1-agent-assist")
@@ -671,16 +699,23 @@ async fn a_body_over_the_limit_is_refused() {
 
 #[tokio::test]
 async fn each_replica_enforces_its_share() {
-    let m = model(&["--service-millis", "0"]);
     let mut cfg = inc47();
     let p2 = lane_mut(&mut cfg, "p2-email-extract");
     p2["admittedRequestsPerSecond"] = json!(40.0);
     p2["burst"] = json!(40);
     p2["queue"]["maxDepth"] = json!(0);
-    let path = config_file("share", &cfg);
-    let gw = gateway(&path, &m, &["--replicas", "4"]);
-    let c = client();
-    ready(&c, &gw).await;
+    let Up {
+        m: _m,
+        gw,
+        path: _path,
+        c,
+    } = up(
+        "share",
+        &cfg,
+        &["--service-millis", "0"],
+        &["--replicas", "4"],
+    )
+    .await;
     let mut ok = 0;
     for _ in 0..20 {
         if chat(&c, &gw, Some("p2-email-extract"))
