@@ -271,6 +271,7 @@ async fn paused_lanes_are_refused_with_retry_after_and_the_rate_holds() {
 
     let mut ok = 0;
     let mut limited = 0;
+    let started = Instant::now();
     for _ in 0..40 {
         let r = chat(&c, &gw, Some("p2-email-extract"))
             .send()
@@ -288,7 +289,11 @@ async fn paused_lanes_are_refused_with_retry_after_and_the_rate_holds() {
         }
     }
     // 20 of the burst, plus what refilled while the loop ran (20/s).
-    assert!((20..=30).contains(&ok), "admitted {ok}");
+    let refilled = (20.0 * started.elapsed().as_secs_f64()).ceil() as usize;
+    assert!(
+        ok >= 20 && ok <= 20 + refilled,
+        "admitted {ok}, {refilled} refilled"
+    );
     assert_eq!(ok + limited, 40);
     let text = metrics(&c, &gw).await;
     assert_eq!(
@@ -431,7 +436,7 @@ async fn a_new_config_is_loaded_and_a_bad_one_keeps_the_last_good() {
     p4["burst"] = json!(10);
     cfg["contentHash"] = json!("sha256:test-resumed");
     write_config(&path, &cfg);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while chat(&c, &gw, Some("p4-eval-backfill"))
         .send()
         .await
@@ -443,15 +448,30 @@ async fn a_new_config_is_loaded_and_a_bad_one_keeps_the_last_good() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    // Garbage, then an unknown schema version: both refused, P4 still admitted.
+    // Garbage, then an unknown schema version: both refused (each waited
+    // for in the metric), P4 still admitted.
+    let invalid = |n: f64| {
+        let (c, gw) = (&c, &gw);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while sample(
+                &metrics(c, gw).await,
+                &["lanekeeper_gateway_config_loads_total", "invalid"],
+            ) < n
+            {
+                assert!(Instant::now() < deadline, "config {n} not refused");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
     std::fs::write(&path, b"{ not json").unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    invalid(1.0).await;
     let mut v2 = cfg.clone();
     v2["schemaVersion"] = json!(2);
     v2["contentHash"] = json!("sha256:test-v2");
     lane_mut(&mut v2, "p4-eval-backfill")["state"] = json!("Paused");
     write_config(&path, &v2);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    invalid(2.0).await;
     assert_eq!(
         chat(&c, &gw, Some("p4-eval-backfill"))
             .send()
@@ -496,7 +516,6 @@ async fn streams_pass_through_and_a_client_leaving_cancels_upstream() {
         &[],
     )
     .await;
-    let started = Instant::now();
     let mut r = c
         .post(format!("http://{}/v1/chat/completions", gw.addr))
         .header("x-lanekeeper-lane", "p1-agent-assist")
@@ -510,12 +529,12 @@ async fn streams_pass_through_and_a_client_leaving_cancels_upstream() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let first = r.chunk().await.unwrap().expect("a first event");
-    // Unbuffered: the first token is here long before the 5 s answer ends.
-    assert!(started.elapsed() < Duration::from_secs(2));
+    // Unbuffered: the first event is here while the 5 s answer is still
+    // being generated upstream.
     assert!(String::from_utf8_lossy(&first).starts_with("data: "));
     assert_eq!(control(&c, &m).await["chatInFlight"], 1);
     drop(r);
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let ctl = control(&c, &m).await;
         if ctl["chatCancelled"] == 1 {
@@ -717,6 +736,7 @@ async fn each_replica_enforces_its_share() {
     )
     .await;
     let mut ok = 0;
+    let started = Instant::now();
     for _ in 0..20 {
         if chat(&c, &gw, Some("p2-email-extract"))
             .send()
@@ -729,5 +749,9 @@ async fn each_replica_enforces_its_share() {
         }
     }
     // A burst of 10 (40 / 4) and 10 req/s of refill while the loop ran.
-    assert!((10..=13).contains(&ok), "admitted {ok}");
+    let refilled = (10.0 * started.elapsed().as_secs_f64()).ceil() as usize;
+    assert!(
+        ok >= 10 && ok <= 10 + refilled,
+        "admitted {ok}, {refilled} refilled"
+    );
 }
