@@ -362,11 +362,16 @@ pub fn build(
                     o.history_turns
                 },
                 degraded: flags.reject_optional_context,
-                degraded_history_turns: None,
+                degraded_history_turns: Some(o.degraded_history_turns),
             }),
             borrowing,
-            floor_units_per_second: None,
-            expected_service_seconds: None,
+            // A paused lane's floor is not reserved (it admits nothing).
+            floor_units_per_second: spec
+                .floor_units_per_second
+                .as_ref()
+                .map(|f| f.value())
+                .filter(|f| *f > 0.0 && d.state != LaneState::Paused),
+            expected_service_seconds: spec.expected_service_seconds.as_ref().map(|s| s.value()),
         });
     }
     let mut cfg = GatewayConfig {

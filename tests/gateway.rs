@@ -247,6 +247,8 @@ async fn paused_lanes_are_refused_with_retry_after_and_the_rate_holds() {
     p2["admittedRequestsPerSecond"] = json!(20.0);
     p2["burst"] = json!(20);
     p2["queue"]["maxDepth"] = json!(0);
+    // Its floor (40 units/s, 57 req/s) would be reserved above that rate.
+    p2["floorUnitsPerSecond"] = Value::Null;
     p2["retryAfterSeconds"] = json!(3);
     let Up {
         m: _m,
@@ -723,6 +725,8 @@ async fn each_replica_enforces_its_share() {
     p2["admittedRequestsPerSecond"] = json!(40.0);
     p2["burst"] = json!(40);
     p2["queue"]["maxDepth"] = json!(0);
+    // Its floor (40 units/s, 57 req/s) would be reserved above that rate.
+    p2["floorUnitsPerSecond"] = Value::Null;
     let Up {
         m: _m,
         gw,
