@@ -32,6 +32,9 @@ fn config(
     l.queue.ttl_seconds = ttl;
     l.deadline_seconds = deadline;
     l.deferral = None;
+    // No floor (it would raise the bucket above `rps`) and no service time.
+    l.floor_units_per_second = None;
+    l.expected_service_seconds = None;
     cfg.lanes = vec![l];
     cfg.in_flight = None;
     cfg
