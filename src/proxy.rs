@@ -1175,20 +1175,23 @@ async fn forward(
         lane: lane_name.to_owned(),
         deadline,
     };
+    let upstream_error = || {
+        shared
+            .metrics
+            .requests
+            .with_label_values(&[
+                lane_name,
+                "default",
+                pass.attempt.as_str(),
+                "upstream_error",
+            ])
+            .inc();
+    };
     let sent = Instant::now();
     let response = match tokio::time::timeout(remaining, shared.client.request(out)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
-            shared
-                .metrics
-                .requests
-                .with_label_values(&[
-                    lane_name,
-                    "default",
-                    pass.attempt.as_str(),
-                    "upstream_error",
-                ])
-                .inc();
+            upstream_error();
             return error(
                 StatusCode::BAD_GATEWAY,
                 "lanekeeper_upstream_error",
@@ -1199,16 +1202,7 @@ async fn forward(
             );
         }
         Err(_) => {
-            shared
-                .metrics
-                .requests
-                .with_label_values(&[
-                    lane_name,
-                    "default",
-                    pass.attempt.as_str(),
-                    "upstream_error",
-                ])
-                .inc();
+            upstream_error();
             return error(
                 StatusCode::GATEWAY_TIMEOUT,
                 "lanekeeper_upstream_timeout",
@@ -1228,16 +1222,7 @@ async fn forward(
         .with_label_values(&[lane_name])
         .observe(latency);
     if response.status().is_server_error() {
-        shared
-            .metrics
-            .requests
-            .with_label_values(&[
-                lane_name,
-                "default",
-                pass.attempt.as_str(),
-                "upstream_error",
-            ])
-            .inc();
+        upstream_error();
     }
     let (mut head, incoming) = response.into_parts();
     for h in HOP_BY_HOP {

@@ -96,6 +96,17 @@ fn lane_mut<'a>(cfg: &'a mut Value, name: &str) -> &'a mut Value {
         .unwrap()
 }
 
+/// P2 at `rps` requests/s with a burst of `rps`, no queue and no floor (its
+/// 40 units/s, 57 req/s, would be reserved above that rate).
+fn p2_at(cfg: &mut Value, rps: u32) -> &mut Value {
+    let p2 = lane_mut(cfg, "p2-email-extract");
+    p2["admittedRequestsPerSecond"] = json!(f64::from(rps));
+    p2["burst"] = json!(rps);
+    p2["queue"]["maxDepth"] = json!(0);
+    p2["floorUnitsPerSecond"] = Value::Null;
+    p2
+}
+
 /// A temp dir for one test's config file.
 fn config_file(test: &str, cfg: &Value) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lanekeeper-gw-{}-{test}", std::process::id()));
@@ -243,12 +254,7 @@ async fn no_config_means_no_admission_and_lanes_are_named() {
 async fn paused_lanes_are_refused_with_retry_after_and_the_rate_holds() {
     let mut cfg = inc47();
     // P2 at 20 req/s with a burst of 20 and no queue: 20 pass at once.
-    let p2 = lane_mut(&mut cfg, "p2-email-extract");
-    p2["admittedRequestsPerSecond"] = json!(20.0);
-    p2["burst"] = json!(20);
-    p2["queue"]["maxDepth"] = json!(0);
-    // Its floor (40 units/s, 57 req/s) would be reserved above that rate.
-    p2["floorUnitsPerSecond"] = Value::Null;
+    let p2 = p2_at(&mut cfg, 20);
     p2["retryAfterSeconds"] = json!(3);
     let Up {
         m: _m,
@@ -721,12 +727,7 @@ async fn a_body_over_the_limit_is_refused() {
 #[tokio::test]
 async fn each_replica_enforces_its_share() {
     let mut cfg = inc47();
-    let p2 = lane_mut(&mut cfg, "p2-email-extract");
-    p2["admittedRequestsPerSecond"] = json!(40.0);
-    p2["burst"] = json!(40);
-    p2["queue"]["maxDepth"] = json!(0);
-    // Its floor (40 units/s, 57 req/s) would be reserved above that rate.
-    p2["floorUnitsPerSecond"] = Value::Null;
+    p2_at(&mut cfg, 40);
     let Up {
         m: _m,
         gw,
