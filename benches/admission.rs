@@ -39,6 +39,15 @@ fn config(rps: f64, depth: i64) -> GatewayConfig {
     cfg
 }
 
+fn request<'a>(lane: &'a str, tenant: Option<&'a str>) -> Request<'a> {
+    Request {
+        lane,
+        tenant,
+        attempt: None,
+        request_id: None,
+    }
+}
+
 fn names() -> (Vec<String>, Vec<String>) {
     (
         (0..LANES).map(|i| format!("lane-{i}")).collect(),
@@ -60,12 +69,7 @@ fn bench(c: &mut Criterion) {
             i = i.wrapping_add(7919);
             now += 1e-6;
             let v = core.admit(
-                &Request {
-                    lane: &lanes[i % LANES],
-                    tenant: Some(&tenants[i % TENANTS]),
-                    attempt: None,
-                    request_id: None,
-                },
+                &request(&lanes[i % LANES], Some(&tenants[i % TENANTS])),
                 now,
             );
             black_box(matches!(v, Verdict::Pass(_)))
@@ -78,15 +82,7 @@ fn bench(c: &mut Criterion) {
     // Spend the initial burst so everything queues.
     for l in &lanes {
         for _ in 0..10_000 {
-            let _ = core.admit(
-                &Request {
-                    lane: l,
-                    tenant: None,
-                    attempt: None,
-                    request_id: None,
-                },
-                0.0,
-            );
+            let _ = core.admit(&request(l, None), 0.0);
         }
     }
     let _ = core.poll(0.0);
@@ -96,12 +92,7 @@ fn bench(c: &mut Criterion) {
             i = i.wrapping_add(7919);
             now += 1e-6;
             let v = core.admit(
-                &Request {
-                    lane: &lanes[i % LANES],
-                    tenant: Some(&tenants[i % TENANTS]),
-                    attempt: None,
-                    request_id: None,
-                },
+                &request(&lanes[i % LANES], Some(&tenants[i % TENANTS])),
                 now,
             );
             black_box(v);

@@ -916,11 +916,11 @@ impl Core {
         let mut refused = Vec::new();
         let old_lanes = std::mem::take(&mut self.lanes);
         for (old_idx, mut old) in old_lanes.into_iter().enumerate() {
-            old.refill_to(now);
+            old.refill(now, old.rate);
             match next.by_name.get(&old.cfg.name).copied() {
                 Some(i) => {
                     let new = &mut next.lanes[i];
-                    new.tokens = old.tokens.min(new.burst.max(new.floor_rps.ceil()));
+                    new.tokens = old.tokens.min(new.cap());
                     new.queue = std::mem::take(&mut old.queue);
                     new.seen = std::mem::take(&mut old.seen);
                     new.retries = std::mem::take(&mut old.retries);
@@ -1351,7 +1351,7 @@ impl Core {
             }
             let rate = effective_rate(&self.lanes, li, now);
             let elapsed = (now - lane.last_refill).max(0.0);
-            let tokens = (lane.tokens + rate * elapsed).min(lane.burst.max(lane.floor_rps.ceil()));
+            let tokens = (lane.tokens + rate * elapsed).min(lane.cap());
             if rate > 0.0 {
                 consider(now + ((1.0 - tokens).max(0.0) / rate));
             }
@@ -1460,12 +1460,6 @@ impl Lane {
     fn refill(&mut self, now: f64, rate: f64) {
         let elapsed = (now - self.last_refill).max(0.0);
         self.tokens = (self.tokens + rate * elapsed).min(self.cap());
-        self.last_refill = now.max(self.last_refill);
-    }
-
-    fn refill_to(&mut self, now: f64) {
-        let elapsed = (now - self.last_refill).max(0.0);
-        self.tokens = (self.tokens + self.rate * elapsed).min(self.cap());
         self.last_refill = now.max(self.last_refill);
     }
 }

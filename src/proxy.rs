@@ -338,13 +338,14 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
     let client = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .build(connector);
+    let replicas = args.replicas.unwrap_or(1).max(1);
     let shared = Arc::new(Shared {
         routes: args.routes.iter().cloned().collect(),
         start: Instant::now(),
         state: Mutex::new(Admission {
             core: None,
             waiters: HashMap::new(),
-            replicas: args.replicas.unwrap_or(1).max(1),
+            replicas,
             last_good: None,
         }),
         wake: Notify::new(),
@@ -352,25 +353,15 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         client,
         args: args.clone(),
     });
-    shared
-        .metrics
-        .replicas
-        .set(i64::from(args.replicas.unwrap_or(1).max(1)));
+    shared.metrics.replicas.set(i64::from(replicas));
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| GatewayError::Io {
-            what: "listen on",
-            addr: args.listen,
-            source,
-        })?;
-    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .map_err(|source| GatewayError::Io {
-            what: "serve metrics on",
-            addr: args.metrics_addr,
-            source,
-        })?;
+    let bind = |what: &'static str, addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| GatewayError::Io { what, addr, source })
+    };
+    let listener = bind("listen on", args.listen).await?;
+    let metrics_listener = bind("serve metrics on", args.metrics_addr).await?;
     let local = listener.local_addr().unwrap_or(args.listen);
     let metrics_local = metrics_listener.local_addr().unwrap_or(args.metrics_addr);
     tracing::info!(%local, metrics = %metrics_local, "gateway listening");

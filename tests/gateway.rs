@@ -141,6 +141,11 @@ fn chat(c: &reqwest::Client, gw: &Proc, lane: Option<&str>) -> reqwest::RequestB
     r
 }
 
+/// The status of a plain chat request on `lane`.
+async fn status_of(c: &reqwest::Client, gw: &Proc, lane: &str) -> reqwest::StatusCode {
+    chat(c, gw, Some(lane)).send().await.unwrap().status()
+}
+
 /// Waits until the gateway answers something other than 503 "no config".
 async fn ready(c: &reqwest::Client, gw: &Proc) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -428,14 +433,7 @@ async fn retries_beyond_the_budget_are_refused() {
 async fn a_new_config_is_loaded_and_a_bad_one_keeps_the_last_good() {
     let mut cfg = inc47();
     let Up { m: _m, gw, path, c } = up("reload", &cfg, &["--service-millis", "0"], &[]).await;
-    assert_eq!(
-        chat(&c, &gw, Some("p4-eval-backfill"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        429
-    );
+    assert_eq!(status_of(&c, &gw, "p4-eval-backfill").await, 429);
 
     // P4 resumes in the next config: admitted within a reload or two.
     let p4 = lane_mut(&mut cfg, "p4-eval-backfill");
@@ -445,13 +443,7 @@ async fn a_new_config_is_loaded_and_a_bad_one_keeps_the_last_good() {
     cfg["contentHash"] = json!("sha256:test-resumed");
     write_config(&path, &cfg);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while chat(&c, &gw, Some("p4-eval-backfill"))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        != 200
-    {
+    while status_of(&c, &gw, "p4-eval-backfill").await != 200 {
         assert!(Instant::now() < deadline, "the new config was not loaded");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -480,14 +472,7 @@ async fn a_new_config_is_loaded_and_a_bad_one_keeps_the_last_good() {
     lane_mut(&mut v2, "p4-eval-backfill")["state"] = json!("Paused");
     write_config(&path, &v2);
     invalid(2.0).await;
-    assert_eq!(
-        chat(&c, &gw, Some("p4-eval-backfill"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(status_of(&c, &gw, "p4-eval-backfill").await, 200);
     let text = metrics(&c, &gw).await;
     assert!(
         sample(&text, &["lanekeeper_gateway_config_loads_total", "invalid"]) >= 2.0,
@@ -650,14 +635,7 @@ async fn observe_mode_admits_everything_and_counts_the_shadow() {
         c,
     } = up("observe", &cfg, &["--service-millis", "0"], &[]).await;
     for _ in 0..3 {
-        assert_eq!(
-            chat(&c, &gw, Some("p4-eval-backfill"))
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            200
-        );
+        assert_eq!(status_of(&c, &gw, "p4-eval-backfill").await, 200);
     }
     let text = metrics(&c, &gw).await;
     assert_eq!(
@@ -743,13 +721,7 @@ async fn each_replica_enforces_its_share() {
     let mut ok = 0;
     let started = Instant::now();
     for _ in 0..20 {
-        if chat(&c, &gw, Some("p2-email-extract"))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            == 200
-        {
+        if status_of(&c, &gw, "p2-email-extract").await == 200 {
             ok += 1;
         }
     }
