@@ -396,7 +396,7 @@ pub fn build(
             conserve_at: f.conserve_at,
             stop_at: f.stop_at,
             resume_below: f.resume_below,
-            resume_after_stable_seconds: None,
+            resume_after_stable_seconds: f.resume_after_stable_seconds,
         }),
         generations,
         lanes: out_lanes,

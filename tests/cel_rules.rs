@@ -24,7 +24,7 @@ fn profile() -> Value {
                 "calibration": {"configHash": "sha256:4f1c0de2", "measuredAt": "2026-07-21T00:00:00Z", "validForSeconds": 7776000}
             },
             "replicas": {"min": 4, "max": 16, "maxScaleUpStep": 4, "scaleDownStabilizationSeconds": 300},
-            "inFlight": {"conserveAt": 1350, "stopAt": 1500, "resumeBelow": 1200},
+            "inFlight": {"conserveAt": 1350, "stopAt": 1500, "resumeBelow": 1200, "resumeAfterStableSeconds": 300},
             "drain": {"maxDrained": "25%", "minServing": 2, "errorRatioAbove": "0.20", "healthyForSeconds": 120},
             "signals": {
                 "prometheus": {
@@ -254,6 +254,15 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
             "resumeBelow negative",
             with(p(), "/spec/inFlight/resumeBelow", Some(json!(-1))),
             "resumeBelow must be >= 0",
+        ),
+        (
+            "resumeAfterStableSeconds negative",
+            with(
+                p(),
+                "/spec/inFlight/resumeAfterStableSeconds",
+                Some(json!(-1)),
+            ),
+            "resumeAfterStableSeconds must be >= 0",
         ),
         (
             "maxDrained 120%",
@@ -840,11 +849,33 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
     ]
 }
 
+/// Good objects besides the three above: boundary values that must pass.
+fn good_variants() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "resumeAfterStableSeconds 0 (resume as soon as below resumeBelow)",
+            with(
+                profile(),
+                "/spec/inFlight/resumeAfterStableSeconds",
+                Some(json!(0)),
+            ),
+        ),
+        (
+            "no resumeAfterStableSeconds (the gateway's default, 300)",
+            with(profile(), "/spec/inFlight/resumeAfterStableSeconds", None),
+        ),
+    ]
+}
+
 #[test]
 fn good_objects_pass_every_rule() {
     for obj in [profile(), lane(), policy()] {
         let errs = cel_errors(&kind_of(&obj), &obj);
         assert!(errs.is_empty(), "{} rejected: {errs:?}", kind_of(&obj));
+    }
+    for (what, obj) in good_variants() {
+        let errs = cel_errors(&kind_of(&obj), &obj);
+        assert!(errs.is_empty(), "{what} rejected: {errs:?}");
     }
     // The INC-47 example as shipped.
     let loaded = lanekeeper::manifest::load(&[std::path::PathBuf::from(concat!(
@@ -951,6 +982,11 @@ async fn the_real_api_server_agrees_with_the_offline_evaluator() {
         .into_iter()
         .map(|o| (format!("good {}", kind_of(&o)), o, None))
         .collect();
+    cases.extend(
+        good_variants()
+            .into_iter()
+            .map(|(what, o)| (format!("good: {what}"), o, None)),
+    );
     cases.extend(
         bad_cases()
             .into_iter()

@@ -106,13 +106,27 @@ fn doc() -> String {
     std::fs::read_to_string(root().join("docs/gateway-config.md")).expect("docs/gateway-config.md")
 }
 
-/// The configs that together fill every field: INC-47 at 420 units/s, and a
-/// borrowing case (P0 quiet at 20 req/s leaves idle floor that P3 borrows).
+/// INC-47 with the profile's `spec.inFlight` replaced by `in_flight` (JSON
+/// as in the CRD).
+fn inc47_with_in_flight(in_flight: Value) -> World {
+    let mut world = inc47();
+    world.profiles[0].spec.in_flight =
+        Some(serde_json::from_value(in_flight).expect("a valid spec.inFlight"));
+    world
+}
+
+/// The configs that together fill every field: INC-47 at 420 units/s, a
+/// borrowing case (P0 quiet at 20 req/s leaves idle floor that P3 borrows),
+/// and INC-47 whose profile sets `inFlight.resumeAfterStableSeconds`.
 fn samples() -> Vec<GatewayConfig> {
     let world = inc47();
+    let resume_after = inc47_with_in_flight(serde_json::json!({
+        "conserveAt": 1350, "stopAt": 1500, "resumeBelow": 1200, "resumeAfterStableSeconds": 120
+    }));
     vec![
         build(&world, 6, &[]),
         build(&world, 5, &[("p0-disruption-assist", 20.0)]),
+        build(&resume_after, 6, &[]),
     ]
 }
 
@@ -128,6 +142,7 @@ fn every_field_of_the_config_is_documented() {
         "the samples cover a borrowing grant: {paths:#?}"
     );
     assert!(paths.contains("inFlight.conserveAt"));
+    assert!(paths.contains("inFlight.resumeAfterStableSeconds"));
     assert!(paths.contains("lanes[].optionalContext.historyTurns"));
     let missing: Vec<&String> = paths
         .iter()
@@ -178,6 +193,82 @@ fn the_doc_examples_are_what_build_produces() {
         serde_json::to_value(lane).unwrap(),
         "regenerate with `cargo test --test gateway_doc -- --ignored --nocapture`"
     );
+}
+
+/// The profile's `inFlight.resumeAfterStableSeconds` reaches `lanes.json`
+/// as it is; without it the key is absent (the gateway then waits 300 s),
+/// so configs of profiles that do not set it keep their bytes and hash.
+#[test]
+fn the_profiles_resume_after_stable_seconds_reaches_lanes_json() {
+    let s = samples();
+    let json = |c: &GatewayConfig| -> Value { serde_json::from_str(&gateway::to_json(c)).unwrap() };
+    assert_eq!(
+        json(&s[2])["inFlight"],
+        serde_json::json!({
+            "conserveAt": 1350, "stopAt": 1500, "resumeBelow": 1200, "resumeAfterStableSeconds": 120
+        })
+    );
+    assert!(
+        json(&s[0])["inFlight"]
+            .as_object()
+            .is_some_and(|f| !f.contains_key("resumeAfterStableSeconds")),
+        "{}",
+        json(&s[0])["inFlight"]
+    );
+    // Only the field differs between the two configs' inFlight.
+    let (mut a, b) = (
+        s[0].in_flight.clone().unwrap(),
+        s[2].in_flight.clone().unwrap(),
+    );
+    a.resume_after_stable_seconds = Some(120);
+    assert_eq!(a, b);
+}
+
+/// What the gateway's admission core does with the value the controller
+/// wrote: after in flight falls below `resumeBelow` it stays stopped until
+/// the p95 latency has been stable `resumeAfterStableSeconds` (30 here);
+/// with 0 it resumes at once.
+#[test]
+fn the_gateway_resumes_after_the_profiles_stable_window() {
+    use lanekeeper::admission::{Core, Pressure};
+    let core = |resume_after: Option<i64>| {
+        let mut f = serde_json::json!({"conserveAt": 8, "stopAt": 10, "resumeBelow": 5});
+        if let Some(r) = resume_after {
+            f["resumeAfterStableSeconds"] = r.into();
+        }
+        let cfg = build(&inc47_with_in_flight(f), 6, &[]);
+        // Through the bytes the ConfigMap holds, as a gateway reads them.
+        let read: GatewayConfig = serde_json::from_str(&gateway::to_json(&cfg)).unwrap();
+        assert_eq!(
+            read.in_flight.as_ref().unwrap().resume_after_stable_seconds,
+            resume_after
+        );
+        let mut c = Core::new(read, 1.0, 0.0, NOW as f64).expect("the gateway loads it");
+        for _ in 0..10 {
+            c.started(0.0);
+        }
+        assert_eq!(c.pressure(), Pressure::Stop);
+        // Down to 4 in flight at t=1, with a steady latency.
+        for _ in 0..6 {
+            c.finished(1.0, 0.2);
+        }
+        c
+    };
+    let mut c = core(Some(30));
+    assert_eq!(c.pressure(), Pressure::Stop);
+    c.finished(20.0, 0.2);
+    assert_eq!(c.pressure(), Pressure::Stop, "20 s stable of 30");
+    c.finished(31.5, 0.2);
+    assert_eq!(c.pressure(), Pressure::Normal);
+
+    assert_eq!(core(Some(0)).pressure(), Pressure::Normal, "0: at once");
+
+    // Absent: the default 300 s.
+    let mut c = core(None);
+    c.finished(200.0, 0.2);
+    assert_eq!(c.pressure(), Pressure::Stop, "200 s stable of 300");
+    c.finished(301.5, 0.2);
+    assert_eq!(c.pressure(), Pressure::Normal);
 }
 
 /// Prints the examples for the doc.

@@ -160,6 +160,10 @@ pub struct InFlightWatermarks {
     pub stop_at: i64,
     /// Resume below this many in flight.
     pub resume_below: i64,
+    /// ... once the gateway's p95 latency has been stable this long
+    /// (absent: the gateway's default, 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_after_stable_seconds: Option<i64>,
 }
 
 /// The decision for one lane.

@@ -308,6 +308,7 @@ pub fn evaluate_profile(
         conserve_at: f.conserve_at,
         stop_at: f.stop_at,
         resume_below: f.resume_below,
+        resume_after_stable_seconds: f.resume_after_stable_seconds,
     });
 
     // Admission.
