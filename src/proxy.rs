@@ -255,6 +255,10 @@ struct Admission {
     core: Option<Core>,
     waiters: HashMap<Ticket, oneshot::Sender<Resolution>>,
     replicas: u32,
+    /// Whether `replicas` is known: always with `--replicas`; with
+    /// `--endpoints-service` once the EndpointSlices have been listed.
+    /// Until then the gateway is not ready.
+    replicas_known: bool,
     /// The last good config, to rebuild the core when N changes.
     last_good: Option<GatewayConfig>,
 }
@@ -346,6 +350,7 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
             core: None,
             waiters: HashMap::new(),
             replicas,
+            replicas_known: endpoints.is_none(),
             last_good: None,
         }),
         wake: Notify::new(),
@@ -603,12 +608,19 @@ async fn watch_endpoints(shared: Arc<Shared>, client: kube::Client, ns: String, 
     let cfg = watcher::Config::default().labels(&format!("kubernetes.io/service-name={service}"));
     let mut stream = reflector(writer, watcher(api, cfg))
         .default_backoff()
-        .touched_objects()
         .boxed();
     while let Some(ev) = stream.next().await {
-        if let Err(e) = ev {
-            tracing::warn!(error = %e, "watching the gateway's EndpointSlices failed; keeping the replica count");
-            continue;
+        match ev {
+            // A (re)list reaches the store only when it is done: count then,
+            // not on each of its objects (the store still holds the
+            // previous list, empty at start-up).
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "watching the gateway's EndpointSlices failed; keeping the replica count");
+                continue;
+            }
+            // InitDone, Apply, Delete: the store is whole.
+            Ok(_) => {}
         }
         let ready: u32 = reader
             .state()
@@ -616,9 +628,12 @@ async fn watch_endpoints(shared: Arc<Shared>, client: kube::Client, ns: String, 
             .flat_map(|s| s.endpoints.iter())
             .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
             .count() as u32;
+        // No ready endpoint (none yet, or no slices): this replica counts
+        // itself; a Service routes only to ready endpoints.
         let n = ready.max(1);
         let now = shared.now();
         let mut st = shared.state.lock().expect("not poisoned");
+        st.replicas_known = true;
         if st.replicas == n {
             continue;
         }
@@ -710,14 +725,23 @@ async fn metrics_page(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
-    if shared.state.lock().expect("not poisoned").core.is_some() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
+    let st = shared.state.lock().expect("not poisoned");
+    if st.core.is_none() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "no lanes.json loaded yet\n",
         )
             .into_response()
+    } else if !st.replicas_known {
+        // Not knowing N, a replica would enforce the whole config: N times
+        // what the pool may take with N replicas. Stay out of rotation.
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the EndpointSlices of --endpoints-service have not been read yet (see the log)\n",
+        )
+            .into_response()
+    } else {
+        (StatusCode::OK, "ready\n").into_response()
     }
 }
 

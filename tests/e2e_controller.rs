@@ -3,7 +3,10 @@
 //! outage, steady state, restarts, observe mode, an HPA on the pool,
 //! unbound and duplicate objects, manual drain requests and unready pods.
 //! Each test has a namespace, a Prometheus and a controller process of its
-//! own, with the chart ServiceAccount's token.
+//! own, with the chart ServiceAccount's token. And the data path next to it:
+//! `lanekeeper gateway` following the controller's ConfigMap, sharing the
+//! rates by the ready endpoints of its Service (`--endpoints-service`), and
+//! the chart's gateway with its RBAC.
 //!
 //! What stays on the API double (tests/controller.rs, tests/drain.rs):
 //! injected 500s, 409s, delays and dropped watches, objects that the real
@@ -968,11 +971,12 @@ async fn calibration_follows_the_pool_and_drains_wait_for_its_rollout() {
 }
 
 /// A `lanekeeper gateway --configmap` process (killed when dropped), in
-/// front of a `lanekeeper-fake-model`.
+/// front of a `lanekeeper-fake-model`, its log in target/e2e.
 struct GatewayProc {
     children: Vec<std::process::Child>,
     addr: String,
     metrics: String,
+    log: std::path::PathBuf,
 }
 
 impl Drop for GatewayProc {
@@ -997,6 +1001,12 @@ fn first_line_addrs(child: &mut std::process::Child) -> Vec<String> {
 }
 
 fn gateway_for(kc: &std::path::Path, w: &World) -> GatewayProc {
+    gateway(kc, &format!("{}/{CONFIG}", w.name()), &[], "gateway")
+}
+
+/// `lanekeeper gateway --configmap NS/NAME` with `kc`'s identity and
+/// `extra` flags, every route of the INC-47 lanes to one fake model.
+fn gateway(kc: &std::path::Path, configmap: &str, extra: &[&str], name: &str) -> GatewayProc {
     use std::process::{Command, Stdio};
     let mut model = Command::new(env!("CARGO_BIN_EXE_lanekeeper-fake-model"))
         .args(["--listen", "127.0.0.1:0", "--service-millis", "0"])
@@ -1008,15 +1018,19 @@ fn gateway_for(kc: &std::path::Path, w: &World) -> GatewayProc {
         "gateway".to_owned(),
         "--listen=127.0.0.1:0".to_owned(),
         "--metrics-addr=127.0.0.1:0".to_owned(),
-        format!("--configmap={}/agent-assist-lanes", w.name()),
+        format!("--configmap={configmap}"),
     ];
     for r in ["agent-large", "extract-small", "batch-medium", "eval-large"] {
         args.push(format!("--route={r}=http://{model_addr}"));
     }
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let log = support::cluster::scratch().join(format!("{}.log", support::cluster::unique(name)));
     let mut gw = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
         .args(&args)
         .env("KUBECONFIG", kc)
+        .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let addrs = first_line_addrs(&mut gw);
@@ -1024,6 +1038,37 @@ fn gateway_for(kc: &std::path::Path, w: &World) -> GatewayProc {
         addr: addrs[0].clone(),
         metrics: addrs[1].clone(),
         children: vec![model, gw],
+        log,
+    }
+}
+
+impl GatewayProc {
+    /// Its /metrics page (empty when it does not answer).
+    async fn metrics_text(&self) -> String {
+        match reqwest::get(format!("http://{}/metrics", self.metrics)).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// The value of an unlabelled gauge on its /metrics page.
+    async fn gauge(&self, family: &str) -> Option<f64> {
+        let text = self.metrics_text().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(family)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// The status and body of its /readyz.
+    async fn readyz(&self) -> Option<(u16, String)> {
+        let r = reqwest::get(format!("http://{}/readyz", self.metrics))
+            .await
+            .ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.text().await.unwrap_or_default()))
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -1100,4 +1145,516 @@ async fn the_gateway_enforces_the_controllers_configmap_moments_after_the_write(
     let retry_after = lane(&level2, "p4-eval-backfill")["retryAfterSeconds"].to_string();
     assert_eq!(r.headers()["retry-after"].to_str().unwrap(), retry_after);
     assert_no_refusals(&c, &w);
+}
+
+// ---- the gateway's replica share, and the chart's gateway -----------------
+
+/// The gateway's own Service in the share test.
+const GATEWAY_SVC: &str = "lanekeeper-gateway";
+const P2: &str = "p2-email-extract";
+/// P2's rate and burst in the share tests (shares of 1, 2 and 4 replicas
+/// are whole requests).
+const P2_RPS: f64 = 60.0;
+
+/// The INC-47 config at 420 units/s as shipped, with P2 at 60 req/s and a
+/// burst of 60, no queue and no floor, and the capacity unknown (so there is
+/// no spare capacity to draw on): what P2 admits is its own bucket.
+fn share_config() -> String {
+    let path = support::cluster::repo().join("examples/inc-47/lanes-420.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["telemetry"] = json!("Unknown");
+    v["capacityUnitsPerSecond"] = Value::Null;
+    let p2 = v["lanes"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|l| l["name"] == P2)
+        .unwrap();
+    p2["admittedRequestsPerSecond"] = json!(P2_RPS);
+    p2["burst"] = json!(P2_RPS as u64);
+    p2["queue"]["maxDepth"] = json!(0);
+    p2["floorUnitsPerSecond"] = Value::Null;
+    let mut cfg: lanekeeper::gateway::GatewayConfig = serde_json::from_value(v).unwrap();
+    cfg.content_hash = lanekeeper::gateway::hash(&cfg);
+    lanekeeper::gateway::to_json(&cfg)
+}
+
+fn lanes_configmap(ns: &str, json: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": CONFIG, "namespace": ns},
+        "data": {"lanes.json": json}
+    })
+}
+
+/// An EndpointSlice of the gateway's Service, one endpoint per entry of
+/// `ready` (its Ready condition), as the EndpointSlice controller writes
+/// them. The Service has no selector, so that controller leaves the slices
+/// to the test.
+fn endpoint_slice(ns: &str, name: &str, first_ip: usize, ready: &[bool]) -> Value {
+    let endpoints: Vec<Value> = ready
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            json!({
+                "addresses": [format!("10.244.0.{}", first_ip + i)],
+                "conditions": {"ready": r, "serving": r, "terminating": false}
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": ns, "labels": {
+            "kubernetes.io/service-name": GATEWAY_SVC,
+            "endpointslice.kubernetes.io/managed-by": "e2e.lanekeeper.dev"
+        }},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": endpoints
+    })
+}
+
+fn rolebinding(ns: &str, name: &str, service_accounts: &[&str]) -> Value {
+    let subjects: Vec<Value> = service_accounts
+        .iter()
+        .map(|sa| json!({"kind": "ServiceAccount", "name": sa, "namespace": ns}))
+        .collect();
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": subjects
+    })
+}
+
+/// Waits until the gateway shares the rates with `n` replicas
+/// (`lanekeeper_gateway_replicas`) and is ready.
+async fn until_replicas(g: &GatewayProc, n: u32, what: &str) {
+    eventually(what, T, || async {
+        let replicas = g.gauge("lanekeeper_gateway_replicas").await;
+        let ready = g.readyz().await.is_some_and(|(s, _)| s == 200);
+        (replicas == Some(f64::from(n)) && ready).then_some(())
+    })
+    .await;
+}
+
+/// Sends `n` P2 requests one after another: (admitted, seconds the loop
+/// took). Every other answer is P2's queue (of none) being full.
+async fn p2_requests(http: &reqwest::Client, g: &GatewayProc, n: usize) -> (usize, f64) {
+    let started = Instant::now();
+    let mut ok = 0;
+    for _ in 0..n {
+        let r = http
+            .post(format!("http://{}/v1/chat/completions", g.addr))
+            .header("x-lanekeeper-lane", P2)
+            .body(r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#)
+            .send()
+            .await
+            .unwrap();
+        match r.status().as_u16() {
+            200 => ok += 1,
+            429 => {
+                let body: Value = r.json().await.unwrap();
+                assert_eq!(body["error"]["code"], "rejected_queue_full", "{body}");
+            }
+            s => panic!("P2: status {s}"),
+        }
+    }
+    (ok, started.elapsed().as_secs_f64())
+}
+
+/// P2 admits a 1/`replicas` share of its 60 req/s: its whole bucket (a
+/// second of its rate, refilled while the test waited 1.5 s), plus at most
+/// what refilled while the requests ran, measured, not assumed.
+async fn assert_p2_share(http: &reqwest::Client, g: &GatewayProc, replicas: u32) {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let rate = P2_RPS / f64::from(replicas);
+    let bucket = rate.ceil() as usize;
+    let sent = 2 * P2_RPS as usize;
+    let (ok, secs) = p2_requests(http, g, sent).await;
+    let refilled = (rate * secs).ceil() as usize;
+    eprintln!("{replicas} replicas: P2 admitted {ok} of {sent} in {secs:.3} s");
+    assert!(
+        ok >= bucket && ok <= bucket + refilled,
+        "{replicas} replicas: P2 admitted {ok} of {sent} in {secs:.3} s; \
+         its share is a bucket of {bucket} and {rate} req/s ({refilled} in that time)"
+    );
+}
+
+/// `lanekeeper gateway --configmap NS/NAME --endpoints-service NS/SVC` on a
+/// real API server, with a ServiceAccount's token holding the chart's two
+/// gateway Roles (its one ConfigMap; EndpointSlices). N of the 1/N share is
+/// the number of ready endpoints in the Service's EndpointSlices
+/// (`kubernetes.io/service-name: SVC`), across slices, not-ready ones left
+/// out, followed as the slices change, and P2's admitted rate follows it:
+/// 60 req/s in the config, 30 per replica at N=2, 15 at N=4.
+///
+/// When the slices cannot be read (a second gateway whose ServiceAccount
+/// lacks the EndpointSlices Role) the gateway does not guess N: it logs the
+/// failure, keeps N=1 and is not ready (`/readyz` 503), so a Service sends
+/// it nothing; once it may read them it counts them and is ready. With no
+/// ready endpoint at all (the slices deleted) N is 1: a replica counts
+/// itself, never 0, and a Service only routes to ready endpoints, so a
+/// replica that serves its traffic is one of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateway_shares_the_rates_by_the_ready_endpoints_of_its_service() {
+    let Some(c) =
+        connect("the_gateway_shares_the_rates_by_the_ready_endpoints_of_its_service").await
+    else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let guard = c.namespace("gweps").await;
+    let ns = guard.name.as_str();
+    let objects = [
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gateway", "namespace": ns}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gateway-blind", "namespace": ns}}),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "gateway-config", "namespace": ns},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIG], "verbs": ["get", "list", "watch"]}]
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "gateway-endpoints", "namespace": ns},
+            "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
+        }),
+        rolebinding(ns, "gateway-config", &["gateway", "gateway-blind"]),
+        rolebinding(ns, "gateway-endpoints", &["gateway"]),
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": GATEWAY_SVC, "namespace": ns},
+            "spec": {"ports": [{"name": "http", "port": 8080}]}
+        }),
+        lanes_configmap(ns, &share_config()),
+        // Before the gateway starts: two ready endpoints and one not ready.
+        endpoint_slice(ns, "gateway-a", 1, &[true, true, false]),
+    ];
+    for o in &objects {
+        c.apply(o)
+            .await
+            .unwrap_or_else(|e| panic!("apply {}: {e}", o["metadata"]["name"]));
+    }
+    let kc = c.service_account_kubeconfig(ns, "gateway").await;
+    let blind_kc = c.service_account_kubeconfig(ns, "gateway-blind").await;
+    let configmap = format!("{ns}/{CONFIG}");
+    let eps = format!("--endpoints-service={ns}/{GATEWAY_SVC}");
+    let g = gateway(&kc, &configmap, &[&eps], "gweps");
+    let blind = gateway(&blind_kc, &configmap, &[&eps], "gweps-blind");
+    let http = reqwest::Client::new();
+
+    // Slices that exist when the gateway starts count at once.
+    until_replicas(&g, 2, "N=2 from the slice there at start-up").await;
+    assert_p2_share(&http, &g, 2).await;
+
+    // Unreadable slices: the config is loaded, the failure logged, N stays
+    // 1 and the gateway is not ready.
+    eventually(
+        "the blind gateway loads its config and fails to read the slices",
+        T,
+        || async {
+            let loaded = gateway_hash(&blind).await.is_some();
+            let logged = blind
+                .log_text()
+                .contains("watching the gateway's EndpointSlices failed");
+            (loaded && logged).then_some(())
+        },
+    )
+    .await;
+    let (status, body) = blind.readyz().await.expect("/readyz answers");
+    assert_eq!(status, 503, "not ready without the slices: {body}");
+    assert!(body.contains("EndpointSlices"), "{body}");
+    assert_eq!(blind.gauge("lanekeeper_gateway_replicas").await, Some(1.0));
+
+    // The third endpoint turns ready and a second slice brings a fourth.
+    for o in [
+        endpoint_slice(ns, "gateway-a", 1, &[true, true, true]),
+        endpoint_slice(ns, "gateway-b", 10, &[true]),
+    ] {
+        c.apply(&o).await.unwrap();
+    }
+    until_replicas(&g, 4, "N=4 across two slices").await;
+    assert_p2_share(&http, &g, 4).await;
+
+    // Allowed to read the slices, the blind gateway counts them and is ready.
+    c.apply(&rolebinding(
+        ns,
+        "gateway-endpoints",
+        &["gateway", "gateway-blind"],
+    ))
+    .await
+    .unwrap();
+    until_replicas(&blind, 4, "the blind gateway, once allowed, at N=4").await;
+
+    // No slices at all: N=1, and still ready.
+    c.kubectl_ok(&[
+        "-n",
+        ns,
+        "delete",
+        "endpointslice",
+        "gateway-a",
+        "gateway-b",
+    ]);
+    until_replicas(&g, 1, "N=1 without any ready endpoint").await;
+    until_replicas(&blind, 1, "N=1 without any ready endpoint").await;
+    assert_p2_share(&http, &g, 1).await;
+}
+
+/// The chart with `gateway.enabled=true` on a real control plane, the
+/// profile in a namespace of its own: the gateway's Deployment (the
+/// `--configmap` and `--endpoints-service` flags, its ServiceAccount, the
+/// `/readyz` probe), its Service (whose EndpointSlices the real
+/// EndpointSlice controller writes for the placed pods), the
+/// PodDisruptionBudget, the ServiceAccount and its Roles. The authorizer
+/// lets the ServiceAccount get, list and watch its one ConfigMap in the
+/// profile's namespace and list and watch EndpointSlices in its own, and
+/// nothing else asked here; the real binary with that ServiceAccount's token
+/// loads the config, counts the Service's ready endpoints and has no call
+/// refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_charts_gateway_gets_its_configmap_and_endpointslices_and_nothing_more() {
+    let Some(c) =
+        connect("the_charts_gateway_gets_its_configmap_and_endpointslices_and_nothing_more").await
+    else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    c.operator_release(); // the CRDs
+    let rel_guard = c.namespace("gwchart").await;
+    let prof_guard = c.namespace("gwchart-profile").await;
+    let (rel_ns, prof_ns) = (rel_guard.name.as_str(), prof_guard.name.as_str());
+    let cfg = share_config();
+    c.apply(&lanes_configmap(prof_ns, &cfg)).await.unwrap();
+    let rel = support::cluster::unique("gw");
+    let gw = format!("{rel}-lanekeeper-gateway");
+    let chart = support::cluster::repo().join("charts/lanekeeper");
+    let mut install: Vec<String> = [
+        "install",
+        rel.as_str(),
+        chart.to_str().unwrap(),
+        "-n",
+        rel_ns,
+        "--set",
+        "replicaCount=0",
+        "--set",
+        "podDisruptionBudget.enabled=false",
+        "--set",
+        "gateway.enabled=true",
+        "--set",
+        format!("gateway.profile={PROFILE}").as_str(),
+        "--set",
+        format!("gateway.profileNamespace={prof_ns}").as_str(),
+        "--set",
+        format!("gateway.routes.agent-large=http://vllm-agent-assist.{prof_ns}:8000").as_str(),
+        "--wait",
+        "--timeout",
+        "120s",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    // On kind the pods really run (e2e/run.sh loads an image and names it).
+    if let Ok(image) = std::env::var("LANEKEEPER_E2E_IMAGE") {
+        let (repo_, tag) = image.rsplit_once(':').unwrap_or((&image, "latest"));
+        for v in [
+            format!("image.repository={repo_}"),
+            format!("image.tag={tag}"),
+            "image.pullPolicy=Never".to_owned(),
+        ] {
+            install.extend(["--set".to_owned(), v]);
+        }
+    }
+    c.helm_ok(&install.iter().map(String::as_str).collect::<Vec<_>>());
+    c.kubectl_ok(&[
+        "-n",
+        rel_ns,
+        "rollout",
+        "status",
+        &format!("deployment/{gw}"),
+        "--timeout=90s",
+    ]);
+    let get = |kind: &str, ns: &str, name: &str| -> Value {
+        serde_json::from_str(&c.kubectl_ok(&["-n", ns, "get", kind, name, "-o", "json"])).unwrap()
+    };
+
+    let deploy = get("deployment", rel_ns, &gw);
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], json!(gw));
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let configmap = format!("{prof_ns}/{CONFIG}");
+    let eps = format!("{rel_ns}/{gw}");
+    for want in [
+        "gateway".to_owned(),
+        format!("--configmap={configmap}"),
+        format!("--endpoints-service={eps}"),
+        format!("--route=agent-large=http://vllm-agent-assist.{prof_ns}:8000"),
+    ] {
+        assert!(args.contains(&want.as_str()), "{want} in {args:?}");
+    }
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let selector = &deploy["spec"]["selector"]["matchLabels"];
+
+    let svc = get("service", rel_ns, &gw);
+    assert_eq!(&svc["spec"]["selector"], selector);
+    let ports: Vec<(String, i64)> = svc["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_owned(),
+                p["port"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [("http".to_owned(), 8080), ("metrics".to_owned(), 9090)]
+    );
+    let pdb = get("poddisruptionbudget", rel_ns, &gw);
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(&pdb["spec"]["selector"]["matchLabels"], selector);
+    get("serviceaccount", rel_ns, &gw);
+    let role = get("role", prof_ns, &gw);
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIG], "verbs": ["get", "list", "watch"]}])
+    );
+    let subjects = json!([{"kind": "ServiceAccount", "name": gw, "namespace": rel_ns}]);
+    assert_eq!(get("rolebinding", prof_ns, &gw)["subjects"], subjects);
+    let endpoints_role = format!("{gw}-endpoints");
+    assert_eq!(
+        get("role", rel_ns, &endpoints_role)["rules"],
+        json!([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}])
+    );
+    assert_eq!(
+        get("rolebinding", rel_ns, &endpoints_role)["subjects"],
+        subjects
+    );
+
+    // What the authorizer says for the gateway's ServiceAccount.
+    let user = format!("system:serviceaccount:{rel_ns}:{gw}");
+    let can = |verb: &str, resource: &str, ns: &str| -> bool {
+        let o = c.kubectl(&[
+            "auth",
+            "can-i",
+            verb,
+            resource,
+            "-n",
+            ns,
+            &format!("--as={user}"),
+        ]);
+        o.stdout.trim() == "yes"
+    };
+    let own = format!("configmaps/{CONFIG}");
+    for verb in ["get", "list", "watch"] {
+        assert!(can(verb, &own, prof_ns), "{verb} {own} in {prof_ns}");
+    }
+    for verb in ["list", "watch"] {
+        assert!(
+            can(verb, "endpointslices.discovery.k8s.io", rel_ns),
+            "{verb} endpointslices"
+        );
+    }
+    for (verb, resource, ns) in [
+        ("get", "configmaps/another", prof_ns),
+        ("list", "configmaps", prof_ns),
+        ("watch", "configmaps", prof_ns),
+        ("update", own.as_str(), prof_ns),
+        ("delete", own.as_str(), prof_ns),
+        ("get", own.as_str(), rel_ns),
+        ("list", "configmaps", rel_ns),
+        ("list", "endpointslices.discovery.k8s.io", prof_ns),
+        ("create", "endpointslices.discovery.k8s.io", rel_ns),
+        ("get", "secrets", rel_ns),
+        ("list", "pods", rel_ns),
+    ] {
+        assert!(
+            !can(verb, resource, ns),
+            "{user} may {verb} {resource} in {ns}"
+        );
+    }
+
+    // The Service's EndpointSlices: the real EndpointSlice controller's,
+    // one ready endpoint per placed, ready gateway pod.
+    let ready_endpoints = || -> usize {
+        let o = c.kubectl_ok(&[
+            "-n",
+            rel_ns,
+            "get",
+            "endpointslices",
+            "-l",
+            &format!("kubernetes.io/service-name={gw}"),
+            "-o",
+            "json",
+        ]);
+        let v: Value = serde_json::from_str(&o).unwrap();
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .filter(|e| e["conditions"]["ready"] != json!(false))
+            .count()
+    };
+    eventually(
+        "2 ready endpoints in the gateway Service's slices",
+        T,
+        || {
+            let n = ready_endpoints();
+            async move { (n == 2).then_some(()) }
+        },
+    )
+    .await;
+
+    // The real binary with the chart ServiceAccount's token and the chart's
+    // flags: it loads the config, counts the two replicas, and nothing it
+    // asks is refused.
+    let kc = c.service_account_kubeconfig(rel_ns, &gw).await;
+    let g = gateway(
+        &kc,
+        &configmap,
+        &[&format!("--endpoints-service={eps}")],
+        "gwchart",
+    );
+    until_replicas(
+        &g,
+        2,
+        "the chart's ServiceAccount: N=2 from the Service's slices",
+    )
+    .await;
+    let want: lanekeeper::gateway::GatewayConfig = serde_json::from_str(&cfg).unwrap();
+    assert_eq!(gateway_hash(&g).await, Some(want.content_hash));
+    assert!(
+        !g.log_text().contains("failed"),
+        "the gateway's log: {}",
+        g.log_text()
+    );
+    if c.local.is_some() {
+        std::thread::sleep(Duration::from_millis(1500)); // the audit batch
+        let refused: Vec<String> = c
+            .audit(&user)
+            .into_iter()
+            .filter(|e| e["responseStatus"]["code"] == 403)
+            .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+            .collect();
+        assert!(refused.is_empty(), "calls refused: {refused:#?}");
+    }
+    drop(g);
+    c.helm_ok(&[
+        "uninstall",
+        &rel,
+        "-n",
+        rel_ns,
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
 }
