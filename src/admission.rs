@@ -41,8 +41,12 @@
 //!   lanes at `stopAt`; leave either state only below `resumeBelow` and once
 //!   the p95 latency the gateway measures has been stable for
 //!   `resumeAfterStableSeconds`.
+//! - **Spare capacity**: what no lane's rate or floor claims of the pool's
+//!   `capacityUnitsPerSecond` is a shared bucket (in work units, one second
+//!   of it deep) that lanes with `spareCapacity` draw on, in priority order,
+//!   once their own bucket is empty. Unknown capacity means no spare.
 //! - **Several replicas**: each enforces `share` (1/N) of every rate, burst,
-//!   floor, queue depth and watermark.
+//!   floor, queue depth, watermark and of the spare capacity.
 //! - **Observe mode**: a config with `mode: Observe` is evaluated (the
 //!   verdict says what enforcement would have done) but never enforced.
 
@@ -61,8 +65,14 @@ pub const RETRY_WINDOW_SECONDS: usize = 10;
 pub const LATENCY_WINDOW_SECONDS: usize = 10;
 /// The default `inFlight.resumeAfterStableSeconds`.
 pub const DEFAULT_RESUME_AFTER_STABLE_SECONDS: f64 = 300.0;
-/// A p95 that rises by more than this factor restarts the stable window.
-pub const LATENCY_RISE_FACTOR: f64 = 1.1;
+/// A p95 more than this factor above the lowest p95 of the last
+/// [`LATENCY_RISE_LOOKBACK_SECONDS`] restarts the stable window.
+pub const LATENCY_RISE_FACTOR: f64 = 1.25;
+/// How far back a rise of the p95 is measured from.
+pub const LATENCY_RISE_LOOKBACK_SECONDS: i64 = 60;
+/// Spare capacity is what the lanes' rates and floors leave of this share of
+/// the pool's capacity.
+pub const SPARE_UTILIZATION: f64 = 0.95;
 /// The tenant of requests that name none.
 pub const DEFAULT_TENANT: &str = "";
 /// Most request ids remembered per lane (for retries and deferrals); the
@@ -627,10 +637,11 @@ struct LatencyWindow {
     slots: Vec<(i64, [u32; LATENCY_BUCKETS])>,
 }
 
-const LATENCY_BUCKETS: usize = 64;
+const LATENCY_BUCKETS: usize = 360;
 /// The lower edge of bucket 1 (seconds); bucket 0 holds everything below.
 const LATENCY_BASE: f64 = 0.000_5;
-const LATENCY_GROWTH: f64 = 1.25;
+/// Bucket edges 4 % apart (finer than the rise factor), up to ~650 s.
+const LATENCY_GROWTH: f64 = 1.04;
 
 fn latency_bucket(seconds: f64) -> usize {
     if seconds <= LATENCY_BASE {
@@ -695,6 +706,79 @@ struct Watermarks {
     resume_after_stable: f64,
 }
 
+/// The pool's spare capacity, in work units: what no lane's rate or floor
+/// claims.
+#[derive(Clone, Copy, Debug, Default)]
+struct Spare {
+    /// Units per second (this replica's share).
+    rate: f64,
+    /// Bucket size in units.
+    cap: f64,
+    tokens: f64,
+    last_refill: f64,
+}
+
+impl Spare {
+    fn new(cfg: &GatewayConfig, lanes: &[Lane], share: f64, now: f64) -> Spare {
+        let capacity = match (cfg.telemetry.as_str(), cfg.capacity_units_per_second) {
+            ("Known", Some(c)) if c.is_finite() && c > 0.0 => c * share,
+            _ => return Spare::default(),
+        };
+        let claimed: f64 = lanes
+            .iter()
+            .map(|l| l.rate.max(l.floor_rps) * l.cfg.work_units_per_request)
+            .sum();
+        // Lanes using spare capacity never take the pool past
+        // SPARE_UTILIZATION of its capacity: a pool kept at 100 % queues
+        // without bound.
+        let rate = capacity * SPARE_UTILIZATION - claimed;
+        if rate <= 1e-6 {
+            return Spare::default();
+        }
+        // One second of spare, and at least one request of the costliest
+        // lane that may use it.
+        let largest = lanes
+            .iter()
+            .filter(|l| l.cfg.spare_capacity)
+            .map(|l| l.cfg.work_units_per_request)
+            .fold(0.0, f64::max);
+        let cap = rate.max(largest);
+        Spare {
+            rate,
+            cap,
+            tokens: cap,
+            last_refill: now,
+        }
+    }
+
+    fn refill(&mut self, now: f64) {
+        let elapsed = (now - self.last_refill).max(0.0);
+        self.tokens = (self.tokens + self.rate * elapsed).min(self.cap);
+        self.last_refill = now.max(self.last_refill);
+    }
+
+    /// Takes `units` if they are there.
+    fn take(&mut self, now: f64, units: f64) -> bool {
+        self.refill(now);
+        if self.rate > 0.0 && self.tokens + 1e-9 >= units {
+            self.tokens -= units;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// When `units` will be there (None: never).
+    fn ready_at(&self, now: f64, units: f64) -> Option<f64> {
+        if self.rate <= 0.0 || units > self.cap + 1e-9 {
+            return None;
+        }
+        let elapsed = (now - self.last_refill).max(0.0);
+        let tokens = (self.tokens + self.rate * elapsed).min(self.cap);
+        Some(now + ((units - tokens).max(0.0) / self.rate))
+    }
+}
+
 /// The admission core for one config.
 #[derive(Debug)]
 pub struct Core {
@@ -702,13 +786,16 @@ pub struct Core {
     share: f64,
     enforce: bool,
     lanes: Vec<Lane>,
+    spare: Spare,
     by_name: HashMap<String, usize>,
     in_flight: u64,
     pressure: Pressure,
     watermarks: Option<Watermarks>,
     latency: LatencyWindow,
-    /// The p95 the stable window is measured against, and since when.
-    stable_anchor: Option<f64>,
+    /// The p95 of each second of the last LATENCY_RISE_LOOKBACK_SECONDS,
+    /// the second checked last, and since when the p95 has been stable.
+    recent_p95: VecDeque<(i64, f64)>,
+    checked_second: Option<i64>,
     stable_since: f64,
     below_since: Option<f64>,
     next_ticket: u64,
@@ -881,8 +968,10 @@ impl Core {
                 .resume_after_stable_seconds
                 .map_or(DEFAULT_RESUME_AFTER_STABLE_SECONDS, |s| s as f64),
         });
+        let spare = Spare::new(&cfg, &lanes, share, now);
         Ok(Core {
             enforce: cfg.mode == "Enforce",
+            spare,
             config: cfg,
             share,
             lanes,
@@ -891,7 +980,8 @@ impl Core {
             pressure: Pressure::Normal,
             watermarks,
             latency: LatencyWindow::new(),
-            stable_anchor: None,
+            recent_p95: VecDeque::new(),
+            checked_second: None,
             stable_since: now,
             below_since: None,
             next_ticket: 0,
@@ -954,10 +1044,13 @@ impl Core {
             }
         }
         next.tickets = tickets;
+        self.spare.refill(now);
+        next.spare.tokens = self.spare.tokens.min(next.spare.cap);
         next.in_flight = self.in_flight;
         next.pressure = self.pressure;
         next.latency = std::mem::replace(&mut self.latency, LatencyWindow::new());
-        next.stable_anchor = self.stable_anchor;
+        next.recent_p95 = std::mem::take(&mut self.recent_p95);
+        next.checked_second = self.checked_second;
         next.stable_since = self.stable_since;
         next.below_since = self.below_since;
         next.next_ticket = self.next_ticket;
@@ -1011,6 +1104,12 @@ impl Core {
     /// The pressure state.
     pub fn pressure(&self) -> Pressure {
         self.pressure
+    }
+
+    /// The pool's spare capacity in work units per second (this replica's
+    /// share): what lanes with `spareCapacity` may use beyond their buckets.
+    pub fn spare_units_per_second(&self) -> f64 {
+        self.spare.rate
     }
 
     /// The lane's bucket rate now, in requests per second (this replica's
@@ -1108,9 +1207,16 @@ impl Core {
             return verdict;
         }
 
-        // A token, and nobody waiting ahead: go.
-        if lane.queue.len() == 0 && lane.tokens >= 1.0 {
-            lane.tokens -= 1.0;
+        // A token (its own, or spare capacity), and nobody waiting ahead: go.
+        if lane.queue.len() == 0
+            && (lane.tokens >= 1.0
+                || (lane.cfg.spare_capacity
+                    && !lane.paused
+                    && self.spare.take(now, lane.cfg.work_units_per_request)))
+        {
+            if lane.tokens >= 1.0 {
+                lane.tokens -= 1.0;
+            }
             lane.used.add(now);
             let history_turns = self.history_turns(li);
             return Verdict::Pass(Pass {
@@ -1127,15 +1233,21 @@ impl Core {
         if lane.cfg.deferral.is_none() && lane.queue.len() >= lane.max_depth {
             return refuse(lane, Outcome::RejectedQueueFull, "queue.maxDepth");
         }
-        if rate <= 0.0 {
+        if rate <= 0.0 && !(lane.cfg.spare_capacity && self.spare.rate > 0.0) {
             return if lane.cfg.deferral.is_some() {
                 self.defer(li, attempt, req.request_id)
             } else {
                 refuse(lane, Outcome::RejectedRate, "admittedRequestsPerSecond")
             };
         }
+        // The wait at the lane's own rate (spare capacity, shared with other
+        // lanes, is not counted on).
         let ahead = lane.queue.len() as f64 + 1.0 - lane.tokens.max(0.0);
-        let wait = (ahead / rate).max(0.0);
+        let wait = if rate > 0.0 {
+            (ahead / rate).max(0.0)
+        } else {
+            0.0
+        };
         let ttl = lane.cfg.queue.ttl_seconds as f64;
         if wait + lane.expected_service > remaining {
             // Queued, it would die waiting; deferred, it would come back to
@@ -1315,12 +1427,25 @@ impl Core {
                     }),
                 ));
             }
-            // Then serve in fair order while there are tokens.
+            // Then serve in fair order while there are tokens: the lane's
+            // own, then spare capacity (lanes in priority order).
             let stop = self.pressure == Pressure::Stop && self.lanes[li].cfg.sheddable;
-            while !stop && self.lanes[li].tokens >= 1.0 {
+            loop {
+                if stop || self.lanes[li].queue.len() == 0 {
+                    let lane = &mut self.lanes[li];
+                    lane.tokens = lane.tokens.min(lane.cap());
+                    break;
+                }
                 let lane = &mut self.lanes[li];
+                if lane.tokens >= 1.0 {
+                    lane.tokens -= 1.0;
+                } else if !(lane.cfg.spare_capacity
+                    && !lane.paused
+                    && self.spare.take(now, lane.cfg.work_units_per_request))
+                {
+                    break;
+                }
                 let Some(w) = lane.queue.pop() else { break };
-                lane.tokens -= 1.0;
                 lane.used.add(now);
                 self.tickets.remove(&w.ticket);
                 let remaining = w.first_arrival + lane.cfg.deadline_seconds as f64 - now;
@@ -1343,6 +1468,10 @@ impl Core {
     /// When [`Core::poll`] next has something to do (a token for a waiting
     /// request, or a wait running out), or None when nothing waits.
     pub fn next_wake(&self, now: f64) -> Option<f64> {
+        if !self.pending.is_empty() {
+            // A request deferred to make room is told at once.
+            return Some(now);
+        }
         let mut best: Option<f64> = None;
         let mut consider = |t: f64| best = Some(best.map_or(t, |b: f64| b.min(t)));
         for (li, lane) in self.lanes.iter().enumerate() {
@@ -1354,6 +1483,12 @@ impl Core {
             let tokens = (lane.tokens + rate * elapsed).min(lane.cap());
             if rate > 0.0 {
                 consider(now + ((1.0 - tokens).max(0.0) / rate));
+            }
+            if lane.cfg.spare_capacity
+                && !lane.paused
+                && let Some(t) = self.spare.ready_at(now, lane.cfg.work_units_per_request)
+            {
+                consider(t);
             }
             if let Some((q, _, _)) = lane.queue.oldest_queued() {
                 consider(q + lane.cfg.queue.ttl_seconds as f64 + 1e-6);
@@ -1413,20 +1548,26 @@ impl Core {
             self.pressure = Pressure::Normal;
             return;
         };
-        // The stable window of the latency: restarted whenever the p95 rises
-        // by more than LATENCY_RISE_FACTOR over the lowest p95 since the
-        // last restart. A window without samples changes nothing.
-        if let Some(p95) = self.latency.p95(now) {
-            match self.stable_anchor {
-                Some(anchor) if p95 > anchor * LATENCY_RISE_FACTOR => {
-                    self.stable_anchor = Some(p95);
+        // The stable window of the latency, checked once a second: restarted
+        // whenever the p95 is more than LATENCY_RISE_FACTOR above the lowest
+        // p95 of the last LATENCY_RISE_LOOKBACK_SECONDS. A window without
+        // samples changes nothing.
+        let sec = now.floor() as i64;
+        if self.checked_second != Some(sec) {
+            self.checked_second = Some(sec);
+            if let Some(p95) = self.latency.p95(now) {
+                while self
+                    .recent_p95
+                    .front()
+                    .is_some_and(|(s, _)| sec - s > LATENCY_RISE_LOOKBACK_SECONDS)
+                {
+                    self.recent_p95.pop_front();
+                }
+                let lowest = self.recent_p95.iter().map(|(_, p)| *p).reduce(f64::min);
+                if lowest.is_some_and(|low| p95 > low * LATENCY_RISE_FACTOR) {
                     self.stable_since = now;
                 }
-                Some(anchor) => self.stable_anchor = Some(anchor.min(p95)),
-                None => {
-                    self.stable_anchor = Some(p95);
-                    self.stable_since = now;
-                }
+                self.recent_p95.push_back((sec, p95));
             }
         }
         let n = self.in_flight as f64;
@@ -1457,9 +1598,14 @@ impl Lane {
         self.burst.max(self.floor_rps.ceil())
     }
 
+    /// Adds the tokens accrued since the last refill. While requests wait,
+    /// each token is theirs the moment it accrues, so what accrued between
+    /// two polls is kept up to the number waiting instead of being lost to
+    /// the bucket's size; [`Core::poll`] serves them and trims the rest.
     fn refill(&mut self, now: f64, rate: f64) {
         let elapsed = (now - self.last_refill).max(0.0);
-        self.tokens = (self.tokens + rate * elapsed).min(self.cap());
+        let cap = self.cap().max(self.queue.len() as f64);
+        self.tokens = (self.tokens + rate * elapsed).min(cap);
         self.last_refill = now.max(self.last_refill);
     }
 }
@@ -1578,6 +1724,7 @@ mod tests {
             borrowing: vec![],
             floor_units_per_second: None,
             expected_service_seconds: None,
+            spare_capacity: false,
         }
     }
 
@@ -1934,7 +2081,7 @@ mod tests {
         cfg.in_flight = Some(InFlight {
             conserve_at: 2,
             stop_at: 3,
-            resume_below: 1,
+            resume_below: 2,
             resume_after_stable_seconds: Some(10),
         });
         let mut c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
@@ -1945,12 +2092,18 @@ mod tests {
         for _ in 0..3 {
             c.finished(0.5, 0.1);
         }
-        // Latency triples at 8 s: the window starts again.
-        c.finished(8.0, 1.0);
-        c.finished(8.1, 1.0);
-        c.finished(12.0, 1.0);
-        assert_eq!(c.pressure(), Pressure::Stop, "8 s + 10 s not yet");
-        c.finished(18.5, 1.0);
+        // One request a second, 0.1 s each until 8 s, then ten times
+        // slower. Checked once a second, the p95 (of the 10 s before) is
+        // 0.1 s up to the check at 8 s and 1 s from 9 s; it is more than 25 %
+        // above the lowest of the last minute until the 0.1 s of second 8
+        // leaves that minute at 69 s: the stable window runs from 68 s to
+        // 78 s.
+        for t in 1..=77 {
+            c.started(f64::from(t));
+            c.finished(f64::from(t) + 0.5, if t < 8 { 0.1 } else { 1.0 });
+        }
+        assert_eq!(c.pressure(), Pressure::Stop, "68 s + 10 s not yet");
+        c.started(78.0);
         assert_eq!(c.pressure(), Pressure::Normal);
     }
 
@@ -2071,5 +2224,62 @@ mod tests {
         assert_eq!(contents, vec!["s", "u2", "a2", "u3"]);
         assert!(!trim_chat_history(&mut body, 5));
         assert!(!trim_chat_history(&mut json!({"prompt": "x"}), 1));
+    }
+
+    #[test]
+    fn spare_capacity_goes_to_lanes_that_may_use_it_in_priority_order() {
+        // Capacity 100 units/s; the lanes claim 10 + 20 = 30 of 95: 65 spare.
+        let mut a = lane("a", 10.0, 1);
+        a.spare_capacity = true;
+        a.queue.max_depth = 1000;
+        let mut b = lane("b", 20.0, 1);
+        b.queue.max_depth = 1000;
+        let mut c = core(vec![a, b]);
+        assert_eq!(c.spare_units_per_second(), 65.0);
+        // Over 10 s of steady overload both lanes queue; a gets its 10/s
+        // plus the 65 spare, b (spareCapacity false) its 20/s and no more.
+        let mut passed = [0usize; 2];
+        let mut t = 0.0;
+        while t < 10.0 {
+            for (i, name) in ["a", "b"].iter().enumerate() {
+                if matches!(c.admit(&req(name), t), Verdict::Pass(_)) {
+                    passed[i] += 1;
+                }
+            }
+            for (_, r) in c.poll(t) {
+                if let Resolution::Pass(p) = r {
+                    passed[p.lane] += 1;
+                }
+            }
+            t += 0.005;
+        }
+        // Rates plus each bucket's one-second burst (the spare's is 65).
+        assert!((745..=830).contains(&passed[0]), "a passed {}", passed[0]);
+        assert!((199..=222).contains(&passed[1]), "b passed {}", passed[1]);
+    }
+
+    #[test]
+    fn no_spare_capacity_without_known_capacity_nor_for_held_lanes() {
+        let mut a = lane("a", 1.0, 1);
+        a.spare_capacity = true;
+        let mut cfg = config(vec![a.clone()]);
+        cfg.telemetry = "Unknown".to_owned();
+        let c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
+        assert_eq!(c.spare_units_per_second(), 0.0, "Unknown capacity: none");
+        let mut cfg = config(vec![a.clone()]);
+        cfg.capacity_units_per_second = None;
+        let c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
+        assert_eq!(c.spare_units_per_second(), 0.0);
+        // A paused lane never passes, spare or not.
+        let mut p = a.clone();
+        p.state = "Paused".to_owned();
+        let mut c = core(vec![p]);
+        assert!(c.spare_units_per_second() > 0.0);
+        assert!(!matches!(c.admit(&req("a"), 0.0), Verdict::Pass(_)));
+        // Floors are claimed too; two replicas halve the spare.
+        let mut f = a;
+        f.floor_units_per_second = Some(50.0);
+        let c = Core::new(config(vec![f]), 0.5, 0.0, 0.0).unwrap();
+        assert_eq!(c.spare_units_per_second(), 100.0 * 0.5 * 0.95 - 25.0);
     }
 }

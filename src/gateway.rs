@@ -152,6 +152,13 @@ pub struct LaneConfig {
     /// wait plus this would pass its deadline is refused at once (absent: 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_service_seconds: Option<f64>,
+    /// May the lane use the pool's spare capacity (what no lane's rate or
+    /// floor claims of `capacityUnitsPerSecond`) when its own bucket is
+    /// empty: true for lanes the decision does not hold back (`Admitted`,
+    /// `Throttled`), false for `Capped`, `Paused` and `Recovering` lanes
+    /// (absent: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spare_capacity: bool,
 }
 
 /// Queue limits.
@@ -372,6 +379,7 @@ pub fn build(
                 .map(|f| f.value())
                 .filter(|f| *f > 0.0 && d.state != LaneState::Paused),
             expected_service_seconds: spec.expected_service_seconds.as_ref().map(|s| s.value()),
+            spare_capacity: matches!(d.state, LaneState::Admitted | LaneState::Throttled),
         });
     }
     let mut cfg = GatewayConfig {

@@ -8,15 +8,15 @@
 //! tick, within the pool's per-tick budget of work units.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Exp1, StandardNormal};
 
-use crate::api::SheddingMode;
-use crate::gateway;
-use crate::policy::{self, Approvals, EngineState, Evaluation, LaneState, World, key};
+use crate::admission::{self, Core, Outcome, Refusal, Resolution, Ticket, Verdict};
+use crate::gateway::{self, GatewayConfig};
+use crate::policy::{self, Approvals, EngineState, Evaluation, World, key};
 use crate::snapshot::{LaneSignals, ProfileSignals, Snapshot};
 
 use super::scenario::{ClientSpec, Scenario, Steps};
@@ -25,8 +25,9 @@ use super::scenario::{ClientSpec, Scenario, Steps};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
-    /// lanekeeper: per-lane token buckets at the admitted rate of the latest
-    /// decision, priority dispatch, retry budgets, in-flight reflexes.
+    /// lanekeeper: the gateway's own admission core (`lanekeeper gateway`)
+    /// enforcing the `lanes.json` of the latest decision, in front of a pool
+    /// that serves what it is sent in arrival order within its capacity.
     Lanekeeper,
     /// One shared FIFO queue per pool, no priorities, no shedding.
     Fifo,
@@ -70,6 +71,33 @@ pub struct Run {
     pub evaluations: Vec<Evaluation>,
     /// Problems found while setting up (unbound lanes, lanes without traffic).
     pub warnings: Vec<String>,
+    /// What reached lanekeeper's gateway, when recorded ([`run_traced`]).
+    pub trace: Option<Trace>,
+}
+
+/// What reached lanekeeper's gateway in a run: every attempt as it arrived
+/// (originals, retries and returns after a deferral) and every gateway
+/// config the controller published, so that the same traffic can be
+/// replayed through the real gateway.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    /// Arrivals in time order.
+    pub arrivals: Vec<TracedArrival>,
+    /// Published configs in time order: (time, profile index, config).
+    pub configs: Vec<(f64, usize, GatewayConfig)>,
+}
+
+/// One attempt reaching the gateway.
+#[derive(Clone, Copy, Debug)]
+pub struct TracedArrival {
+    /// Seconds from the start.
+    pub at: f64,
+    /// Index into [`Run::lanes`].
+    pub lane: usize,
+    /// The request's id (the same for every attempt of one request).
+    pub request_id: u64,
+    /// Attempt number (1 = the original).
+    pub attempt: u16,
 }
 
 /// One profile's measurements.
@@ -179,6 +207,10 @@ pub struct LaneRun {
 struct Attempt {
     origin: f64,
     enq: f64,
+    /// When lanekeeper's gateway sent it to the pool.
+    passed: f64,
+    /// The request's id (kept by its retries and returns).
+    id: u64,
     lane: u16,
     /// Attempt number (1 = the original); a return after a deferral keeps it.
     n: u16,
@@ -215,6 +247,8 @@ impl<T> Ord for Timed<T> {
 /// Static per-lane setup.
 struct LaneSetup {
     key: String,
+    /// The LaneContract's name (the gateway's lane header).
+    name: String,
     profile: usize,
     priority: i32,
     weight: f64,
@@ -222,13 +256,6 @@ struct LaneSetup {
     ttl: f64,
     max_depth: usize,
     deadline: f64,
-    never: bool,
-    /// `shedding.mode: Defer`: rejections are deferrals.
-    defer: bool,
-    /// The policy's `hysteresis.stableForSeconds` (the longest deferral).
-    stable_for: i64,
-    max_attempts: u16,
-    budget: f64,
     floor: Option<f64>,
     arrivals: Steps,
     mu: f64,
@@ -236,19 +263,15 @@ struct LaneSetup {
     failure: f64,
     clients: ClientSpec,
     backlog: u64,
-    expected_rps: f64,
 }
 
-/// The gateway's view of one lane.
+/// A baseline gateway's view of one lane (and, for lanekeeper, the rate of
+/// the decision in force, for the series).
 #[derive(Clone, Debug)]
 struct Gate {
     rate: f64,
     tokens: f64,
-    state: LaneState,
-    budget_tokens: f64,
     deficit: f64,
-    /// Retry-After of a deferral (Defer lanes): the expected time to resume.
-    resume_after: f64,
 }
 
 #[derive(Clone, Copy)]
@@ -343,6 +366,15 @@ pub fn run(world: &World, scenario: &Scenario, policy: Policy) -> Result<Run, Si
     Ok(Sim::new(world, scenario, policy)?.run())
 }
 
+/// Runs a scenario under lanekeeper and records what reached its gateway
+/// ([`Run::trace`]): the arrivals and the configs published, to replay
+/// through the real gateway.
+pub fn run_traced(world: &World, scenario: &Scenario) -> Result<Run, SimError> {
+    let mut sim = Sim::new(world, scenario, Policy::Lanekeeper)?;
+    sim.trace = Some(Trace::default());
+    Ok(sim.run())
+}
+
 struct Sim<'a> {
     world: &'a World,
     sc: &'a Scenario,
@@ -353,8 +385,6 @@ struct Sim<'a> {
     capacity: Vec<Steps>,
     budget: Vec<f64>,
     in_flight: Vec<u32>,
-    gated: Vec<bool>,
-    watermarks: Vec<Option<(f64, f64)>>,
     level: Vec<u32>,
     profile_lanes: Vec<Vec<usize>>,
     // per queue (lane, or profile for fifo)
@@ -377,6 +407,17 @@ struct Sim<'a> {
     retry_heap: BinaryHeap<Timed<Attempt>>,
     seq: u64,
     state: EngineState,
+    // lanekeeper's gateway, per profile: the admission core (None until the
+    // first config), the config published last, the pool's queue of what
+    // the gateway sent (in arrival order), and the attempts waiting in the
+    // core's queues by ticket.
+    cores: Vec<Option<Core>>,
+    published: Vec<Option<GatewayConfig>>,
+    pool_queue: Vec<VecDeque<Attempt>>,
+    waiting: HashMap<(usize, Ticket), Attempt>,
+    next_id: u64,
+    trace: Option<Trace>,
+    pending_refusals: Vec<(Attempt, Refusal)>,
 }
 
 fn stream(seed: u64, s: u64) -> ChaCha8Rng {
@@ -436,7 +477,6 @@ impl<'a> Sim<'a> {
         let mut lanes = Vec::new();
         let mut profiles = Vec::new();
         let mut capacity = Vec::new();
-        let mut watermarks = Vec::new();
         let mut profile_lanes = Vec::new();
         for (pi, b) in bound.bindings.iter().enumerate() {
             let pk = &pkeys[pi];
@@ -445,13 +485,6 @@ impl<'a> Sim<'a> {
                 cap_by_key
                     .remove(pk)
                     .unwrap_or_else(|| Steps::constant(safe)),
-            );
-            watermarks.push(
-                b.profile
-                    .spec
-                    .in_flight
-                    .as_ref()
-                    .map(|f| (f.stop_at as f64, f.resume_below as f64)),
             );
             let mut ls: Vec<_> = b.lanes.clone();
             ls.sort_by(|a, c| {
@@ -500,6 +533,7 @@ impl<'a> Sim<'a> {
                 idxs.push(lanes.len());
                 lanes.push(LaneSetup {
                     key: lk,
+                    name: l.metadata.name.clone().unwrap_or_default(),
                     profile: pi,
                     priority: s.priority,
                     weight: f64::from(s.weight.max(1)),
@@ -507,11 +541,6 @@ impl<'a> Sim<'a> {
                     ttl: s.queue.ttl_seconds as f64,
                     max_depth: s.queue.max_depth.max(0) as usize,
                     deadline: s.deadline_seconds as f64,
-                    never: s.shedding.mode == SheddingMode::Never,
-                    defer: s.shedding.mode == SheddingMode::Defer,
-                    stable_for: gateway::stable_for_seconds(b.policy),
-                    max_attempts: s.retry.max_attempts.clamp(1, i32::from(u16::MAX)) as u16,
-                    budget: f64::from(s.retry.budget_percent.clamp(0, 100)) / 100.0,
                     floor: s.floor_units_per_second.as_ref().map(|f| f.value()),
                     arrivals,
                     mu,
@@ -519,7 +548,6 @@ impl<'a> Sim<'a> {
                     failure,
                     clients,
                     backlog,
-                    expected_rps: s.expected_requests_per_second.value(),
                 });
             }
             profile_lanes.push(idxs);
@@ -573,13 +601,10 @@ impl<'a> Sim<'a> {
         let nq = if policy == Policy::Fifo { np } else { nl };
         let gates = lanes
             .iter()
-            .map(|l| Gate {
+            .map(|_| Gate {
                 rate: 0.0,
                 tokens: 0.0,
-                state: LaneState::Admitted,
-                budget_tokens: budget_cap(l),
                 deficit: 0.0,
-                resume_after: l.stable_for.max(1) as f64,
             })
             .collect();
         let seed = sc.seed;
@@ -597,12 +622,11 @@ impl<'a> Sim<'a> {
                 lanes: lane_runs,
                 evaluations: Vec::new(),
                 warnings,
+                trace: None,
             },
             capacity,
             budget: vec![0.0; np],
             in_flight: vec![0; np],
-            gated: vec![false; np],
-            watermarks,
             level: vec![0; np],
             profile_lanes,
             queues: vec![VecDeque::new(); nq],
@@ -622,6 +646,13 @@ impl<'a> Sim<'a> {
             retry_heap: BinaryHeap::new(),
             seq: 0,
             state: EngineState::default(),
+            cores: (0..np).map(|_| None).collect(),
+            published: vec![None; np],
+            pool_queue: vec![VecDeque::new(); np],
+            waiting: HashMap::new(),
+            next_id: 0,
+            trace: None,
+            pending_refusals: Vec::new(),
             lanes,
         })
     }
@@ -671,29 +702,42 @@ impl<'a> Sim<'a> {
         }
     }
 
+    fn new_attempt(&mut self, lane: usize, at: f64, compliant: bool) -> Attempt {
+        self.next_id += 1;
+        Attempt {
+            origin: at,
+            enq: at,
+            passed: f64::NAN,
+            id: self.next_id,
+            lane: lane as u16,
+            n: 1,
+            compliant,
+            returning: false,
+            deferrals: 0,
+        }
+    }
+
     fn run(mut self) -> Run {
         let dt = self.sc.tick_seconds;
         let dur = self.sc.duration_seconds;
         let ticks = (dur / dt).ceil() as usize;
         let nl = self.lanes.len();
-        // Initial backlogs and first arrivals.
+        // Initial backlogs and first arrivals. lanekeeper's gateway sees the
+        // backlog arrive at once, once it has its first config.
+        let mut initial = Vec::new();
         for i in 0..nl {
             for _ in 0..self.lanes[i].backlog {
                 let compliant = self.draw_compliance(i);
-                let a = Attempt {
-                    origin: 0.0,
-                    enq: 0.0,
-                    lane: i as u16,
-                    n: 1,
-                    compliant,
-                    returning: false,
-                    deferrals: 0,
-                };
+                let a = self.new_attempt(i, 0.0, compliant);
                 self.out.lanes[i].offered += 1;
                 self.out.lanes[i].attempts += 1;
-                let q = self.queue_of(i);
-                self.queues[q].push_back(a);
-                self.queued[i] += 1;
+                if self.policy == Policy::Lanekeeper {
+                    initial.push(a);
+                } else {
+                    let q = self.queue_of(i);
+                    self.queues[q].push_back(a);
+                    self.queued[i] += 1;
+                }
             }
             self.next_arrival[i] = self.draw_arrival(i, 0.0);
         }
@@ -710,6 +754,9 @@ impl<'a> Sim<'a> {
                     self.evaluate(next_eval);
                     next_eval += eval_every;
                 }
+                for a in std::mem::take(&mut initial) {
+                    self.arrive(a, 0.0);
+                }
             }
             while (next_second as f64) <= t + 1e-9
                 && next_second < self.out.profiles.first().map_or(0, |p| p.capacity.len())
@@ -724,20 +771,8 @@ impl<'a> Sim<'a> {
                     let at = self.next_arrival[i];
                     let compliant = self.draw_compliance(i);
                     let s = self.next_seq();
-                    batch.push((
-                        at,
-                        s,
-                        Attempt {
-                            origin: at,
-                            enq: at,
-                            lane: i as u16,
-                            n: 1,
-                            compliant,
-                            returning: false,
-                            deferrals: 0,
-                        },
-                        true,
-                    ));
+                    let a = self.new_attempt(i, at, compliant);
+                    batch.push((at, s, a, true));
                     self.next_arrival[i] = self.draw_arrival(i, at);
                 }
             }
@@ -754,7 +789,15 @@ impl<'a> Sim<'a> {
                 batch.push((r.at, r.seq, r.item, false));
             }
             batch.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let interleave = self.policy == Policy::Lanekeeper;
             for &(at, _, a, fresh) in &batch {
+                // lanekeeper's gateway sees completions and arrivals in time
+                // order (in-flight and the latency it measures drive its
+                // watermarks).
+                while interleave && self.pool_heap.peek().is_some_and(|c| c.at <= at) {
+                    let Some(c) = self.pool_heap.pop() else { break };
+                    self.complete(c.item.0, c.item.1, c.at);
+                }
                 let mut a = a;
                 let li = usize::from(a.lane);
                 let s = self.sec(at);
@@ -801,6 +844,7 @@ impl<'a> Sim<'a> {
                 *last = self.deferred_waiting[i] as u32;
             }
         }
+        self.out.trace = self.trace.take();
         self.out
     }
 
@@ -855,7 +899,7 @@ impl<'a> Sim<'a> {
             for &i in idx {
                 let r = self.lanes[i].floor.unwrap_or(share);
                 self.gates[i].rate = r;
-                self.gates[i].tokens = burst(r, self.lanes[i].units, self.sc.gateway.burst_seconds);
+                self.gates[i].tokens = burst(r, self.lanes[i].units, BASELINE_BURST_SECONDS);
             }
         }
     }
@@ -954,42 +998,69 @@ impl<'a> Sim<'a> {
         }
         let (eval, next) = policy::evaluate(self.world, &snap, &approvals, &self.state);
         self.state = next;
+        let bound = policy::bind(self.world);
         for (p, d) in eval.profiles.iter().enumerate() {
             self.level[p] = d.level;
-            self.watermarks[p] = d
-                .gateway
-                .in_flight
-                .as_ref()
-                .map(|w| (w.stop_at as f64, w.resume_below as f64));
             for ld in &d.lanes {
                 let k = key(&ld.namespace, &ld.name);
                 if let Some(&i) = self.profile_lanes[p]
                     .iter()
                     .find(|&&i| self.lanes[i].key == k)
                 {
-                    let g = &mut self.gates[i];
-                    let headroom = if ld.state == LaneState::Admitted {
-                        1.0 + self.sc.gateway.admitted_headroom_percent / 100.0
-                    } else {
-                        1.0
-                    };
-                    g.rate = ld.admitted_units_per_second * headroom;
-                    g.state = ld.state;
-                    // What lanes.json tells the gateway (gateway::build).
-                    g.resume_after = gateway::resume_after_seconds(
-                        ld.state,
-                        ld.admitted_requests_per_second,
-                        self.lanes[i].max_depth as i64,
-                        self.lanes[i].stable_for,
-                    ) as f64;
-                    // A paused (zero-rate) lane keeps no tokens.
-                    g.tokens = g.tokens.min(burst(
-                        g.rate,
-                        self.lanes[i].units,
-                        self.sc.gateway.burst_seconds,
-                    ));
+                    self.gates[i].rate = ld.admitted_units_per_second;
                 }
             }
+            // What the controller publishes (gateway::build, as it writes the
+            // ConfigMap), swapped into the gateway's core.
+            let Some(b) = bound.bindings.get(p) else {
+                continue;
+            };
+            let cfg = gateway::build(
+                d,
+                &b.lanes,
+                b.policy,
+                b.profile.metadata.generation.unwrap_or(0),
+                self.published[p].as_ref(),
+                snap.at,
+            );
+            let unix_now = snap.at as f64 + (now - now.round());
+            let loaded = match self.cores[p].as_mut() {
+                Some(core) => core.swap(cfg.clone(), 1.0, now, unix_now).map(|gone| {
+                    for (ticket, r) in gone {
+                        if let (Some(a), Resolution::Refuse(r)) =
+                            (self.waiting.remove(&(p, ticket)), r)
+                        {
+                            self.pending_refusals.push((a, r));
+                        }
+                    }
+                }),
+                None => Core::new(cfg.clone(), 1.0, now, unix_now).map(|c| {
+                    self.cores[p] = Some(c);
+                }),
+            };
+            match loaded {
+                Ok(()) => {
+                    if let Some(t) = self.trace.as_mut()
+                        && self.published[p]
+                            .as_ref()
+                            .is_none_or(|prev| prev.content_hash != cfg.content_hash)
+                    {
+                        t.configs.push((now, p, cfg.clone()));
+                    }
+                    self.published[p] = Some(cfg);
+                }
+                Err(e) => {
+                    // The gateway keeps its last good config.
+                    let w = format!("the gateway refused the config of {}: {e}", cfg.profile);
+                    if !self.out.warnings.contains(&w) {
+                        self.out.warnings.push(w);
+                    }
+                }
+            }
+        }
+        for (a, r) in std::mem::take(&mut self.pending_refusals) {
+            self.queued[usize::from(a.lane)] -= 1;
+            self.refused(a, now, &r);
         }
         self.out.evaluations.push(eval);
     }
@@ -1001,53 +1072,8 @@ impl<'a> Sim<'a> {
         match self.policy {
             Policy::Fifo => {}
             Policy::Lanekeeper => {
-                let (budget, cap, max_attempts, max_depth, defer) = {
-                    let l = &self.lanes[li];
-                    (
-                        l.budget,
-                        budget_cap(l),
-                        l.max_attempts,
-                        l.max_depth,
-                        l.defer,
-                    )
-                };
-                let g = &mut self.gates[li];
-                if a.returning {
-                    // Back after a deferral: neither an original nor a retry,
-                    // so neither maxAttempts nor the retry budget applies.
-                } else if a.n == 1 {
-                    g.budget_tokens = (g.budget_tokens + budget).min(cap);
-                } else if a.n > max_attempts || g.budget_tokens < 1.0 {
-                    // Over the contract's maxAttempts or its retry budget:
-                    // rejected without a Retry-After (do not retry).
-                    self.fail(
-                        a,
-                        now,
-                        Fail::Rejected {
-                            retry_after: None,
-                            final_for_compliant: true,
-                        },
-                    );
-                    return;
-                } else {
-                    g.budget_tokens -= 1.0;
-                }
-                if defer {
-                    self.enqueue_deferring(a, now);
-                    return;
-                }
-                if self.queues[q].len() >= max_depth {
-                    let ra = self.retry_after(li);
-                    self.fail(
-                        a,
-                        now,
-                        Fail::Rejected {
-                            retry_after: Some(ra),
-                            final_for_compliant: false,
-                        },
-                    );
-                    return;
-                }
+                self.admit(a, now);
+                return;
             }
             Policy::Static | Policy::Fair => {
                 if self.queues[q].len() >= self.lanes[li].max_depth {
@@ -1068,47 +1094,143 @@ impl<'a> Sim<'a> {
         self.queued[li] += 1;
     }
 
-    /// Queues an attempt of a `Defer` lane (lanekeeper's gateway). The queue
-    /// is ordered by first arrival, so a request back from a deferral keeps
-    /// its place; when it is full, the request that arrived last (this one,
-    /// or the latest queued) is deferred.
-    fn enqueue_deferring(&mut self, a: Attempt, now: f64) {
+    /// lanekeeper's gateway decides on an attempt at `now`: its admission
+    /// core (the one `lanekeeper gateway` runs) sends it to the pool, queues
+    /// it, refuses it or defers it. Before the first config it refuses, as
+    /// the gateway does (503).
+    fn admit(&mut self, a: Attempt, now: f64) {
         let li = usize::from(a.lane);
-        let q = self.queue_of(li);
-        let max_depth = self.lanes[li].max_depth;
-        let queue = &mut self.queues[q];
-        let mut bumped = None;
-        if queue.len() >= max_depth {
-            match queue.back() {
-                Some(last) if last.origin > a.origin => {
-                    bumped = queue.pop_back();
-                }
-                _ => {
-                    self.defer(a, now);
-                    return;
-                }
-            }
+        let p = self.lanes[li].profile;
+        self.poll_gateway(p, now);
+        if let Some(t) = self.trace.as_mut() {
+            t.arrivals.push(TracedArrival {
+                at: now,
+                lane: li,
+                request_id: a.id,
+                attempt: a.n,
+            });
         }
-        let at = queue.partition_point(|x| x.origin <= a.origin);
-        queue.insert(at, a);
-        if let Some(b) = bumped {
-            self.defer(b, now);
-        } else {
-            self.queued[li] += 1;
+        let Some(core) = self.cores[p].as_mut() else {
+            self.fail(
+                a,
+                now,
+                Fail::Rejected {
+                    retry_after: Some(1.0),
+                    final_for_compliant: false,
+                },
+            );
+            return;
+        };
+        let id = a.id.to_string();
+        let verdict = core.admit(
+            &admission::Request {
+                lane: &self.lanes[li].name,
+                tenant: None,
+                attempt: Some(u32::from(a.n)),
+                request_id: Some(&id),
+            },
+            now,
+        );
+        if !core.enforcing() {
+            // Observe mode: nothing is enforced.
+            if let Verdict::Queued { ticket, .. } = verdict {
+                core.cancel(ticket);
+            }
+            self.to_pool(a, now);
+            return;
+        }
+        match verdict {
+            Verdict::Pass(_) => self.to_pool(a, now),
+            Verdict::Queued { ticket, .. } => {
+                self.waiting.insert((p, ticket), a);
+                self.queued[li] += 1;
+            }
+            Verdict::Refuse(r) => self.refused(a, now, &r),
+            Verdict::UnknownLane => self.fail(
+                a,
+                now,
+                Fail::Rejected {
+                    retry_after: None,
+                    final_for_compliant: true,
+                },
+            ),
         }
     }
 
-    /// A `Defer` lane tells a request to come back: after Retry-After (the
-    /// expected time to resume) if its client honours it, else on the
-    /// client's own backoff. Either way the request is kept, not failed: the
-    /// client gives up only when it would come back after the deadline.
-    fn defer(&mut self, a: Attempt, now: f64) {
+    /// What the client of a refused attempt does: a deferred request comes
+    /// back after `Retry-After`; a rejected one is retried (or not) as its
+    /// client does; one refused for its retry budget or its deadline is not
+    /// retried by a client that honours the gateway.
+    fn refused(&mut self, a: Attempt, now: f64, r: &Refusal) {
+        match r.outcome {
+            Outcome::Deferred => {
+                let wait = r.retry_after_seconds.unwrap_or(1).max(1) as f64;
+                self.defer(a, now, wait);
+            }
+            Outcome::Expired => self.fail(a, now, Fail::Expired),
+            o => self.fail(
+                a,
+                now,
+                Fail::Rejected {
+                    retry_after: r.retry_after_seconds.map(|s| s as f64),
+                    final_for_compliant: matches!(
+                        o,
+                        Outcome::RejectedRetryBudget | Outcome::RejectedDeadline
+                    ),
+                },
+            ),
+        }
+    }
+
+    /// Hands out what profile `p`'s core resolved by `now` (its turn came,
+    /// its wait ran out, or it was deferred to make room).
+    fn poll_gateway(&mut self, p: usize, now: f64) {
+        let Some(core) = self.cores[p].as_mut() else {
+            return;
+        };
+        if core.next_wake(now).is_none_or(|w| w > now) {
+            return;
+        }
+        for (ticket, r) in core.poll(now) {
+            let Some(a) = self.waiting.remove(&(p, ticket)) else {
+                continue;
+            };
+            self.queued[usize::from(a.lane)] -= 1;
+            match r {
+                Resolution::Pass(_) => self.to_pool(a, now),
+                Resolution::Refuse(r) => self.refused(a, now, &r),
+            }
+        }
+    }
+
+    /// lanekeeper's gateway sends an attempt to the pool, which queues what
+    /// it cannot start yet.
+    fn to_pool(&mut self, mut a: Attempt, now: f64) {
+        let li = usize::from(a.lane);
+        let p = self.lanes[li].profile;
+        a.passed = now;
+        self.in_flight[p] += 1;
+        self.pool_count[li] += 1;
+        let ln = &mut self.out.lanes[li];
+        ln.admitted += 1;
+        ln.admitted_units += self.lanes[li].units;
+        if let Some(core) = self.cores[p].as_mut() {
+            core.started(now);
+        }
+        self.pool_queue[p].push_back(a);
+    }
+
+    /// A `Defer` lane told a request to come back after `retry_after`
+    /// seconds: it does if its client honours it, else on the client's own
+    /// backoff. Either way the request is kept, not failed: the client gives
+    /// up only when it would come back after the deadline.
+    fn defer(&mut self, a: Attempt, now: f64, retry_after: f64) {
         let li = usize::from(a.lane);
         let l = &self.lanes[li];
         let c = &l.clients;
         let k = a.deferrals.saturating_add(1);
         let wait = if a.compliant {
-            self.gates[li].resume_after
+            retry_after
         } else {
             let exp = c.backoff_multiplier.powi(i32::from(k) - 1);
             let backoff = (c.backoff_seconds * exp).min(c.max_backoff_seconds);
@@ -1138,12 +1260,13 @@ impl<'a> Sim<'a> {
         });
     }
 
-    /// Retry-After for a rejected attempt of lane `i`: the time its queue
-    /// needs to drain at the lane's current rate, within 1..60 s.
+    /// Retry-After a baseline gateway gives a rejected attempt of lane `i`:
+    /// the time its queue needs to drain at the lane's current rate, within
+    /// 1..60 s. (lanekeeper's gateway says what `lanes.json` says.)
     fn retry_after(&self, i: usize) -> f64 {
         let l = &self.lanes[i];
         let rate = match self.policy {
-            Policy::Lanekeeper | Policy::Static => self.gates[i].rate,
+            Policy::Static => self.gates[i].rate,
             _ => {
                 let p = l.profile;
                 self.capacity[p].at(0.0) / self.profile_lanes[p].len().max(1) as f64
@@ -1215,6 +1338,9 @@ impl<'a> Sim<'a> {
         let p = self.lanes[li].profile;
         self.in_flight[p] -= 1;
         self.pool_count[li] -= 1;
+        if let Some(core) = self.cores[p].as_mut() {
+            core.finished(at, at - a.passed);
+        }
         let s = self.sec(at);
         if failed {
             self.errors[p][s] += 1;
@@ -1247,17 +1373,26 @@ impl<'a> Sim<'a> {
                 self.queues[q].pop_front();
                 self.queued[usize::from(h.lane)] -= 1;
                 let at = (h.enq + ttl).max(now - self.sc.tick_seconds);
-                if self.policy == Policy::Lanekeeper && self.lanes[usize::from(h.lane)].defer {
-                    // A Defer lane's wait ran out: deferred, not expired.
-                    self.defer(h, at);
-                } else {
-                    self.fail(h, at, Fail::Expired);
-                }
+                self.fail(h, at, Fail::Expired);
             }
         }
     }
 
+    /// A baseline gateway dispatches a queued attempt to the pool.
     fn start(&mut self, a: Attempt, now: f64, tick: usize) {
+        let li = usize::from(a.lane);
+        let p = self.lanes[li].profile;
+        self.in_flight[p] += 1;
+        self.pool_count[li] += 1;
+        self.queued[li] -= 1;
+        let ln = &mut self.out.lanes[li];
+        ln.admitted += 1;
+        ln.admitted_units += self.lanes[li].units;
+        self.serve(a, now, tick);
+    }
+
+    /// The pool starts serving an attempt within its capacity.
+    fn serve(&mut self, a: Attempt, now: f64, tick: usize) {
         let li = usize::from(a.lane);
         let l = &self.lanes[li];
         let z: f64 = self.rng_service[li].sample(StandardNormal);
@@ -1266,13 +1401,8 @@ impl<'a> Sim<'a> {
         let p = l.profile;
         let units = l.units;
         self.budget[p] -= units;
-        self.in_flight[p] += 1;
-        self.pool_count[li] += 1;
-        self.queued[li] -= 1;
         let s = self.sec(now - 1e-9);
         let ln = &mut self.out.lanes[li];
-        ln.admitted += 1;
-        ln.admitted_units += units;
         ln.served_units[s] += units;
         self.out.profiles[p].tick_units[tick] += units;
         let seq = self.next_seq();
@@ -1295,7 +1425,7 @@ impl<'a> Sim<'a> {
             let lanes = self.profile_lanes[p].clone();
             match self.policy {
                 Policy::Fifo => self.dispatch_fifo(p, tick, now),
-                Policy::Lanekeeper => self.dispatch_lanekeeper(p, &lanes, tick, dt, now),
+                Policy::Lanekeeper => self.dispatch_lanekeeper(p, tick, now),
                 Policy::Static => self.dispatch_static(p, &lanes, tick, dt, now),
                 Policy::Fair => self.dispatch_fair(p, &lanes, tick, now),
             }
@@ -1319,61 +1449,30 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn dispatch_lanekeeper(&mut self, p: usize, lanes: &[usize], tick: usize, dt: f64, now: f64) {
-        for &i in lanes {
-            let units = self.lanes[i].units;
-            let g = &mut self.gates[i];
-            g.tokens =
-                (g.tokens + g.rate * dt).min(burst(g.rate, units, self.sc.gateway.burst_seconds));
-        }
-        // The in-flight reflex: at stopAt, lanes that may be shed stop
-        // dispatching until in-flight is below resumeBelow.
-        if let Some((stop, resume)) = self.watermarks[p] {
-            let f = f64::from(self.in_flight[p]);
-            if f >= stop {
-                self.gated[p] = true;
-            } else if f < resume {
-                self.gated[p] = false;
-            }
-        }
-        let gated = self.gated[p];
-        // Phase 1: each lane up to its tokens, in priority order.
-        for &i in lanes {
-            if gated && !self.lanes[i].never {
+    /// lanekeeper: the gateway hands out what its core resolved; the pool
+    /// starts what it was sent in arrival order, within its capacity. A
+    /// request still in the pool's queue at its deadline was timed out by
+    /// the gateway (its upstream timeout is the remaining deadline).
+    fn dispatch_lanekeeper(&mut self, p: usize, tick: usize, now: f64) {
+        self.poll_gateway(p, now);
+        while let Some(h) = self.pool_queue[p].front().copied() {
+            let li = usize::from(h.lane);
+            let units = self.lanes[li].units;
+            if h.origin + self.lanes[li].deadline <= now {
+                self.pool_queue[p].pop_front();
+                self.in_flight[p] -= 1;
+                self.pool_count[li] -= 1;
+                if let Some(core) = self.cores[p].as_mut() {
+                    core.finished(now, now - h.passed);
+                }
+                self.fail(h, now, Fail::Failed);
                 continue;
             }
-            let units = self.lanes[i].units;
-            while !self.queues[i].is_empty()
-                && self.gates[i].tokens + 1e-9 >= units
-                && self.budget[p] + 1e-9 >= units
-            {
-                let Some(a) = self.queues[i].pop_front() else {
-                    break;
-                };
-                self.gates[i].tokens -= units;
-                self.start(a, now, tick);
+            if self.budget[p] + 1e-9 < units {
+                break;
             }
-        }
-        // Phase 2: capacity no bucket claimed goes, in priority order, to
-        // lanes the decision does not hold back (Admitted, or Throttled only
-        // for lack of capacity); Capped and Paused lanes stay at their rate.
-        for &i in lanes {
-            if gated && !self.lanes[i].never {
-                continue;
-            }
-            if !matches!(
-                self.gates[i].state,
-                LaneState::Admitted | LaneState::Throttled
-            ) {
-                continue;
-            }
-            let units = self.lanes[i].units;
-            while !self.queues[i].is_empty() && self.budget[p] + 1e-9 >= units {
-                let Some(a) = self.queues[i].pop_front() else {
-                    break;
-                };
-                self.start(a, now, tick);
-            }
+            self.pool_queue[p].pop_front();
+            self.serve(h, now, tick);
         }
     }
 
@@ -1381,8 +1480,7 @@ impl<'a> Sim<'a> {
         for &i in lanes {
             let units = self.lanes[i].units;
             let g = &mut self.gates[i];
-            g.tokens =
-                (g.tokens + g.rate * dt).min(burst(g.rate, units, self.sc.gateway.burst_seconds));
+            g.tokens = (g.tokens + g.rate * dt).min(burst(g.rate, units, BASELINE_BURST_SECONDS));
         }
         // Oldest head first among lanes with tokens; no priorities.
         loop {
@@ -1440,16 +1538,14 @@ impl<'a> Sim<'a> {
     }
 }
 
+/// The `static` baseline's bucket size, in seconds of its rate (as
+/// `lanes.json` sizes lanekeeper's buckets).
+const BASELINE_BURST_SECONDS: f64 = 1.0;
+
 fn burst(rate: f64, units: f64, seconds: f64) -> f64 {
     if rate <= 0.0 {
         0.0
     } else {
         (rate * seconds).max(units)
     }
-}
-
-/// The retry budget's bucket size: ten seconds of the lane's expected
-/// originals times its budget share, at least one retry.
-fn budget_cap(l: &LaneSetup) -> f64 {
-    (l.budget * l.expected_rps * 10.0).max(if l.budget > 0.0 { 1.0 } else { 0.0 })
 }

@@ -9,7 +9,7 @@ pub mod engine;
 pub mod report;
 pub mod scenario;
 
-pub use engine::{Policy, Run, SimError, run};
+pub use engine::{Policy, Run, SimError, Trace, TracedArrival, run, run_traced};
 pub use report::{SimReport, report};
 pub use scenario::Scenario;
 

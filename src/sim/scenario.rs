@@ -24,9 +24,6 @@ pub struct Scenario {
     /// The controller: how often it evaluates and how stale its telemetry is.
     #[serde(default)]
     pub controller: ControllerSpec,
-    /// How lanekeeper's gateway turns a decision into token buckets.
-    #[serde(default)]
-    pub gateway: GatewaySpec,
     /// Default client behaviour for every lane.
     #[serde(default)]
     pub clients: ClientSpec,
@@ -86,36 +83,6 @@ impl Default for ControllerSpec {
             window_seconds: default_window(),
             telemetry_outages: Vec::new(),
             approvals: Vec::new(),
-        }
-    }
-}
-
-/// lanekeeper's gateway.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct GatewaySpec {
-    /// Headroom over the admitted rate for lanes the decision leaves
-    /// `Admitted` (their demand is a mean; arrivals fluctuate around it).
-    /// Capped, Throttled and Paused lanes get none.
-    #[serde(default = "default_headroom")]
-    pub admitted_headroom_percent: f64,
-    /// Token bucket size, in seconds of the lane's rate.
-    #[serde(default = "default_burst")]
-    pub burst_seconds: f64,
-}
-
-fn default_headroom() -> f64 {
-    10.0
-}
-fn default_burst() -> f64 {
-    1.0
-}
-
-impl Default for GatewaySpec {
-    fn default() -> Self {
-        Self {
-            admitted_headroom_percent: default_headroom(),
-            burst_seconds: default_burst(),
         }
     }
 }
@@ -382,12 +349,6 @@ pub enum ScenarioError {
     /// An outage is not `0 <= from < to`.
     #[error("controller.telemetryOutages: each needs 0 <= from < to")]
     Outage,
-    /// `gateway.admittedHeadroomPercent` is outside 0..100.
-    #[error("gateway.admittedHeadroomPercent must be within 0..100")]
-    Headroom,
-    /// `gateway.burstSeconds` is outside (0, 60].
-    #[error("gateway.burstSeconds must be within (0, 60]")]
-    Burst,
     /// A time or value of a series is negative or not finite.
     #[error("{field}: times and values must be finite and >= 0")]
     PointValue {
@@ -543,13 +504,6 @@ pub fn check(s: &Scenario) -> Result<(), ScenarioError> {
         if !(finite_nonneg(o.from) && o.to.is_finite() && o.to > o.from) {
             return Err(ScenarioError::Outage);
         }
-    }
-    let g = &s.gateway;
-    if !(finite_nonneg(g.admitted_headroom_percent) && g.admitted_headroom_percent <= 100.0) {
-        return Err(ScenarioError::Headroom);
-    }
-    if !(g.burst_seconds.is_finite() && g.burst_seconds > 0.0 && g.burst_seconds <= 60.0) {
-        return Err(ScenarioError::Burst);
     }
     check_clients("clients", &s.clients)?;
     for (k, p) in &s.profiles {
