@@ -13,7 +13,10 @@ state=${LANEKEEPER_CLUSTER_STATE:-$here/.cluster}
 [ $# -gt 0 ] || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
 
 started=0
-if ! bash "$here/cluster.sh" status 2>/dev/null | grep -q '^kube-apiserver running'; then
+# (status is read whole first: grep -q exiting early would fail the pipe under
+# pipefail and make a running cluster look stopped.)
+status=$(bash "$here/cluster.sh" status 2>/dev/null || true)
+if ! grep -q '^kube-apiserver running' <<<"$status"; then
   started=1
   trap 'bash "$here/cluster.sh" down' EXIT
 fi
