@@ -1,0 +1,483 @@
+#!/usr/bin/env bash
+# The load test of `lanekeeper gateway` (docs/performance.md, "The gateway
+# under load"): lanekeeper-fake-model on loopback with no service time, and
+# the same load sent to it directly, through `lanekeeper gateway`, through
+# nginx (Debian's package, limit_req keyed by the lane header) and through
+# the LiteLLM proxy (PyPI, a per-lane rpm limit), all in one run:
+#
+#   (a) open loop at RATE requests/s over CONNECTIONS keep-alive connections:
+#       p50/p99 latency and the latency added over going direct;
+#   (b) closed loop with CONNECTIONS clients: the highest sustained rate;
+#   (c) the resident memory of `lanekeeper gateway` with 100 lanes, 10,000
+#       tenants and 2,000 requests queued.
+#
+# Usage: bash benches/gateway_load.sh [all|latency|memory]   (default: all)
+#
+# Environment (defaults in brackets): RATE [2000], CONNECTIONS [64],
+# DURATION seconds measured per case [10], WARMUP seconds [3], ROUNDS [3]
+# (each figure is the median over the rounds), LANE_RPS, the per-lane limit
+# every proxy enforces, far above the measured rates [50000],
+# LITELLM_WORKERS [2], LANEKEEPER_CACHE [~/.cache/lanekeeper] (LiteLLM's
+# virtualenv), LITELLM_VERSION [1.108.7], KEEP (a directory to copy the raw
+# results and logs into), SKIP_BUILD (use the binaries already built).
+#
+# It installs what is missing (nginx and jq from Debian, LiteLLM into a
+# virtualenv under LANEKEEPER_CACHE), sends traffic to loopback only, and
+# stops every process it started when it exits.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+WHAT=${1:-all}
+case "$WHAT" in
+all | latency | memory) ;;
+*)
+	echo "usage: bash benches/gateway_load.sh [all|latency|memory]" >&2
+	exit 2
+	;;
+esac
+
+RATE=${RATE:-2000}
+CONNECTIONS=${CONNECTIONS:-64}
+DURATION=${DURATION:-10}
+WARMUP=${WARMUP:-3}
+ROUNDS=${ROUNDS:-3}
+LANE_RPS=${LANE_RPS:-50000}
+LITELLM_WORKERS=${LITELLM_WORKERS:-2}
+LITELLM_VERSION=${LITELLM_VERSION:-1.108.7}
+CACHE=${LANEKEEPER_CACHE:-$HOME/.cache/lanekeeper}
+MEM_LANES=100
+MEM_TENANTS=10000
+MEM_QUEUED=2000
+# Per-lane rate of the memory config: low, so that the clients' requests wait.
+MEM_LANE_RPS=${MEM_LANE_RPS:-2}
+
+log() { echo "== $*" >&2; }
+
+# ---- what it needs ---------------------------------------------------------
+
+apt_install() {
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "missing $*: install it (apt-get install $*) or run as root" >&2
+		exit 1
+	fi
+	log "installing $* from Debian"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+for tool in jq curl python3; do
+	command -v "$tool" >/dev/null || apt_install "$tool"
+done
+if [ "$WHAT" != memory ]; then
+	[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || apt_install nginx
+	NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+	LITELLM_VENV=$CACHE/litellm
+	if [ ! -x "$LITELLM_VENV/bin/litellm" ]; then
+		log "installing litellm[proxy]==$LITELLM_VERSION into $LITELLM_VENV (a few minutes)"
+		mkdir -p "$CACHE"
+		python3 -m venv "$LITELLM_VENV"
+		"$LITELLM_VENV/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION"
+	fi
+	LITELLM_INSTALLED=$("$LITELLM_VENV/bin/pip" show litellm | awk '/^Version:/ {print $2}')
+fi
+
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | jq -r .target_directory)
+if [ -z "${SKIP_BUILD:-}" ]; then
+	log "building the release binaries and the load generator"
+	cargo build --release --bins --quiet
+	GEN=$(cargo bench --bench gateway_load --no-run --message-format=json --quiet |
+		jq -r 'select(.reason == "compiler-artifact" and .target.name == "gateway_load" and .executable != null) | .executable' |
+		tail -n 1)
+else
+	GEN=
+	for f in "$TARGET_DIR"/release/deps/gateway_load-*; do
+		[ -x "$f" ] && [ "${f%.d}" = "$f" ] && { [ -z "$GEN" ] || [ "$f" -nt "$GEN" ]; } && GEN=$f
+	done
+fi
+[ -x "$GEN" ] || {
+	echo "could not find the gateway_load bench binary" >&2
+	exit 1
+}
+LANEKEEPER=$TARGET_DIR/release/lanekeeper
+FAKE_MODEL=$TARGET_DIR/release/lanekeeper-fake-model
+
+# ---- processes, stopped on exit ---------------------------------------------
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gateway-load.XXXXXX")
+PIDS=()
+# Stops every process started so far (each in its own process group, so
+# LiteLLM's and nginx's workers too).
+stop_all() {
+	local pid
+	[ "${#PIDS[@]}" -gt 0 ] || return 0
+	for pid in "${PIDS[@]}"; do
+		kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+	done
+	sleep 1
+	for pid in "${PIDS[@]}"; do
+		kill -KILL -- "-$pid" 2>/dev/null || true
+	done
+	PIDS=()
+}
+cleanup() {
+	stop_all
+	if [ -n "${KEEP:-}" ]; then
+		mkdir -p "$KEEP"
+		cp -r "$WORK"/. "$KEEP"/
+	fi
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Starts "$@" in its own process group, output to $WORK/$name.log.
+start() {
+	local name=$1
+	shift
+	setsid "$@" >"$WORK/$name.log" 2>&1 &
+	PIDS+=("$!")
+	LAST_PID=$!
+	disown "$LAST_PID"
+}
+
+# The address a process printed as `listening on ADDR`.
+listening_on() {
+	local name=$1
+	for _ in $(seq 1 300); do
+		if grep -q 'listening on' "$WORK/$name.log" 2>/dev/null; then
+			sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$WORK/$name.log" | head -n 1
+			return
+		fi
+		kill -0 "$LAST_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	echo "$name did not start:" >&2
+	cat "$WORK/$name.log" >&2
+	exit 1
+}
+
+# Waits for a 2xx from a URL (tries every 0.2 s).
+wait_http() {
+	local name=$1 url=$2 tries=${3:-300}
+	for _ in $(seq 1 "$tries"); do
+		curl -fsS -o /dev/null "$url" 2>/dev/null && return
+		sleep 0.2
+	done
+	echo "$name did not answer $url:" >&2
+	tail -n 50 "$WORK/$name.log" >&2
+	exit 1
+}
+
+# Waits for a port to accept connections.
+wait_port() {
+	local name=$1 port=$2
+	for _ in $(seq 1 100); do
+		(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return
+		sleep 0.1
+	done
+	echo "$name is not listening on $port:" >&2
+	tail -n 50 "$WORK/$name.log" >&2
+	exit 1
+}
+
+free_port() {
+	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status"; }
+
+# Many connections at once (the memory step holds 2,000).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+LANES=(p0-disruption-assist p1-agent-assist p2-email-extract p3-shift-batch p4-eval-backfill)
+ROUTES=(--route agent-large="http://FAKE" --route extract-small="http://FAKE"
+	--route batch-medium="http://FAKE" --route eval-large="http://FAKE")
+
+start_fake_model() {
+	start "$1" "$FAKE_MODEL" --listen 127.0.0.1:0 --service-millis 0 --token-millis 0
+	FAKE=$(listening_on "$1")
+}
+
+start_gateway() {
+	local name=$1 config=$2
+	start "$name" "$LANEKEEPER" gateway --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
+		--config "$config" "${ROUTES[@]//FAKE/$FAKE}"
+	GW_PID=$LAST_PID
+	GW=$(listening_on "$name")
+	GW_METRICS=$(sed -n 's/.*listening on [^ ]* metrics on \([^ ]*\).*/\1/p' "$WORK/$name.log" | head -n 1)
+	wait_http "$name" "http://$GW_METRICS/readyz"
+}
+
+machine() {
+	log "machine: $(nproc) cores, $(awk '/^MemTotal:/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+# ---- (a) and (b): latency and throughput --------------------------------------
+
+latency() {
+	start_fake_model fake-model
+
+	# lanekeeper: the INC-47 lanes, each Admitted at LANE_RPS with a burst of
+	# one second, no floors, no deferral, no context trimming.
+	jq --argjson r "$LANE_RPS" '
+		.level = 0 | .levelName = "normal"
+		| .flags.rejectOptionalContext = false
+		| .lanes |= map(.state = "Admitted" | .admittedRequestsPerSecond = $r
+			| .admittedUnitsPerSecond = ($r * .workUnitsPerRequest) | .burst = $r
+			| .floorUnitsPerSecond = null | .deferral = null | .optionalContext = null
+			| .borrowing = [] | .retry.maxAttempts = 3 | .retry.budgetPercent = 5)
+		| .contentHash = "sha256:gateway-load-bench"' \
+		examples/inc-47/lanes-420.json >"$WORK/lanes.json"
+	start_gateway lanekeeper "$WORK/lanes.json"
+
+	# nginx: one limit_req zone keyed by the lane header, LANE_RPS per lane with
+	# a burst of one second (nodelay: a token bucket); unknown lanes get 400.
+	local nginx_port lanes_re
+	nginx_port=$(free_port)
+	lanes_re=$(
+		IFS='|'
+		echo "${LANES[*]}"
+	)
+	mkdir -p "$WORK/nginx"
+	cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes $(nproc);
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/nginx/body;
+    proxy_temp_path $WORK/nginx/proxy;
+    fastcgi_temp_path $WORK/nginx/fastcgi;
+    uwsgi_temp_path $WORK/nginx/uwsgi;
+    scgi_temp_path $WORK/nginx/scgi;
+    map \$http_x_lanekeeper_lane \$known_lane { ~^($lanes_re)\$ 1; default 0; }
+    limit_req_zone \$http_x_lanekeeper_lane zone=lanes:10m rate=${LANE_RPS}r/s;
+    limit_req_status 429;
+    upstream fake_model { server $FAKE; keepalive 128; }
+    server {
+        listen 127.0.0.1:$nginx_port;
+        keepalive_requests 1000000;
+        location / {
+            if (\$known_lane = 0) { return 400; }
+            limit_req zone=lanes burst=$LANE_RPS nodelay;
+            proxy_pass http://fake_model;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+	start nginx "$NGINX" -e "$WORK/nginx/error.log" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
+	wait_port nginx "$nginx_port"
+	NGINX_URL=http://127.0.0.1:$nginx_port
+
+	# LiteLLM: one model group per lane (the body's "model" is the lane), one
+	# deployment each with an rpm limit, enforced by usage-based-routing-v2's
+	# pre-call check per minute window in each worker's memory (no database, no
+	# Redis): LANE_RPS * 60 / LITELLM_WORKERS rpm per lane and worker.
+	# It refuses to start without a master key: a random one, sent by every
+	# client to every path (the others ignore it).
+	local litellm_port rpm lane
+	litellm_port=$(free_port)
+	LITELLM_KEY=sk-$(python3 -c 'import secrets; print(secrets.token_hex(24))')
+	rpm=$((LANE_RPS * 60 / LITELLM_WORKERS))
+	{
+		echo "model_list:"
+		for lane in "${LANES[@]}"; do
+			cat <<EOF
+  - model_name: $lane
+    litellm_params:
+      model: openai/fake-model
+      api_base: http://$FAKE/v1
+      api_key: not-needed
+      rpm: $rpm
+EOF
+		done
+		cat <<EOF
+router_settings:
+  routing_strategy: usage-based-routing-v2
+litellm_settings:
+  set_verbose: false
+  drop_params: true
+  num_retries: 0
+  request_timeout: 60
+general_settings:
+  master_key: $LITELLM_KEY
+  disable_spend_logs: true
+  disable_error_logs: true
+EOF
+	} >"$WORK/litellm.yaml"
+	# The model cost map from the package, not fetched; no telemetry.
+	start litellm env LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_LOG=ERROR \
+		"$LITELLM_VENV/bin/litellm" --config "$WORK/litellm.yaml" \
+		--host 127.0.0.1 --port "$litellm_port" --num_workers "$LITELLM_WORKERS" \
+		--timeout_worker_healthcheck 600 --telemetry False
+	wait_http litellm "http://127.0.0.1:$litellm_port/health/liveliness" 1500
+	LITELLM_URL=http://127.0.0.1:$litellm_port
+
+	local -A URLS=(
+		[direct]="http://$FAKE/v1/chat/completions"
+		[lanekeeper]="http://$GW/v1/chat/completions"
+		[nginx]="$NGINX_URL/v1/chat/completions"
+		[litellm]="$LITELLM_URL/v1/chat/completions"
+	)
+	local target
+	# Every path answers before measuring (and the lanes are known).
+	for target in direct lanekeeper nginx litellm; do
+		curl -fsS -o /dev/null -H 'content-type: application/json' -H 'x-lanekeeper-lane: p1-agent-assist' \
+			-H "authorization: Bearer $LITELLM_KEY" \
+			-d '{"model":"p1-agent-assist","messages":[{"role":"user","content":"Say ok."}]}' "${URLS[$target]}" || {
+			echo "$target does not answer a chat completion:" >&2
+			tail -n 30 "$WORK/${target/direct/fake-model}.log" >&2 || true
+			exit 1
+		}
+	done
+	machine
+	log "gateway RSS before load: $(rss_kib "$GW_PID") KiB"
+
+	local results=$WORK/results.jsonl round mode line
+	: >"$results"
+	for round in $(seq 1 "$ROUNDS"); do
+		for mode in rate max; do
+			for target in direct lanekeeper nginx litellm; do
+				log "round $round: $mode, $target"
+				if [ "$mode" = rate ]; then
+					line=$("$GEN" rate --url "${URLS[$target]}" --header "authorization: Bearer $LITELLM_KEY" --rate "$RATE" --connections "$CONNECTIONS" \
+						--duration "$DURATION" --warmup "$WARMUP")
+				else
+					line=$("$GEN" max --url "${URLS[$target]}" --header "authorization: Bearer $LITELLM_KEY" --connections "$CONNECTIONS" \
+						--duration "$DURATION" --warmup "$WARMUP")
+				fi
+				echo "$line" | jq -c --arg t "$target" --argjson r "$round" '. + {target: $t, round: $r}' | tee -a "$results" >&2
+			done
+		done
+	done
+	# LiteLLM below its own maximum too, if it could not keep up with RATE.
+	local litellm_max litellm_rate
+	litellm_max=$(jq -s '[.[] | select(.target == "litellm" and .mode == "max") | .rate] | sort | .[length / 2 | floor]' "$results")
+	if jq -e --argjson m "$litellm_max" --argjson r "$RATE" -n '$m < 0.95 * $r' >/dev/null; then
+		litellm_rate=$(jq -n --argjson m "$litellm_max" '$m * 0.8 | floor')
+		for round in $(seq 1 "$ROUNDS"); do
+			log "round $round: LiteLLM at 80 % of its own maximum, $litellm_rate req/s"
+			line=$("$GEN" rate --url "${URLS[litellm]}" --header "authorization: Bearer $LITELLM_KEY" --rate "$litellm_rate" --connections "$CONNECTIONS" \
+				--duration "$DURATION" --warmup "$WARMUP")
+			echo "$line" | jq -c --argjson r "$round" '. + {target: "litellm-own", round: $r}' | tee -a "$results" >&2
+		done
+	fi
+	machine
+	log "gateway RSS after load: $(rss_kib "$GW_PID") KiB (peak $(hwm_kib "$GW_PID") KiB)"
+	stop_all
+
+	table "$results"
+}
+
+# The medians over the rounds, and the added latency (a percentile through a
+# proxy minus the same percentile direct, in the same round).
+table() {
+	jq -rs --argjson rate "$RATE" --argjson conns "$CONNECTIONS" --arg litellm "$LITELLM_INSTALLED" '
+		def median: map(select(. != null)) | sort | if length == 0 then null else .[length / 2 | floor] end;
+		def minus(a; b): if a == null or b == null then null else a - b end;
+		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
+		. as $all
+		| ($all | map(select(.mode == "rate" and .target == "direct")) | map({key: (.round | tostring), value: .}) | from_entries) as $direct
+		| def row($t):
+			($all | map(select(.target == $t and .mode == "rate"))) as $r
+			| ($all | map(select(.target == $t and .mode == "max"))) as $m
+			| {
+				target: $t,
+				achieved: ($r | map(.throughput) | median),
+				p50: ($r | map(.p50_ms) | median),
+				p99: ($r | map(.p99_ms) | median),
+				add50: ($r | map(minus(.p50_ms; $direct[.round | tostring].p50_ms)) | median),
+				add99: ($r | map(minus(.p99_ms; $direct[.round | tostring].p99_ms)) | median),
+				errors: ($r + $m | map(.errors) | add),
+				max: ($m | map(.rate) | median),
+				maxp99: ($m | map(.p99_ms) | median)
+			};
+		[row("direct"), row("lanekeeper"), row("nginx"), row("litellm")] as $rows
+		| ($rows | map({key: .target, value: .}) | from_entries) as $by
+		| "",
+		"At \($rate) req/s open loop over \($conns) connections, and closed loop with \($conns) clients (medians of \($all | map(.round) | max) rounds; LiteLLM \($litellm)):",
+		"",
+		"| path | achieved req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | p99 ms at max | non-2xx or errors |",
+		"|---|---|---|---|---|---|---|---|---|",
+		($rows[] | "| \(.target) | \(.achieved | r(1)) | \(.p50 | r(1000)) | \(.p99 | r(1000)) | \(if .target == "direct" then "-" else (.add50 | r(1000)) end) | \(if .target == "direct" then "-" else (.add99 | r(1000)) end) | \(.max | r(1)) | \(.maxp99 | r(100)) | \(.errors) |"),
+		"",
+		"max rate lanekeeper / litellm: \(($by.lanekeeper.max / $by.litellm.max) | r(100))×; lanekeeper / nginx: \(($by.lanekeeper.max / $by.nginx.max) | r(100))×",
+		(($all | map(select(.target == "litellm-own"))) as $o
+		| if ($o | length) > 0 then
+			"litellm at 80 % of its own max (\($o[0].target_rate) req/s): achieved \($o | map(.throughput) | median | r(1)), p50 \($o | map(.p50_ms) | median | r(1000)) ms, p99 \($o | map(.p99_ms) | median | r(1000)) ms"
+		  else empty end)
+	' "$1"
+}
+
+# ---- (c): memory ----------------------------------------------------------------
+
+memory() {
+	start_fake_model mem-fake-model
+	# 100 lanes (copies of INC-47's P1) at MEM_LANE_RPS with deep queues and
+	# long deadlines, so that the clients' requests wait in them; the pool's
+	# capacity is what the lanes claim, so no spare capacity serves them sooner.
+	jq --argjson n "$MEM_LANES" --argjson r "$MEM_LANE_RPS" '
+		.level = 0 | .levelName = "normal" | .inFlight = null
+		| .capacityUnitsPerSecond = ($n * $r)
+		| .lanes[1] as $base
+		| .lanes = [range($n) as $i | $base
+			| .name = "lane-\($i)" | .state = "Admitted"
+			| .admittedRequestsPerSecond = $r | .admittedUnitsPerSecond = $r | .workUnitsPerRequest = 1
+			| .burst = 1 | .queue = {maxDepth: 1000, ttlSeconds: 3600} | .deadlineSeconds = 3600
+			| .floorUnitsPerSecond = null | .expectedServiceSeconds = null | .optionalContext = null
+			| .routes = ["agent-large"]]
+		| .generations.lanes = ([.lanes[].name | {key: ., value: 1}] | from_entries)
+		| .contentHash = "sha256:gateway-load-memory"' \
+		examples/inc-47/lanes-420.json >"$WORK/lanes-100.json"
+	start_gateway mem-lanekeeper "$WORK/lanes-100.json"
+	machine
+	local idle
+	idle=$(rss_kib "$GW_PID")
+	log "memory: gateway with $MEM_LANES lanes, idle: VmRSS $idle KiB"
+
+	"$GEN" hold --url "http://$GW/v1/chat/completions" --clients "$MEM_QUEUED" --lanes "$MEM_LANES" \
+		--tenants "$MEM_TENANTS" >"$WORK/hold.json" &
+	local gen=$! queued rss best_q=0 best_rss=0 max_rss=0
+	while kill -0 "$gen" 2>/dev/null; do
+		sleep 1
+		queued=$(curl -fsS "http://$GW_METRICS/metrics" | awk '/^lanekeeper_gateway_queue_depth\{/ {s += $2} END {print s + 0}')
+		rss=$(rss_kib "$GW_PID")
+		[ "$rss" -gt "$max_rss" ] && max_rss=$rss
+		if [ "$queued" -ge "$best_q" ]; then
+			best_q=$queued
+			best_rss=$rss
+		fi
+		echo "queued $queued VmRSS $rss KiB" >>"$WORK/memory-samples.txt"
+	done
+	wait "$gen"
+	local after hwm
+	after=$(rss_kib "$GW_PID")
+	hwm=$(hwm_kib "$GW_PID")
+	echo "" >&2
+	jq -c . "$WORK/hold.json" >&2
+	cat <<EOF
+
+Memory of lanekeeper gateway, $MEM_LANES lanes at $MEM_LANE_RPS req/s each, $MEM_QUEUED clients waiting at once, $MEM_TENANTS tenants ($(jq .ok "$WORK/hold.json") answered, $(jq .errors "$WORK/hold.json") refused or failed, in $(jq '.window_s | round' "$WORK/hold.json") s):
+
+| figure | VmRSS |
+|---|---|
+| idle, config loaded | $((idle / 1024)) MiB ($idle KiB) |
+| with the most requests queued ($best_q) | $((best_rss / 1024)) MiB ($best_rss KiB) |
+| highest sample during the run | $((max_rss / 1024)) MiB ($max_rss KiB) |
+| after the run (all $MEM_TENANTS tenants seen) | $((after / 1024)) MiB ($after KiB) |
+| peak (VmHWM) | $((hwm / 1024)) MiB ($hwm KiB) |
+EOF
+}
+
+case "$WHAT" in
+latency) latency ;;
+memory) memory ;;
+all)
+	latency
+	memory
+	;;
+esac
