@@ -24,7 +24,7 @@ fn tmpdir(name: &str) -> PathBuf {
 /// INC-47 shortened to the incident and a little recovery (debug builds).
 fn short_scenario(dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(root().join("examples/inc-47/scenario.yaml")).unwrap();
-    let text = text.replace("durationSeconds: 3600", "durationSeconds: 600");
+    let text = text.replace("durationSeconds: 4200", "durationSeconds: 600");
     assert!(text.contains("durationSeconds: 600"));
     let p = dir.join("scenario.yaml");
     std::fs::write(&p, text).unwrap();

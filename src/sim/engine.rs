@@ -183,7 +183,8 @@ pub struct LaneRun {
     pub retry_arrivals: Vec<u32>,
     /// Work units dispatched in each second.
     pub served_units: Vec<f64>,
-    /// Queued attempts at the start of each second (and at the end, last).
+    /// Queued attempts at the start of each second (and at the end, last):
+    /// waiting in the gateway, or (lanekeeper) sent and waiting in the pool.
     pub queued: Vec<u32>,
     /// Deferred requests waiting to come back at the start of each second
     /// (and at the end, last).
@@ -414,6 +415,9 @@ struct Sim<'a> {
     cores: Vec<Option<Core>>,
     published: Vec<Option<GatewayConfig>>,
     pool_queue: Vec<VecDeque<Attempt>>,
+    /// Per lane: attempts in the pool's queue, not started yet (counted
+    /// with the gateway's queue as the lane's queued work).
+    pool_waiting: Vec<u64>,
     waiting: HashMap<(usize, Ticket), Attempt>,
     next_id: u64,
     trace: Option<Trace>,
@@ -649,6 +653,7 @@ impl<'a> Sim<'a> {
             cores: (0..np).map(|_| None).collect(),
             published: vec![None; np],
             pool_queue: vec![VecDeque::new(); np],
+            pool_waiting: vec![0; nl],
             waiting: HashMap::new(),
             next_id: 0,
             trace: None,
@@ -833,12 +838,12 @@ impl<'a> Sim<'a> {
         // End state.
         for i in 0..nl {
             let ln = &mut self.out.lanes[i];
-            ln.queued_end = self.queued[i];
+            ln.queued_end = self.queued[i] + self.pool_waiting[i];
             ln.in_flight_end = self.pool_count[i];
             ln.retrying_end = self.retrying[i];
             ln.deferred_end = self.deferred_waiting[i];
             if let Some(last) = ln.queued.last_mut() {
-                *last = self.queued[i] as u32;
+                *last = (self.queued[i] + self.pool_waiting[i]) as u32;
             }
             if let Some(last) = ln.deferred.last_mut() {
                 *last = self.deferred_waiting[i] as u32;
@@ -867,7 +872,7 @@ impl<'a> Sim<'a> {
         }
         for i in 0..self.lanes.len() {
             let ln = &mut self.out.lanes[i];
-            ln.queued[s] = self.queued[i] as u32;
+            ln.queued[s] = (self.queued[i] + self.pool_waiting[i]) as u32;
             ln.deferred[s] = self.deferred_waiting[i] as u32;
             ln.limit[s] = match self.policy {
                 Policy::Lanekeeper | Policy::Static => self.gates[i].rate,
@@ -1217,6 +1222,7 @@ impl<'a> Sim<'a> {
         if let Some(core) = self.cores[p].as_mut() {
             core.started(now);
         }
+        self.pool_waiting[li] += 1;
         self.pool_queue[p].push_back(a);
     }
 
@@ -1460,6 +1466,7 @@ impl<'a> Sim<'a> {
             let units = self.lanes[li].units;
             if h.origin + self.lanes[li].deadline <= now {
                 self.pool_queue[p].pop_front();
+                self.pool_waiting[li] -= 1;
                 self.in_flight[p] -= 1;
                 self.pool_count[li] -= 1;
                 if let Some(core) = self.cores[p].as_mut() {
@@ -1472,6 +1479,7 @@ impl<'a> Sim<'a> {
                 break;
             }
             self.pool_queue[p].pop_front();
+            self.pool_waiting[li] -= 1;
             self.serve(h, now, tick);
         }
     }
