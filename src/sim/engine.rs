@@ -1141,11 +1141,11 @@ impl<'a> Sim<'a> {
             if let Verdict::Queued { ticket, .. } = verdict {
                 core.cancel(ticket);
             }
-            self.to_pool(a, now);
+            self.send_to_pool(a, now);
             return;
         }
         match verdict {
-            Verdict::Pass(_) => self.to_pool(a, now),
+            Verdict::Pass(_) => self.send_to_pool(a, now),
             Verdict::Queued { ticket, .. } => {
                 self.waiting.insert((p, ticket), a);
                 self.queued[li] += 1;
@@ -1202,7 +1202,7 @@ impl<'a> Sim<'a> {
             };
             self.queued[usize::from(a.lane)] -= 1;
             match r {
-                Resolution::Pass(_) => self.to_pool(a, now),
+                Resolution::Pass(_) => self.send_to_pool(a, now),
                 Resolution::Refuse(r) => self.refused(a, now, &r),
             }
         }
@@ -1210,7 +1210,7 @@ impl<'a> Sim<'a> {
 
     /// lanekeeper's gateway sends an attempt to the pool, which queues what
     /// it cannot start yet.
-    fn to_pool(&mut self, mut a: Attempt, now: f64) {
+    fn send_to_pool(&mut self, mut a: Attempt, now: f64) {
         let li = usize::from(a.lane);
         let p = self.lanes[li].profile;
         a.passed = now;
