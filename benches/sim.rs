@@ -1,5 +1,5 @@
-//! The whole INC-47 scenario (45 simulated minutes, 22 of them the incident,
-//! about 1.5 million requests) under lanekeeper and the baselines.
+//! The whole INC-47 scenario (70 simulated minutes, 22 of them the incident)
+//! under lanekeeper and the baselines.
 //!
 //! Run: `cargo bench --bench sim`. Figures go to docs/performance.md.
 
@@ -33,9 +33,10 @@ fn inc47(c: &mut Criterion) {
         Policy::Static,
         Policy::Fair,
     ] {
-        g.bench_function(format!("{} full 2700 s", policy.as_str()), |b| {
-            b.iter(|| sim::simulate(black_box(&world), black_box(&full), policy).unwrap())
-        });
+        g.bench_function(
+            format!("{} full {} s", policy.as_str(), full.duration_seconds),
+            |b| b.iter(|| sim::simulate(black_box(&world), black_box(&full), policy).unwrap()),
+        );
     }
     g.finish();
 }

@@ -464,12 +464,16 @@ impl FairQueue {
     }
 }
 
-/// Request ids seen within the lane's deadline.
+/// Request ids seen within the lane's deadline, by a keyed 64-bit hash of
+/// the id: a million ids cost 16 bytes of key each and no string compare (a
+/// collision, about one in 10^7 among a million ids, would count one request
+/// as another's retry).
 #[derive(Debug, Default)]
 struct Remembered {
-    ids: HashMap<String, Seen>,
-    /// (forget at, id), oldest first.
-    expiry: VecDeque<(f64, String)>,
+    keys: std::hash::RandomState,
+    ids: HashMap<u64, Seen>,
+    /// (forget at, id hash), oldest first.
+    expiry: VecDeque<(f64, u64)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -481,22 +485,52 @@ struct Seen {
 }
 
 impl Remembered {
+    fn key(&self, id: &str) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.keys, id)
+    }
+
+    fn get(&self, id: &str) -> Option<&Seen> {
+        self.ids.get(&self.key(id))
+    }
+
+    fn get_mut(&mut self, id: &str) -> Option<&mut Seen> {
+        let k = self.key(id);
+        self.ids.get_mut(&k)
+    }
+
+    /// Forgets the ids whose deadline has passed, and the oldest ones beyond
+    /// [`MAX_REMEMBERED_IDS`].
     fn sweep(&mut self, now: f64) {
         while let Some((at, _)) = self.expiry.front() {
-            if *at > now && self.expiry.len() <= MAX_REMEMBERED_IDS {
+            if *at > now && self.ids.len() <= MAX_REMEMBERED_IDS {
                 break;
             }
-            let (at, id) = self.expiry.pop_front().expect("front exists");
-            // An id seen again later has a later forget_at: keep it.
-            if self.ids.get(&id).is_some_and(|s| s.forget_at <= at) {
-                self.ids.remove(&id);
+            let (at, k) = self.expiry.pop_front().expect("front exists");
+            // An id seen again later has a later forget_at (and a later
+            // entry): keep it.
+            if self.ids.get(&k).is_some_and(|s| s.forget_at <= at) {
+                self.ids.remove(&k);
             }
         }
     }
 
+    /// Remembers an id; one expiry entry per forget time (a return after a
+    /// deferral keeps its first arrival, so it adds none).
     fn touch(&mut self, id: &str, seen: Seen) {
-        self.ids.insert(id.to_owned(), seen);
-        self.expiry.push_back((seen.forget_at, id.to_owned()));
+        let k = self.key(id);
+        match self.ids.get_mut(&k) {
+            Some(s) => {
+                let later = seen.forget_at > s.forget_at;
+                *s = seen;
+                if later {
+                    self.expiry.push_back((seen.forget_at, k));
+                }
+            }
+            None => {
+                self.ids.insert(k, seen);
+                self.expiry.push_back((seen.forget_at, k));
+            }
+        }
     }
 }
 
@@ -1133,7 +1167,7 @@ impl Core {
 
         // How the request counts, and where its deadline starts.
         let mut first_arrival = now;
-        let attempt = match req.request_id.and_then(|id| lane.seen.ids.get(id).copied()) {
+        let attempt = match req.request_id.and_then(|id| lane.seen.get(id).copied()) {
             Some(s) if s.deferred => {
                 first_arrival = s.first_arrival;
                 Attempt::Returning
@@ -1142,7 +1176,7 @@ impl Core {
             None if req.attempt.unwrap_or(1) > 1 => Attempt::Retry,
             None => Attempt::Original,
         };
-        let attempts = match (attempt, req.request_id.and_then(|id| lane.seen.ids.get(id))) {
+        let attempts = match (attempt, req.request_id.and_then(|id| lane.seen.get(id))) {
             (Attempt::Retry, Some(s)) => (s.attempts + 1).max(req.attempt.unwrap_or(0)),
             (Attempt::Retry, None) => req.attempt.unwrap_or(2),
             (_, Some(s)) => s.attempts,
@@ -1320,7 +1354,7 @@ impl Core {
     fn defer(&mut self, li: usize, attempt: Attempt, request_id: Option<&str>) -> Verdict {
         let lane = &mut self.lanes[li];
         if let Some(id) = request_id
-            && let Some(s) = lane.seen.ids.get_mut(id)
+            && let Some(s) = lane.seen.get_mut(id)
         {
             s.deferred = true;
         }
@@ -1340,7 +1374,7 @@ impl Core {
         if let Some(w) = lane.queue.remove(tenant, key) {
             self.tickets.remove(&w.ticket);
             if let Some(id) = &w.request_id
-                && let Some(s) = lane.seen.ids.get_mut(id)
+                && let Some(s) = lane.seen.get_mut(id)
             {
                 s.deferred = true;
             }
@@ -1398,7 +1432,7 @@ impl Core {
                 let past_deadline = w.first_arrival + deadline - now < svc;
                 let outcome = if defers && !past_deadline {
                     if let Some(id) = &w.request_id
-                        && let Some(s) = lane.seen.ids.get_mut(id)
+                        && let Some(s) = lane.seen.get_mut(id)
                     {
                         s.deferred = true;
                     }

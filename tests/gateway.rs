@@ -96,7 +96,8 @@ fn lane_mut<'a>(cfg: &'a mut Value, name: &str) -> &'a mut Value {
         .unwrap()
 }
 
-/// P2 at `rps` requests/s with a burst of `rps`, no queue and no floor (its
+/// P2 at `rps` requests/s with a burst of `rps`, no queue, no spare capacity
+/// and no floor (its
 /// 40 units/s, 57 req/s, would be reserved above that rate).
 fn p2_at(cfg: &mut Value, rps: u32) -> &mut Value {
     let p2 = lane_mut(cfg, "p2-email-extract");
@@ -104,6 +105,8 @@ fn p2_at(cfg: &mut Value, rps: u32) -> &mut Value {
     p2["burst"] = json!(rps);
     p2["queue"]["maxDepth"] = json!(0);
     p2["floorUnitsPerSecond"] = Value::Null;
+    // Only its own bucket: no spare capacity of the pool on top.
+    p2["spareCapacity"] = json!(false);
     p2
 }
 

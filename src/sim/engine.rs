@@ -245,6 +245,59 @@ impl<T> Ord for Timed<T> {
     }
 }
 
+/// Attempts that come back later, bucketed by tick: a tick takes every one
+/// due before its end (the caller sorts them), at a cost independent of how
+/// many wait (a heap of the hundreds of thousands of deferred requests cost
+/// a quarter of a run).
+struct Calendar<T> {
+    dt: f64,
+    buckets: Vec<Vec<Timed<T>>>,
+    /// Every bucket before this one is empty.
+    first: usize,
+}
+
+impl<T> Calendar<T> {
+    fn new(dt: f64, ticks: usize) -> Calendar<T> {
+        Calendar {
+            dt,
+            buckets: (0..ticks + 2).map(|_| Vec::new()).collect(),
+            first: 0,
+        }
+    }
+
+    fn bucket(&self, at: f64) -> usize {
+        // Past the end of the run: the last bucket, never due.
+        ((at / self.dt).floor().max(0.0) as usize).min(self.buckets.len() - 1)
+    }
+
+    fn push(&mut self, t: Timed<T>) {
+        let b = self.bucket(t.at).max(self.first);
+        self.buckets[b].push(t);
+    }
+
+    /// Moves every entry with `at < t_end` into `out`.
+    fn take_before(&mut self, t_end: f64, out: &mut Vec<Timed<T>>) {
+        let last = self.bucket(t_end);
+        let mut first = None;
+        for b in self.first..=last {
+            let bucket = std::mem::take(&mut self.buckets[b]);
+            let mut keep = Vec::new();
+            for x in bucket {
+                if x.at < t_end {
+                    out.push(x);
+                } else {
+                    keep.push(x);
+                }
+            }
+            if !keep.is_empty() && first.is_none() {
+                first = Some(b);
+            }
+            self.buckets[b] = keep;
+        }
+        self.first = first.unwrap_or(last);
+    }
+}
+
 /// Static per-lane setup.
 struct LaneSetup {
     key: String,
@@ -405,7 +458,8 @@ struct Sim<'a> {
     done: Vec<Vec<u32>>,
     errors: Vec<Vec<u32>>,
     pool_heap: BinaryHeap<Timed<(Attempt, bool)>>,
-    retry_heap: BinaryHeap<Timed<Attempt>>,
+    /// Retries and returns after a deferral, by when they come back.
+    retry_heap: Calendar<Attempt>,
     seq: u64,
     state: EngineState,
     // lanekeeper's gateway, per profile: the admission core (None until the
@@ -647,7 +701,7 @@ impl<'a> Sim<'a> {
             done: vec![vec![0; nsec]; np],
             errors: vec![vec![0; nsec]; np],
             pool_heap: BinaryHeap::new(),
-            retry_heap: BinaryHeap::new(),
+            retry_heap: Calendar::new(sc.tick_seconds, (dur / sc.tick_seconds).ceil() as usize),
             seq: 0,
             state: EngineState::default(),
             cores: (0..np).map(|_| None).collect(),
@@ -751,6 +805,7 @@ impl<'a> Sim<'a> {
         let mut next_eval = 0.0;
         let mut next_second = 0usize;
         let mut batch: Vec<(f64, u64, Attempt, bool)> = Vec::new();
+        let mut due: Vec<Timed<Attempt>> = Vec::new();
         for tick in 0..ticks {
             let t = tick as f64 * dt;
             let t_end = ((tick + 1) as f64 * dt).min(dur);
@@ -781,10 +836,8 @@ impl<'a> Sim<'a> {
                     self.next_arrival[i] = self.draw_arrival(i, at);
                 }
             }
-            while self.retry_heap.peek().is_some_and(|r| r.at < t_end) {
-                let Some(r) = self.retry_heap.pop() else {
-                    break;
-                };
+            self.retry_heap.take_before(t_end, &mut due);
+            for r in due.drain(..) {
                 let li = usize::from(r.item.lane);
                 if r.item.returning {
                     self.deferred_waiting[li] -= 1;
