@@ -97,8 +97,8 @@ fn lane_mut<'a>(cfg: &'a mut Value, name: &str) -> &'a mut Value {
 }
 
 /// P2 at `rps` requests/s with a burst of `rps`, no queue, no spare capacity
-/// and no floor (its
-/// 40 units/s, 57 req/s, would be reserved above that rate).
+/// and no floor (its 40 units/s, 57 req/s, would be reserved above that
+/// rate).
 fn p2_at(cfg: &mut Value, rps: u32) -> &mut Value {
     let p2 = lane_mut(cfg, "p2-email-extract");
     p2["admittedRequestsPerSecond"] = json!(f64::from(rps));
