@@ -70,6 +70,10 @@ VALUE_SETS: dict[str, dict] = {
                     "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000",
                                "batch-medium": "http://vllm-batch.ai-platform:8000"}},
     },
+    "gateway-observe": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "observe": True, "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"}},
+    },
     "pdb-max-unavailable": {
         "podDisruptionBudget": {"maxUnavailable": "50%"},
         "fullnameOverride": "lk",
@@ -242,6 +246,18 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
             fail(f"{label}: Roles in {got}, expected {namespaces}")
     if c["livenessProbe"]["httpGet"]["path"] != "/healthz" or c["readinessProbe"]["httpGet"]["path"] != "/readyz":
         fail(f"{label}: probes must be /healthz and /readyz")
+    gw = values.get("gateway", {})
+    if gw.get("enabled"):
+        # The gateway reads one ConfigMap, and its Role names that one.
+        want = f"{gw['profile']}-lanes" + ("-observe" if gw.get("observe") else "")
+        gdep = [d for d in by_kind["Deployment"] if d["metadata"]["name"].endswith("-gateway")]
+        gargs = gdep[0]["spec"]["template"]["spec"]["containers"][0]["args"] if gdep else []
+        if f"--configmap={gw['profileNamespace']}/{want}" not in gargs:
+            fail(f"{label}: the gateway must read {want}: {gargs}")
+        names = [n for r in roles if r["metadata"]["name"].endswith("-gateway")
+                 for rule in r["rules"] for n in rule.get("resourceNames", [])]
+        if names != [want]:
+            fail(f"{label}: the gateway's Role must name only {want}: {names}")
 
 
 def check_crd_copies(crds: Path, write: bool) -> None:

@@ -600,6 +600,33 @@ async fn watch_configmap(shared: Arc<Shared>, client: kube::Client, ns: String, 
     }
 }
 
+/// The number of distinct ready endpoints in a Service's EndpointSlices. A
+/// dual-stack Service has one slice per address family listing the same
+/// pods, so an endpoint is its target (the pod) when it names one, else its
+/// first address; a missing `ready` condition means ready (as the API
+/// documents).
+fn ready_endpoints<'a>(
+    slices: impl Iterator<Item = &'a k8s_openapi::api::discovery::v1::EndpointSlice>,
+) -> u32 {
+    let mut seen = std::collections::HashSet::new();
+    for e in slices.flat_map(|s| s.endpoints.iter()) {
+        if !e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true) {
+            continue;
+        }
+        let key = match &e.target_ref {
+            Some(t) => format!(
+                "{}/{}/{}",
+                t.kind.as_deref().unwrap_or(""),
+                t.namespace.as_deref().unwrap_or(""),
+                t.name.as_deref().unwrap_or("")
+            ),
+            None => format!("address {}", e.addresses.first().map_or("", String::as_str)),
+        };
+        seen.insert(key);
+    }
+    seen.len() as u32
+}
+
 async fn watch_endpoints(shared: Arc<Shared>, client: kube::Client, ns: String, service: String) {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -622,12 +649,7 @@ async fn watch_endpoints(shared: Arc<Shared>, client: kube::Client, ns: String, 
             // InitDone, Apply, Delete: the store is whole.
             Ok(_) => {}
         }
-        let ready: u32 = reader
-            .state()
-            .iter()
-            .flat_map(|s| s.endpoints.iter())
-            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
-            .count() as u32;
+        let ready = ready_endpoints(reader.state().iter().map(|s| s.as_ref()));
         // No ready endpoint (none yet, or no slices): this replica counts
         // itself; a Service routes only to ready endpoints.
         let n = ready.max(1);
@@ -964,7 +986,16 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             remaining_seconds: f64::INFINITY,
             waited_seconds: 0.0,
         };
-        return forward(shared.clone(), parts, body, pass, &lane_name, arrived).await;
+        return forward(
+            shared.clone(),
+            parts,
+            body,
+            pass,
+            &lane_name,
+            tenant_class,
+            arrived,
+        )
+        .await;
     }
     let pass = match verdict {
         Verdict::Pass(p) => {
@@ -1020,7 +1051,16 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             }
         }
     };
-    forward(shared.clone(), parts, body, pass, &lane_name, arrived).await
+    forward(
+        shared.clone(),
+        parts,
+        body,
+        pass,
+        &lane_name,
+        tenant_class,
+        arrived,
+    )
+    .await
 }
 
 /// A 429 saying which limit of which lane, with `Retry-After` and, for a
@@ -1078,6 +1118,7 @@ async fn forward(
     body: Bytes,
     pass: Pass,
     lane_name: &str,
+    tenant_class: &'static str,
     arrived: Instant,
 ) -> Response {
     let (route, flags, history_turns) = {
@@ -1196,7 +1237,7 @@ async fn forward(
             .requests
             .with_label_values(&[
                 lane_name,
-                "default",
+                tenant_class,
                 pass.attempt.as_str(),
                 "upstream_error",
             ])
@@ -1262,6 +1303,52 @@ async fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ready_endpoints_count_each_pod_once_across_address_families() {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let slice = |family: &str, eps: serde_json::Value| -> EndpointSlice {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("gw-{family}")},
+                "addressType": family,
+                "endpoints": eps,
+            }))
+            .unwrap()
+        };
+        let ep = |addr: &str, pod: Option<&str>, ready: Option<bool>| {
+            let mut e = serde_json::json!({"addresses": [addr]});
+            if let Some(p) = pod {
+                e["targetRef"] = serde_json::json!({"kind": "Pod", "namespace": "ns", "name": p});
+            }
+            if let Some(r) = ready {
+                e["conditions"] = serde_json::json!({"ready": r});
+            }
+            e
+        };
+        let v4 = slice(
+            "IPv4",
+            serde_json::json!([
+                ep("10.0.0.1", Some("gw-a"), Some(true)),
+                ep("10.0.0.2", Some("gw-b"), None),
+                ep("10.0.0.3", Some("gw-c"), Some(false)),
+                ep("10.0.0.9", None, Some(true)),
+            ]),
+        );
+        let v6 = slice(
+            "IPv6",
+            serde_json::json!([
+                ep("fd00::1", Some("gw-a"), Some(true)),
+                ep("fd00::2", Some("gw-b"), Some(true)),
+                ep("fd00::3", Some("gw-c"), Some(false)),
+            ]),
+        );
+        // gw-a, gw-b (ready when the condition is missing) and the address
+        // without a target; gw-c is not ready; each pod once over both
+        // families.
+        assert_eq!(ready_endpoints([&v4, &v6].into_iter()), 3);
+        assert_eq!(ready_endpoints([&v4].into_iter()), 3);
+        assert_eq!(ready_endpoints(std::iter::empty()), 0);
+    }
 
     #[test]
     fn routes_parse_as_name_equals_http_url() {
