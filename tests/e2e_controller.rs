@@ -1133,9 +1133,13 @@ async fn the_gateway_enforces_the_controllers_configmap_moments_after_the_write(
     })
     .await;
     let written = level2["contentHash"].as_str().unwrap().to_owned();
-    eventually("the gateway loads level 2", T, || async {
-        (gateway_hash(&g).await.as_deref() == Some(written.as_str())).then_some(())
-    })
+    // The bound: admission follows the write within 2 s (the watch
+    // delivers it in milliseconds; polled every 200 ms here).
+    eventually(
+        "the gateway to load level 2 within 2 s of the write",
+        Duration::from_secs(2),
+        || async { (gateway_hash(&g).await.as_deref() == Some(written.as_str())).then_some(()) },
+    )
     .await;
     let lag = at_write.elapsed();
     eprintln!("the gateway enforced the controller's write {lag:?} after the API server showed it");
