@@ -951,7 +951,16 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
                 .inc();
         }
     };
-    if !enforcing {
+    // The lane went away with a config swap between the lookup and here.
+    let lane_gone = || {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "unknown_lane",
+            format!("lane {lane_name} is gone"),
+        )
+    };
+    let pass = if !enforcing {
         // Observe: count what enforcing would have done, admit as before.
         let attempt = match &verdict {
             Verdict::Pass(p) => p.attempt,
@@ -972,81 +981,60 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             st.core.as_ref().and_then(|c| c.lane_index(&lane_name))
         };
         let Some(lane) = lane else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "unknown_lane",
-                format!("lane {lane_name} is gone"),
-            );
+            return lane_gone();
         };
-        let pass = Pass {
+        Pass {
             lane,
             attempt,
             history_turns: None,
             remaining_seconds: f64::INFINITY,
             waited_seconds: 0.0,
-        };
-        return forward(
-            shared.clone(),
-            parts,
-            body,
-            pass,
-            &lane_name,
-            tenant_class,
-            arrived,
-        )
-        .await;
-    }
-    let pass = match verdict {
-        Verdict::Pass(p) => {
-            count(p.attempt, Outcome::Admitted);
-            p
         }
-        Verdict::Refuse(r) => {
-            count(r.attempt, r.outcome);
-            return refusal(&lane_name, &r);
-        }
-        Verdict::UnknownLane => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "unknown_lane",
-                format!("lane {lane_name} is gone"),
-            );
-        }
-        Verdict::Queued { attempt, .. } => {
-            count(attempt, Outcome::Queued);
-            let (ticket, rx) = rx.expect("a waiter for a queued request");
-            let mut guard = WaitGuard {
-                shared: &shared,
-                ticket: Some(ticket),
-            };
-            let resolution = rx.await;
-            guard.ticket = None;
-            drop(guard);
-            match resolution {
-                Ok(Resolution::Pass(p)) => {
-                    count(p.attempt, Outcome::Admitted);
-                    shared
-                        .metrics
-                        .wait
-                        .with_label_values(&[&lane_name])
-                        .observe(p.waited_seconds);
-                    p
-                }
-                Ok(Resolution::Refuse(r)) => {
-                    count(r.attempt, r.outcome);
-                    return refusal(&lane_name, &r);
-                }
-                Err(_) => {
-                    return error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "lanekeeper_unavailable",
-                        "queue_dropped",
-                        format!(
-                            "lane {lane_name}: the request's place in the queue was lost (config change)"
-                        ),
-                    );
+    } else {
+        match verdict {
+            Verdict::Pass(p) => {
+                count(p.attempt, Outcome::Admitted);
+                p
+            }
+            Verdict::Refuse(r) => {
+                count(r.attempt, r.outcome);
+                return refusal(&lane_name, &r);
+            }
+            Verdict::UnknownLane => return lane_gone(),
+            Verdict::Queued { attempt, .. } => {
+                count(attempt, Outcome::Queued);
+                let (ticket, rx) = rx.expect("a waiter for a queued request");
+                let mut guard = WaitGuard {
+                    shared: &shared,
+                    ticket: Some(ticket),
+                };
+                let resolution = rx.await;
+                guard.ticket = None;
+                drop(guard);
+                match resolution {
+                    Ok(Resolution::Pass(p)) => {
+                        count(p.attempt, Outcome::Admitted);
+                        shared
+                            .metrics
+                            .wait
+                            .with_label_values(&[&lane_name])
+                            .observe(p.waited_seconds);
+                        p
+                    }
+                    Ok(Resolution::Refuse(r)) => {
+                        count(r.attempt, r.outcome);
+                        return refusal(&lane_name, &r);
+                    }
+                    Err(_) => {
+                        return error(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "lanekeeper_unavailable",
+                            "queue_dropped",
+                            format!(
+                                "lane {lane_name}: the request's place in the queue was lost (config change)"
+                            ),
+                        );
+                    }
                 }
             }
         }
