@@ -233,10 +233,10 @@ pub struct InFlightSpec {
     #[x_kube(validation = Rule::new("self >= 0").message("resumeBelow must be >= 0"))]
     pub resume_below: i64,
     /// Besides being below `resumeBelow`, the gateway leaves conserve or stop
-    /// only once the p95 latency it measures (over 10 s windows) has not
-    /// risen by more than 10 % for this many seconds. Default 300 (applied by
-    /// the gateway when absent); 0: as soon as in flight is below
-    /// `resumeBelow`.
+    /// only once the p95 latency it measures (over 10 s windows) has not been
+    /// more than 25 % above its lowest of the minute before for this many
+    /// seconds. Default 300 (applied by the gateway when absent); 0: as soon
+    /// as in flight is below `resumeBelow`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0").message("resumeAfterStableSeconds must be >= 0"))]
     pub resume_after_stable_seconds: Option<i64>,
