@@ -785,9 +785,14 @@ impl Spare {
         }
     }
 
-    fn refill(&mut self, now: f64) {
+    /// The tokens there would be at `now`.
+    fn tokens_at(&self, now: f64) -> f64 {
         let elapsed = (now - self.last_refill).max(0.0);
-        self.tokens = (self.tokens + self.rate * elapsed).min(self.cap);
+        (self.tokens + self.rate * elapsed).min(self.cap)
+    }
+
+    fn refill(&mut self, now: f64) {
+        self.tokens = self.tokens_at(now);
         self.last_refill = now.max(self.last_refill);
     }
 
@@ -807,9 +812,7 @@ impl Spare {
         if self.rate <= 0.0 || units > self.cap + 1e-9 {
             return None;
         }
-        let elapsed = (now - self.last_refill).max(0.0);
-        let tokens = (self.tokens + self.rate * elapsed).min(self.cap);
-        Some(now + ((units - tokens).max(0.0) / self.rate))
+        Some(now + ((units - self.tokens_at(now)).max(0.0) / self.rate))
     }
 }
 
@@ -1244,9 +1247,7 @@ impl Core {
         // A token (its own, or spare capacity), and nobody waiting ahead: go.
         if lane.queue.len() == 0
             && (lane.tokens >= 1.0
-                || (lane.cfg.spare_capacity
-                    && !lane.paused
-                    && self.spare.take(now, lane.cfg.work_units_per_request)))
+                || (lane.draws_on_spare() && self.spare.take(now, lane.cfg.work_units_per_request)))
         {
             if lane.tokens >= 1.0 {
                 lane.tokens -= 1.0;
@@ -1473,8 +1474,7 @@ impl Core {
                 let lane = &mut self.lanes[li];
                 if lane.tokens >= 1.0 {
                     lane.tokens -= 1.0;
-                } else if !(lane.cfg.spare_capacity
-                    && !lane.paused
+                } else if !(lane.draws_on_spare()
                     && self.spare.take(now, lane.cfg.work_units_per_request))
                 {
                     break;
@@ -1518,8 +1518,7 @@ impl Core {
             if rate > 0.0 {
                 consider(now + ((1.0 - tokens).max(0.0) / rate));
             }
-            if lane.cfg.spare_capacity
-                && !lane.paused
+            if lane.draws_on_spare()
                 && let Some(t) = self.spare.ready_at(now, lane.cfg.work_units_per_request)
             {
                 consider(t);
@@ -1628,6 +1627,11 @@ impl Core {
 }
 
 impl Lane {
+    /// May draw on the pool's spare capacity once its own bucket is empty.
+    fn draws_on_spare(&self) -> bool {
+        self.cfg.spare_capacity && !self.paused
+    }
+
     fn cap(&self) -> f64 {
         self.burst.max(self.floor_rps.ceil())
     }
