@@ -1267,11 +1267,7 @@ impl<'a> Sim<'a> {
         let li = usize::from(a.lane);
         let p = self.lanes[li].profile;
         a.passed = now;
-        self.in_flight[p] += 1;
-        self.pool_count[li] += 1;
-        let ln = &mut self.out.lanes[li];
-        ln.admitted += 1;
-        ln.admitted_units += self.lanes[li].units;
+        self.count_sent(li);
         if let Some(core) = self.cores[p].as_mut() {
             core.started(now);
         }
@@ -1440,14 +1436,20 @@ impl<'a> Sim<'a> {
     /// A baseline gateway dispatches a queued attempt to the pool.
     fn start(&mut self, a: Attempt, now: f64, tick: usize) {
         let li = usize::from(a.lane);
+        self.queued[li] -= 1;
+        self.count_sent(li);
+        self.serve(a, now, tick);
+    }
+
+    /// An attempt of lane `li` leaves its gateway for the pool: in flight
+    /// from now, and admitted.
+    fn count_sent(&mut self, li: usize) {
         let p = self.lanes[li].profile;
         self.in_flight[p] += 1;
         self.pool_count[li] += 1;
-        self.queued[li] -= 1;
         let ln = &mut self.out.lanes[li];
         ln.admitted += 1;
         ln.admitted_units += self.lanes[li].units;
-        self.serve(a, now, tick);
     }
 
     /// The pool starts serving an attempt within its capacity.
