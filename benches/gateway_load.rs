@@ -38,6 +38,20 @@ struct Cli {
     bench: bool,
 }
 
+/// The connections and the measured window of the rate and max modes.
+#[derive(Args, Debug, Clone, Copy)]
+struct Window {
+    /// Connections (one request in flight on each).
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Seconds measured, after the warm-up.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds sent but not measured.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+}
+
 #[derive(Subcommand, Debug)]
 enum Mode {
     /// Open loop at a fixed total rate.
@@ -47,29 +61,15 @@ enum Mode {
         /// Requests per second, over all connections.
         #[arg(long)]
         rate: f64,
-        /// Connections (one request in flight on each).
-        #[arg(long, default_value_t = 64)]
-        connections: usize,
-        /// Seconds measured, after the warm-up.
-        #[arg(long, default_value_t = 10.0)]
-        duration: f64,
-        /// Seconds sent but not measured.
-        #[arg(long, default_value_t = 2.0)]
-        warmup: f64,
+        #[command(flatten)]
+        window: Window,
     },
     /// Closed loop: as fast as the answers come.
     Max {
         #[command(flatten)]
         target: Target,
-        /// Connections (one request in flight on each).
-        #[arg(long, default_value_t = 64)]
-        connections: usize,
-        /// Seconds measured, after the warm-up.
-        #[arg(long, default_value_t = 10.0)]
-        duration: f64,
-        /// Seconds sent but not measured.
-        #[arg(long, default_value_t = 2.0)]
-        warmup: f64,
+        #[command(flatten)]
+        window: Window,
     },
     /// Connection `k` sends on lane `{lane_prefix}{k % lanes}`, each request
     /// with a new tenant (`tenant-{k + j * clients}`), until `tenants`
@@ -319,7 +319,12 @@ fn headers(target: &Target) -> Vec<(String, String)> {
     h
 }
 
-async fn open_loop(target: Target, rate: f64, connections: usize, duration: f64, warmup: f64) {
+async fn open_loop(target: Target, rate: f64, window: Window) {
+    let Window {
+        connections,
+        duration,
+        warmup,
+    } = window;
     let endpoint = Endpoint::parse(&target.url);
     let body = body(target.model.as_deref().unwrap_or(&target.lane));
     let headers = headers(&target);
@@ -382,7 +387,12 @@ async fn open_loop(target: Target, rate: f64, connections: usize, duration: f64,
     );
 }
 
-async fn closed_loop(target: Target, connections: usize, duration: f64, warmup: f64) {
+async fn closed_loop(target: Target, window: Window) {
+    let Window {
+        connections,
+        duration,
+        warmup,
+    } = window;
     let endpoint = Endpoint::parse(&target.url);
     let body = body(target.model.as_deref().unwrap_or(&target.lane));
     let headers = headers(&target);
@@ -494,18 +504,11 @@ fn main() {
         Mode::Rate {
             target,
             rate,
-            connections,
-            duration,
-            warmup,
-        } => {
-            runtime(target.threads).block_on(open_loop(target, rate, connections, duration, warmup))
+            window,
+        } => runtime(target.threads).block_on(open_loop(target, rate, window)),
+        Mode::Max { target, window } => {
+            runtime(target.threads).block_on(closed_loop(target, window))
         }
-        Mode::Max {
-            target,
-            connections,
-            duration,
-            warmup,
-        } => runtime(target.threads).block_on(closed_loop(target, connections, duration, warmup)),
         Mode::Hold {
             target,
             clients,
