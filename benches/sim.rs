@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use lanekeeper::sim::{self, Policy};
+use lanekeeper::sim::{self, Strategy};
 
 fn inc47(c: &mut Criterion) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -24,14 +24,19 @@ fn inc47(c: &mut Criterion) {
     g.sample_size(10).measurement_time(Duration::from_secs(20));
     g.bench_function("lanekeeper incident 1500 s", |b| {
         b.iter(|| {
-            sim::simulate(black_box(&world), black_box(&incident), Policy::Lanekeeper).unwrap()
+            sim::simulate(
+                black_box(&world),
+                black_box(&incident),
+                Strategy::Lanekeeper,
+            )
+            .unwrap()
         })
     });
     for policy in [
-        Policy::Lanekeeper,
-        Policy::Fifo,
-        Policy::Static,
-        Policy::Fair,
+        Strategy::Lanekeeper,
+        Strategy::Fifo,
+        Strategy::Static,
+        Strategy::Fair,
     ] {
         g.bench_function(
             format!("{} full {} s", policy.as_str(), full.duration_seconds),

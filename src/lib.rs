@@ -3,7 +3,6 @@
 //! ladders for shared GPU inference pools, reconciled into gateway configs,
 //! pool sizes, bounded drains and degradation levels.
 
-pub mod admission;
 pub mod api;
 pub mod controller;
 pub mod gateway;
@@ -11,7 +10,6 @@ pub mod manifest;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
-pub mod proxy;
 pub mod signals;
 pub mod sim;
 pub mod snapshot;

@@ -106,7 +106,7 @@ enum CliError {
     Sim(#[from] sim::cli::CliError),
     /// `gateway` could not start or stopped with an error.
     #[error(transparent)]
-    Gateway(#[from] lanekeeper::proxy::GatewayError),
+    Gateway(#[from] lanekeeper::gateway::GatewayError),
     /// `calibration-hash -f` could not be read or parsed.
     #[error("{path}: {reason}")]
     HashInput { path: String, reason: String },
@@ -139,11 +139,7 @@ impl CliError {
             | CliError::Controller(_)
             | CliError::Write { .. } => 1,
             CliError::Sim(e) => e.exit_code(),
-            CliError::Gateway(
-                lanekeeper::proxy::GatewayError::NoConfigSource
-                | lanekeeper::proxy::GatewayError::NotNamespaced { .. }
-                | lanekeeper::proxy::GatewayError::Header(_),
-            ) => 2,
+            CliError::Gateway(e) if e.is_usage() => 2,
             CliError::Gateway(_) => 1,
         }
     }
@@ -180,7 +176,7 @@ enum Command {
     Diff(lanekeeper::sim::cli::DiffArgs),
     /// The data path: an OpenAI-compatible admission proxy in front of the
     /// pool, enforcing a profile's `lanes.json` (docs/gateway.md).
-    Gateway(lanekeeper::proxy::GatewayArgs),
+    Gateway(lanekeeper::gateway::GatewayArgs),
     /// Print the hash of a workload's pod template, the value of a
     /// CapacityProfile's `capacity.calibration.configHash` (the controller
     /// compares it with the same hash of the scale target).
@@ -575,13 +571,14 @@ fn run_operator(args: &RunArgs) -> Result<(), CliError> {
     })
 }
 
-fn run_gateway(args: lanekeeper::proxy::GatewayArgs) -> Result<(), CliError> {
+fn run_gateway(args: lanekeeper::gateway::GatewayArgs) -> Result<(), CliError> {
     init_logging(LogFormat::Text);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(CliError::Runtime)?;
-    Ok(rt.block_on(lanekeeper::proxy::run(args))?)
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.worker_threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.enable_all().build().map_err(CliError::Runtime)?;
+    Ok(rt.block_on(lanekeeper::gateway::run(args))?)
 }
 
 fn crdgen(out_dir: Option<&std::path::Path>) -> Result<(), CliError> {

@@ -1,6 +1,7 @@
 //! The shape of the code, checked: the engine names no Kubernetes crate,
-//! modules import only downwards (api → policy → signals → controller), and
-//! no two files import each other, directly or around a cycle.
+//! modules import only downwards (the layers of docs/development.md), no
+//! two files import each other, directly or around a cycle, and no function
+//! in `src/` is longer than 150 lines.
 //!
 //! Imports are read from the source: every `crate::…` and `super::…` path
 //! outside comments and `#[cfg(test)] mod tests`, resolved to the file of
@@ -184,50 +185,62 @@ fn the_engine_names_no_kubernetes_crate() {
     }
 }
 
-/// The gateway's admission core is pure: no clock, no I/O, no runtime (the
-/// proxy and `simulate` hand it the time).
-#[test]
-fn the_admission_core_has_no_clock_and_no_io() {
-    let f = src().join("admission.rs");
-    let text = std::fs::read_to_string(&f).unwrap();
-    for (n, line) in text.lines().enumerate() {
-        for word in [
-            "tokio",
-            "kube::",
-            "k8s_openapi",
-            "std::time",
-            "SystemTime",
-            "Instant",
-            "std::fs",
-            "std::net",
-            "hyper",
-            "axum",
-            "reqwest",
-        ] {
-            assert!(
-                !line.contains(word),
-                "{}:{}: the admission core must stay pure ({word}): {line}",
-                rel(&f),
-                n + 1
-            );
-        }
-    }
+/// The layer of a top-level module, lowest first, as docs/development.md
+/// lists them; every module has a layer of its own, so no two modules may
+/// import each other. (The gateway's admission core is the `lanes` crate,
+/// pure by its dependency tree, which `.ci/run` checks.)
+const LAYERS: [&str; 10] = [
+    "snapshot",
+    "api",
+    "policy",
+    "metrics",
+    "signals",
+    "manifest",
+    "controller",
+    "gateway",
+    "plan",
+    "sim",
+];
+
+fn layer(module: &[String]) -> Option<(usize, &'static str)> {
+    let first = module.first()?;
+    LAYERS
+        .iter()
+        .position(|l| l == first)
+        .map(|i| (i, LAYERS[i]))
 }
 
-/// The layer of a top-level module; modules not named are not ordered.
-fn layer(module: &[String]) -> Option<(usize, &'static str)> {
-    match module.first().map(String::as_str) {
-        Some("api") => Some((0, "api")),
-        Some("snapshot") => Some((0, "snapshot")),
-        Some("policy") => Some((1, "policy")),
-        Some("metrics") => Some((2, "metrics")),
-        Some("signals") => Some((3, "signals")),
-        Some("gateway") => Some((3, "gateway")),
-        Some("admission") => Some((4, "admission")),
-        Some("controller") => Some((4, "controller")),
-        Some("proxy") => Some((5, "proxy")),
-        _ => None,
+#[test]
+fn every_top_level_module_has_a_layer() {
+    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
+    let modules: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod "))
+        .map(|l| l.trim_end_matches(';'))
+        .collect();
+    assert!(modules.len() >= LAYERS.len(), "{modules:?}");
+    for m in modules {
+        assert!(
+            LAYERS.contains(&m),
+            "src/lib.rs: module {m} has no layer in LAYERS"
+        );
     }
+    let doc = std::fs::read_to_string(src().join("../docs/development.md")).unwrap();
+    let table = doc
+        .split("Modules of the `lanekeeper` crate")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").nth(1))
+        .expect("docs/development.md has the table of modules");
+    let listed: Vec<&str> = table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|m| LAYERS.contains(m))
+        .collect();
+    assert_eq!(
+        listed, LAYERS,
+        "docs/development.md lists the layers in this order"
+    );
 }
 
 #[test]
@@ -349,5 +362,70 @@ fn no_file_imports_itself_around_a_cycle() {
             .is_some_and(|e| e.contains(&src().join("controller/reconcile/mod.rs"))),
         "controller/mod.rs imports controller/reconcile: {:?}",
         g.edges.get(&controller_mod)
+    );
+}
+
+/// The longest a function in `src/` may be (the lanes crate and
+/// `src/gateway/` are held to 80 by clippy's `too_many_lines`).
+const MAX_FUNCTION_LINES: usize = 150;
+
+/// Each `fn` of a rustfmt-formatted file with its length in lines: from the
+/// line that opens it to the closing brace at its indentation.
+fn functions(text: &str) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        let indent = line.len() - code.len();
+        let code = code
+            .trim_start_matches("pub ")
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("const ")
+            .trim_start_matches("async ");
+        let Some(rest) = code.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let close = format!("{}}}", " ".repeat(indent));
+        if let Some(end) = lines[i..].iter().position(|l| *l == close) {
+            out.push((i + 1, name, end + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_in_src_is_over_the_budget() {
+    let mut files = Vec::new();
+    rs_files(&src(), &mut files);
+    let mut long = Vec::new();
+    let mut seen = 0;
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (line, name, len) in functions(&text) {
+            seen += 1;
+            if len > MAX_FUNCTION_LINES {
+                long.push(format!("{}:{line}: fn {name} is {len} lines", rel(&f)));
+            }
+        }
+    }
+    assert!(seen > 500, "the scanner finds functions ({seen})");
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FUNCTION_LINES} lines (split them along their phases):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_function_scanner_measures_to_the_closing_brace() {
+    let text = "fn a() {\n    x;\n}\n\nimpl T {\n    pub fn b(\n        y: u8,\n    ) {\n        z;\n    }\n}\n";
+    assert_eq!(
+        functions(text),
+        vec![(1, "a".to_owned(), 3), (6, "b".to_owned(), 5)]
     );
 }

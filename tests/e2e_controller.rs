@@ -1178,9 +1178,9 @@ fn share_config() -> String {
     p2["burst"] = json!(P2_RPS as u64);
     p2["queue"]["maxDepth"] = json!(0);
     p2["floorUnitsPerSecond"] = Value::Null;
-    let mut cfg: lanekeeper::gateway::GatewayConfig = serde_json::from_value(v).unwrap();
-    cfg.content_hash = lanekeeper::gateway::hash(&cfg);
-    lanekeeper::gateway::to_json(&cfg)
+    let mut cfg: lanes::GatewayConfig = serde_json::from_value(v).unwrap();
+    cfg.content_hash = lanes::hash(&cfg);
+    lanes::to_json(&cfg)
 }
 
 fn lanes_configmap(ns: &str, json: &str) -> Value {
@@ -1634,7 +1634,7 @@ async fn the_charts_gateway_gets_its_configmap_and_endpointslices_and_nothing_mo
         "the chart's ServiceAccount: N=2 from the Service's slices",
     )
     .await;
-    let want: lanekeeper::gateway::GatewayConfig = serde_json::from_str(&cfg).unwrap();
+    let want: lanes::GatewayConfig = serde_json::from_str(&cfg).unwrap();
     assert_eq!(gateway_hash(&g).await, Some(want.content_hash));
     assert!(
         !g.log_text().contains("failed"),

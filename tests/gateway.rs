@@ -739,7 +739,7 @@ async fn each_replica_enforces_its_share() {
 /// `simulate`'s gateway config at `speedup` times the pace: rates times
 /// `speedup`, times divided by it (token counts, queue depths and limits
 /// stay as they are).
-fn faster(cfg: &lanekeeper::gateway::GatewayConfig, speedup: f64) -> Value {
+fn faster(cfg: &lanes::GatewayConfig, speedup: f64) -> Value {
     let mut c = cfg.clone();
     let whole = |s: i64| {
         let v = s as f64 / speedup;
@@ -757,7 +757,7 @@ fn faster(cfg: &lanekeeper::gateway::GatewayConfig, speedup: f64) -> Value {
         assert!(l.borrowing.is_empty() && l.deferral.is_none());
     }
     assert!(c.in_flight.is_none());
-    c.content_hash = lanekeeper::gateway::hash(&c);
+    c.content_hash = lanes::hash(&c);
     serde_json::to_value(&c).unwrap()
 }
 

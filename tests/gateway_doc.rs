@@ -1,13 +1,14 @@
 //! docs/gateway-config.md follows src/gateway.rs: every field of a built
 //! `lanes.json` is documented, and the INC-47 example in the doc is what
-//! `gateway::build` produces today.
+//! `policy::gateway_config::build` produces today.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use lanekeeper::gateway::{self, GatewayConfig};
+use lanekeeper::policy::gateway_config;
 use lanekeeper::policy::{self, Binding, ProfileState, World};
 use lanekeeper::snapshot::{LaneSignals, ProfileSignals, Snapshot};
+use lanes::GatewayConfig;
 use serde_json::Value;
 
 const PROFILE: &str = "ai-platform/agent-assist";
@@ -66,7 +67,7 @@ fn build(world: &World, ready: u32, lane_rps: &[(&str, f64)]) -> GatewayConfig {
         );
     }
     let (decision, _) = policy::evaluate_profile(b, &snapshot, None, &ProfileState::default());
-    gateway::build(
+    gateway_config::build(
         &decision,
         &b.lanes,
         b.policy,
@@ -180,7 +181,7 @@ fn the_doc_examples_are_what_build_produces() {
     // The same config ships as a file, for `lanekeeper gateway --config`.
     assert_eq!(
         std::fs::read_to_string(root().join("examples/inc-47/lanes-420.json")).unwrap(),
-        gateway::to_json(&s[0]),
+        lanes::to_json(&s[0]),
         "examples/inc-47/lanes-420.json is the INC-47 config at 420 units/s (print it with `cargo test --test gateway_doc -- --ignored --nocapture`)"
     );
     let lane = s[1]
@@ -201,7 +202,7 @@ fn the_doc_examples_are_what_build_produces() {
 #[test]
 fn the_profiles_resume_after_stable_seconds_reaches_lanes_json() {
     let s = samples();
-    let json = |c: &GatewayConfig| -> Value { serde_json::from_str(&gateway::to_json(c)).unwrap() };
+    let json = |c: &GatewayConfig| -> Value { serde_json::from_str(&lanes::to_json(c)).unwrap() };
     assert_eq!(
         json(&s[2])["inFlight"],
         serde_json::json!({
@@ -230,7 +231,7 @@ fn the_profiles_resume_after_stable_seconds_reaches_lanes_json() {
 /// with 0 it resumes at once.
 #[test]
 fn the_gateway_resumes_after_the_profiles_stable_window() {
-    use lanekeeper::admission::{Core, Pressure};
+    use lanes::{Core, Pressure};
     let core = |resume_after: Option<i64>| {
         let mut f = serde_json::json!({"conserveAt": 8, "stopAt": 10, "resumeBelow": 5});
         if let Some(r) = resume_after {
@@ -238,7 +239,7 @@ fn the_gateway_resumes_after_the_profiles_stable_window() {
         }
         let cfg = build(&inc47_with_in_flight(f), 6, &[]);
         // Through the bytes the ConfigMap holds, as a gateway reads them.
-        let read: GatewayConfig = serde_json::from_str(&gateway::to_json(&cfg)).unwrap();
+        let read: GatewayConfig = serde_json::from_str(&lanes::to_json(&cfg)).unwrap();
         assert_eq!(
             read.in_flight.as_ref().unwrap().resume_after_stable_seconds,
             resume_after
@@ -276,7 +277,7 @@ fn the_gateway_resumes_after_the_profiles_stable_window() {
 #[ignore = "prints the examples of docs/gateway-config.md"]
 fn print_examples() {
     let s = samples();
-    println!("{}", gateway::to_json(&s[0]));
+    println!("{}", lanes::to_json(&s[0]));
     let lane = s[1]
         .lanes
         .iter()

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use lanekeeper::policy::World;
 use lanekeeper::sim::report::{LaneReport, SimReport};
-use lanekeeper::sim::{self, Policy, Run, Scenario};
+use lanekeeper::sim::{self, Run, Scenario, Strategy};
 
 const INCIDENT_START: u64 = 180;
 const INCIDENT_END: u64 = 1500;
@@ -34,7 +34,7 @@ fn lanekeeper_run() -> &'static (Run, SimReport) {
     static RUN: OnceLock<(Run, SimReport)> = OnceLock::new();
     RUN.get_or_init(|| {
         let (world, sc) = inc47();
-        sim::simulate(&world, &sc, Policy::Lanekeeper).unwrap()
+        sim::simulate(&world, &sc, Strategy::Lanekeeper).unwrap()
     })
 }
 
@@ -177,10 +177,10 @@ fn lanekeeper_beats_the_naive_gateways_on_p0() {
     // debug-mode tests quick).
     let (world, mut sc) = inc47();
     sc.duration_seconds = (INCIDENT_END + 60) as f64;
-    let (_, lk) = sim::simulate(&world, &sc, Policy::Lanekeeper).unwrap();
-    let (_, fifo) = sim::simulate(&world, &sc, Policy::Fifo).unwrap();
-    let (_, stat) = sim::simulate(&world, &sc, Policy::Static).unwrap();
-    let (_, fair) = sim::simulate(&world, &sc, Policy::Fair).unwrap();
+    let (_, lk) = sim::simulate(&world, &sc, Strategy::Lanekeeper).unwrap();
+    let (_, fifo) = sim::simulate(&world, &sc, Strategy::Fifo).unwrap();
+    let (_, stat) = sim::simulate(&world, &sc, Strategy::Static).unwrap();
+    let (_, fair) = sim::simulate(&world, &sc, Strategy::Fair).unwrap();
     // fifo: P0 waits behind everything else and expires.
     assert!(
         p0(&lk) > p0(&fifo) + 10.0,

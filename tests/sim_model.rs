@@ -5,7 +5,7 @@ use std::path::Path;
 
 use lanekeeper::manifest::{Loaded, load_str};
 use lanekeeper::policy::World;
-use lanekeeper::sim::{self, Policy, Scenario};
+use lanekeeper::sim::{self, Scenario, Strategy};
 
 /// One profile and one batch lane (P3-like), no ladder.
 fn batch_world(units_per_request: &str, max_attempts: u32, budget: u32) -> World {
@@ -65,7 +65,7 @@ lanes:
 }
 
 /// The share of capacity lanekeeper's gateway fills with spare capacity.
-const SPARE: f64 = lanekeeper::admission::SPARE_UTILIZATION;
+const SPARE: f64 = lanes::SPARE_UTILIZATION;
 
 #[test]
 fn queue_drains_at_the_net_rate_as_the_closed_form_says() {
@@ -76,8 +76,8 @@ fn queue_drains_at_the_net_rate_as_the_closed_form_says() {
     // the pool: 18,000 / (247 − 220) = 667 s.
     let world = batch_world("0.45", 3, 5);
     let sc = drain_scenario(117.0);
-    for policy in [Policy::Lanekeeper, Policy::Fifo, Policy::Fair] {
-        let service = if policy == Policy::Lanekeeper {
+    for policy in [Strategy::Lanekeeper, Strategy::Fifo, Strategy::Fair] {
+        let service = if policy == Strategy::Lanekeeper {
             260.0 * SPARE
         } else {
             260.0
@@ -104,7 +104,7 @@ fn queue_never_drains_when_service_does_not_exceed_arrivals() {
     let world = batch_world("0.45", 3, 5);
     // Service = arrivals (220 jobs/s = 99 units/s), then below them.
     for cap in [99.0, 90.0] {
-        let (_, rep) = sim::simulate(&world, &drain_scenario(cap), Policy::Lanekeeper).unwrap();
+        let (_, rep) = sim::simulate(&world, &drain_scenario(cap), Strategy::Lanekeeper).unwrap();
         let lane = &rep.profiles[0].lanes[0];
         assert_eq!(lane.drained_at, None, "capacity {cap}");
         assert!(
@@ -145,7 +145,7 @@ fn retry_amplification_matches_the_geometric_sum() {
     // Independent failures p = 0.25, up to k = 3 retries:
     // attempts per request = 1 + p + p² + p³ = 1.328125.
     let world = batch_world("0.45", 10, 100);
-    let (run, rep) = sim::simulate(&world, &retry_scenario(), Policy::Fifo).unwrap();
+    let (run, rep) = sim::simulate(&world, &retry_scenario(), Strategy::Fifo).unwrap();
     let lane = &rep.profiles[0].lanes[0];
     assert_eq!(lane.pending, 0, "every request has an outcome");
     let n = run.lanes[0].offered as f64;
@@ -170,7 +170,7 @@ fn retry_amplification_matches_the_geometric_sum() {
 fn the_retry_budget_caps_amplification_for_clients_that_honour_it() {
     // Same failures, but lanekeeper's gateway enforces a 5 % retry budget.
     let world = batch_world("0.45", 4, 5);
-    let (_, rep) = sim::simulate(&world, &retry_scenario(), Policy::Lanekeeper).unwrap();
+    let (_, rep) = sim::simulate(&world, &retry_scenario(), Strategy::Lanekeeper).unwrap();
     let lane = &rep.profiles[0].lanes[0];
     // Clients still try once more after a failure (the gateway answers
     // that retry with a refusal), but the pool sees at most 5 % extra.
@@ -248,7 +248,7 @@ fn deferred_work_is_not_lost_and_drains_at_the_net_rate() {
     // maxAttempts 1 and no retry budget: returns after a deferral must count
     // against neither.
     let world = shedding_world("Defer", 2000, 1, 0);
-    let (run, rep) = sim::simulate(&world, &dip_scenario(), Policy::Lanekeeper).unwrap();
+    let (run, rep) = sim::simulate(&world, &dip_scenario(), Strategy::Lanekeeper).unwrap();
     let lane = &rep.profiles[0].lanes[0];
     assert_eq!(lane.lost, 0, "{lane:#?}");
     assert_eq!(
@@ -304,7 +304,7 @@ fn deferred_work_is_not_lost_and_drains_at_the_net_rate() {
 #[test]
 fn without_deferral_the_same_dip_loses_work() {
     let world = shedding_world("Throttle", 2000, 3, 5);
-    let (_, rep) = sim::simulate(&world, &dip_scenario(), Policy::Lanekeeper).unwrap();
+    let (_, rep) = sim::simulate(&world, &dip_scenario(), Strategy::Lanekeeper).unwrap();
     let lane = &rep.profiles[0].lanes[0];
     assert!(lane.rejected > 10_000, "{lane:#?}");
     assert_eq!(lane.lost, lane.rejected + lane.expired + lane.failed);
@@ -316,7 +316,7 @@ fn the_engine_sees_originals_as_demand_and_retries_apart() {
     // 100 req/s, a quarter of served attempts fail, clients retry up to 3
     // times: ≈ 33 retries/s on top of 100 originals/s.
     let world = batch_world("0.45", 10, 100);
-    let (run, rep) = sim::simulate(&world, &retry_scenario(), Policy::Lanekeeper).unwrap();
+    let (run, rep) = sim::simulate(&world, &retry_scenario(), Strategy::Lanekeeper).unwrap();
     let lane = &rep.profiles[0].lanes[0];
     assert!(lane.retries > 20_000, "{lane:#?}");
     let mid: Vec<_> = run
@@ -359,10 +359,10 @@ fn inc47() -> (World, Scenario) {
 fn conservation_and_capacity_bound_hold_for_every_policy() {
     let (world, sc) = inc47();
     for policy in [
-        Policy::Lanekeeper,
-        Policy::Fifo,
-        Policy::Static,
-        Policy::Fair,
+        Strategy::Lanekeeper,
+        Strategy::Fifo,
+        Strategy::Static,
+        Strategy::Fair,
     ] {
         let run = sim::run(&world, &sc, policy).unwrap();
         for l in &run.lanes {
@@ -417,7 +417,7 @@ fn same_seed_same_report_byte_for_byte() {
     let (world, mut sc) = inc47();
     sc.duration_seconds = 400.0;
     let render = |sc: &Scenario| {
-        let (_, rep) = sim::simulate(&world, sc, Policy::Lanekeeper).unwrap();
+        let (_, rep) = sim::simulate(&world, sc, Strategy::Lanekeeper).unwrap();
         (
             serde_json::to_string(&rep).unwrap(),
             sim::report::render_table(&rep),
@@ -441,7 +441,7 @@ fn the_p1_surge_is_measured_as_originals_and_retries_apart() {
         .unwrap()
         .world;
     let sc = sim::scenario::load(&root.join("examples/p1-surge/scenario.yaml")).unwrap();
-    let (run, rep) = sim::simulate(&world, &sc, Policy::Lanekeeper).unwrap();
+    let (run, rep) = sim::simulate(&world, &sc, Strategy::Lanekeeper).unwrap();
     let p = &rep.profiles[0];
     let p1 = p
         .lanes

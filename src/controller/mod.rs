@@ -13,6 +13,7 @@ pub mod drain;
 pub mod error;
 pub mod http;
 pub mod index;
+pub mod lanes_configmap;
 pub mod pods;
 mod reconcile;
 pub mod scale;

@@ -16,42 +16,9 @@ pub fn round6(v: f64) -> f64 {
     if r == 0.0 { 0.0 } else { r }
 }
 
-/// Whether a profile's capacity could be had from telemetry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Telemetry {
-    /// Capacity is known.
-    Known,
-    /// Capacity could not be had: hold.
-    Unknown,
-}
-
-/// A lane's admission state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LaneState {
-    /// Gets its whole demand.
-    Admitted,
-    /// Held to a level cap or its ceiling.
-    Capped,
-    /// Capacity ran out before its demand was met.
-    Throttled,
-    /// Paused by a level.
-    Paused,
-    /// Released by a step down and regaining its rate in stages.
-    Recovering,
-}
-
-impl LaneState {
-    /// The state's name as written in status and configs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LaneState::Admitted => "Admitted",
-            LaneState::Capped => "Capped",
-            LaneState::Throttled => "Throttled",
-            LaneState::Paused => "Paused",
-            LaneState::Recovering => "Recovering",
-        }
-    }
-}
+/// Whether a profile's capacity could be had from telemetry, and a lane's
+/// admission state: the types `lanes.json` carries, one meaning each.
+pub use lanes::{LaneState, Telemetry};
 
 /// The decision for one profile in one evaluation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

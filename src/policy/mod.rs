@@ -9,6 +9,7 @@ pub mod bind;
 pub mod decision;
 pub mod drain;
 pub mod evidence;
+pub mod gateway_config;
 pub mod ladder;
 pub mod sizing;
 

@@ -13,13 +13,13 @@ use crate::policy::World;
 
 use super::chart::ChartError;
 use super::diff::{self, DiffError, FailOn};
-use super::engine::{Policy, SimError};
+use super::engine::{SimError, Strategy};
 use super::scenario::ScenarioError;
 use super::{chart, report, scenario};
 
 /// The policy a simulation runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PolicyArg {
+pub enum StrategyArg {
     /// The gateway enforces the latest decision of the engine.
     Lanekeeper,
     /// One shared FIFO queue, no priorities, no shedding.
@@ -30,13 +30,13 @@ pub enum PolicyArg {
     Fair,
 }
 
-impl From<PolicyArg> for Policy {
-    fn from(p: PolicyArg) -> Self {
+impl From<StrategyArg> for Strategy {
+    fn from(p: StrategyArg) -> Self {
         match p {
-            PolicyArg::Lanekeeper => Policy::Lanekeeper,
-            PolicyArg::Fifo => Policy::Fifo,
-            PolicyArg::Static => Policy::Static,
-            PolicyArg::Fair => Policy::Fair,
+            StrategyArg::Lanekeeper => Strategy::Lanekeeper,
+            StrategyArg::Fifo => Strategy::Fifo,
+            StrategyArg::Static => Strategy::Static,
+            StrategyArg::Fair => Strategy::Fair,
         }
     }
 }
@@ -63,7 +63,7 @@ pub struct SimulateArgs {
     pub scenario: PathBuf,
     /// Which gateway runs: lanekeeper or a baseline.
     #[arg(long, value_enum, default_value = "lanekeeper")]
-    pub policy: PolicyArg,
+    pub policy: StrategyArg,
     /// Override the scenario's seed.
     #[arg(long)]
     pub seed: Option<u64>,

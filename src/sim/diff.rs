@@ -13,7 +13,7 @@ use crate::plan;
 use crate::policy::{Approvals, Evaluation, ProfileDecision, World};
 use crate::snapshot::SignalsFile;
 
-use super::engine::{Policy, SimError};
+use super::engine::{SimError, Strategy};
 use super::report::LaneReport;
 use super::scenario;
 
@@ -346,10 +346,12 @@ pub fn diff(
     for path in scenarios {
         let sc = scenario::load(path)?;
         let simulate = |world, side| {
-            super::simulate(world, &sc, Policy::Lanekeeper).map_err(|source| DiffError::Simulate {
-                path: path.clone(),
-                side,
-                source,
+            super::simulate(world, &sc, Strategy::Lanekeeper).map_err(|source| {
+                DiffError::Simulate {
+                    path: path.clone(),
+                    side,
+                    source,
+                }
             })
         };
         let (rb, repb) = simulate(base, Side::Base)?;

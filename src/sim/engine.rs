@@ -14,17 +14,17 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Exp1, StandardNormal};
 
-use crate::admission::{self, Core, Outcome, Refusal, Resolution, Ticket, Verdict};
-use crate::gateway::{self, GatewayConfig};
+use crate::api::ObjectKey;
 use crate::policy::{self, Approvals, EngineState, Evaluation, World, key};
 use crate::snapshot::{LaneSignals, ProfileSignals, Snapshot};
+use lanes::{Core, GatewayConfig, Outcome, Refusal, Resolution, Ticket, Verdict};
 
 use super::scenario::{ClientSpec, Scenario, Steps};
 
 /// Which gateway runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Policy {
+pub enum Strategy {
     /// lanekeeper: the gateway's own admission core (`lanekeeper gateway`)
     /// enforcing the `lanes.json` of the latest decision, in front of a pool
     /// that serves what it is sent in arrival order within its capacity.
@@ -38,14 +38,14 @@ pub enum Policy {
     Fair,
 }
 
-impl Policy {
+impl Strategy {
     /// The name used on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
-            Policy::Lanekeeper => "lanekeeper",
-            Policy::Fifo => "fifo",
-            Policy::Static => "static",
-            Policy::Fair => "fair",
+            Strategy::Lanekeeper => "lanekeeper",
+            Strategy::Fifo => "fifo",
+            Strategy::Static => "static",
+            Strategy::Fair => "fair",
         }
     }
 }
@@ -54,7 +54,7 @@ impl Policy {
 #[derive(Clone, Debug)]
 pub struct Run {
     /// The policy that ran.
-    pub policy: Policy,
+    pub policy: Strategy,
     /// Scenario name.
     pub scenario: String,
     /// Seed.
@@ -416,7 +416,7 @@ fn resolve<'a>(kind: KeyKind, k: &str, known: &'a [String]) -> Result<&'a String
 }
 
 /// Runs a scenario under a policy.
-pub fn run(world: &World, scenario: &Scenario, policy: Policy) -> Result<Run, SimError> {
+pub fn run(world: &World, scenario: &Scenario, policy: Strategy) -> Result<Run, SimError> {
     Ok(Sim::new(world, scenario, policy)?.run())
 }
 
@@ -424,7 +424,7 @@ pub fn run(world: &World, scenario: &Scenario, policy: Policy) -> Result<Run, Si
 /// ([`Run::trace`]): the arrivals and the configs published, to replay
 /// through the real gateway.
 pub fn run_traced(world: &World, scenario: &Scenario) -> Result<Run, SimError> {
-    let mut sim = Sim::new(world, scenario, Policy::Lanekeeper)?;
+    let mut sim = Sim::new(world, scenario, Strategy::Lanekeeper)?;
     sim.trace = Some(Trace::default());
     Ok(sim.run())
 }
@@ -432,7 +432,7 @@ pub fn run_traced(world: &World, scenario: &Scenario) -> Result<Run, SimError> {
 struct Sim<'a> {
     world: &'a World,
     sc: &'a Scenario,
-    policy: Policy,
+    policy: Strategy,
     lanes: Vec<LaneSetup>,
     out: Run,
     // per profile
@@ -484,179 +484,215 @@ fn stream(seed: u64, s: u64) -> ChaCha8Rng {
     r
 }
 
+/// What a scenario says of the bound world, keyed by full `ns/name`.
+struct Inputs<'w, 's> {
+    bound: policy::Bound<'w>,
+    pkeys: Vec<String>,
+    capacity: BTreeMap<String, Steps>,
+    lanes: BTreeMap<String, &'s super::scenario::LaneScenario>,
+    warnings: Vec<String>,
+}
+
+/// Binds the world and resolves the scenario's profile and lane keys.
+fn inputs<'w, 's>(world: &'w World, sc: &'s Scenario) -> Result<Inputs<'w, 's>, SimError> {
+    let bound = policy::bind(world);
+    let warnings = bound.warnings.iter().map(ToString::to_string).collect();
+    let pkeys: Vec<String> = bound.bindings.iter().map(|b| b.profile.key()).collect();
+    let lane_keys: Vec<String> = bound
+        .bindings
+        .iter()
+        .flat_map(|b| b.lanes.iter().map(|l| l.key()))
+        .collect();
+    let mut capacity = BTreeMap::new();
+    for (k, p) in &sc.profiles {
+        let full = resolve(KeyKind::Profile, k, &pkeys)?;
+        if !p.capacity.is_empty() {
+            let steps = p
+                .capacity
+                .iter()
+                .map(|c| (c.at, c.units_per_second))
+                .collect();
+            capacity.insert(full.clone(), Steps::new(steps));
+        }
+    }
+    let mut lanes = BTreeMap::new();
+    for (k, l) in &sc.lanes {
+        let full = resolve(KeyKind::Lane, k, &lane_keys)?;
+        if lanes.insert(full.clone(), l).is_some() {
+            return Err(SimError::LaneTwice { lane: full.clone() });
+        }
+    }
+    Ok(Inputs {
+        bound,
+        pkeys,
+        capacity,
+        lanes,
+        warnings,
+    })
+}
+
+/// One lane as the simulation runs it: its contract with the scenario's
+/// traffic (none, with a warning, when the scenario has none for it).
+fn lane_setup(
+    l: &crate::api::LaneContract,
+    profile: usize,
+    sc: &Scenario,
+    inputs: &mut Inputs<'_, '_>,
+) -> LaneSetup {
+    let lk = l.key();
+    let s = &l.spec;
+    let (arrivals, service, failure, clients, backlog) = match inputs.lanes.get(&lk) {
+        Some(x) => (
+            Steps::new(
+                x.arrivals
+                    .iter()
+                    .map(|r| (r.at, r.requests_per_second))
+                    .collect(),
+            ),
+            x.service.clone(),
+            x.failure_ratio,
+            x.clients.clone().unwrap_or_else(|| sc.clients.clone()),
+            x.initial_backlog,
+        ),
+        None => {
+            inputs
+                .warnings
+                .push(format!("lane {lk} has no traffic in the scenario"));
+            let service = super::scenario::ServiceSpec {
+                p50_seconds: 1.0,
+                p95_seconds: 1.0,
+            };
+            (Steps::constant(0.0), service, 0.0, sc.clients.clone(), 0)
+        }
+    };
+    let mu = service.p50_seconds.ln();
+    let sigma = (service.p95_seconds.ln() - mu) / 1.644_853_626_951_472_2;
+    LaneSetup {
+        key: lk,
+        name: l.metadata.name.clone().unwrap_or_default(),
+        profile,
+        priority: s.priority,
+        weight: f64::from(s.weight.max(1)),
+        units: s.work_units_per_request.value(),
+        ttl: s.queue.ttl_seconds as f64,
+        max_depth: s.queue.max_depth.max(0) as usize,
+        deadline: s.deadline_seconds as f64,
+        floor: s.floor_units_per_second.as_ref().map(|f| f.value()),
+        arrivals,
+        mu,
+        sigma,
+        failure,
+        clients,
+        backlog,
+    }
+}
+
+/// A profile's series, sized for the run.
+fn profile_run(b: &policy::Binding<'_>, nsec: usize, ticks: usize, max_units: f64) -> ProfileRun {
+    let level_names = std::iter::once("normal".to_owned())
+        .chain(
+            b.policy
+                .iter()
+                .flat_map(|p| p.spec.levels.iter().map(|l| l.name.clone())),
+        )
+        .collect();
+    ProfileRun {
+        namespace: b.profile.metadata.namespace.clone().unwrap_or_default(),
+        name: b.profile.metadata.name.clone().unwrap_or_default(),
+        level_names,
+        capacity: vec![0.0; nsec],
+        in_flight: vec![0; nsec],
+        level: vec![0; nsec],
+        tick_units: vec![0.0; ticks],
+        tick_capacity: vec![0.0; ticks],
+        max_units,
+    }
+}
+
+/// A lane's series, sized for the run.
+fn lane_run(l: &LaneSetup, nsec: usize, dur: f64) -> LaneRun {
+    let (ns, name) = l.key.split_once('/').unwrap_or(("", &l.key));
+    LaneRun {
+        namespace: ns.to_owned(),
+        name: name.to_owned(),
+        profile: l.profile,
+        priority: l.priority,
+        units: l.units,
+        deadline: l.deadline,
+        arrivals: vec![0; nsec],
+        originals: vec![0; nsec],
+        retry_arrivals: vec![0; nsec],
+        served_units: vec![0.0; nsec],
+        queued: vec![0; nsec + 1],
+        deferred: vec![0; nsec + 1],
+        limit: vec![f64::NAN; nsec],
+        rate_end: l.arrivals.at(dur),
+        ..Default::default()
+    }
+}
+
+/// The profiles and lanes of a run, lanes of each profile in priority then
+/// name order.
+struct Layout {
+    lanes: Vec<LaneSetup>,
+    profiles: Vec<ProfileRun>,
+    capacity: Vec<Steps>,
+    profile_lanes: Vec<Vec<usize>>,
+}
+
+fn layout(sc: &Scenario, inputs: &mut Inputs<'_, '_>, nsec: usize, ticks: usize) -> Layout {
+    let mut out = Layout {
+        lanes: Vec::new(),
+        profiles: Vec::new(),
+        capacity: Vec::new(),
+        profile_lanes: Vec::new(),
+    };
+    let bindings = inputs.bound.bindings.clone();
+    for (pi, b) in bindings.iter().enumerate() {
+        let safe = b.profile.spec.capacity.safe_units_per_second.value();
+        let pk = inputs.pkeys[pi].clone();
+        let steps = inputs
+            .capacity
+            .remove(&pk)
+            .unwrap_or_else(|| Steps::constant(safe));
+        out.capacity.push(steps);
+        let mut ls: Vec<_> = b.lanes.clone();
+        ls.sort_by(|a, c| {
+            (a.spec.priority, a.metadata.name.as_deref())
+                .cmp(&(c.spec.priority, c.metadata.name.as_deref()))
+        });
+        let mut idxs = Vec::new();
+        let mut max_units: f64 = 0.0;
+        for l in ls {
+            let setup = lane_setup(l, pi, sc, inputs);
+            max_units = max_units.max(setup.units);
+            idxs.push(out.lanes.len());
+            out.lanes.push(setup);
+        }
+        out.profile_lanes.push(idxs);
+        out.profiles.push(profile_run(b, nsec, ticks, max_units));
+    }
+    out
+}
+
 impl<'a> Sim<'a> {
-    fn new(world: &'a World, sc: &'a Scenario, policy: Policy) -> Result<Self, SimError> {
-        let bound = policy::bind(world);
-        let mut warnings: Vec<String> = bound.warnings.iter().map(ToString::to_string).collect();
-        let pkeys: Vec<String> = bound
-            .bindings
-            .iter()
-            .map(|b| {
-                key(
-                    b.profile.metadata.namespace.as_deref().unwrap_or_default(),
-                    b.profile.metadata.name.as_deref().unwrap_or_default(),
-                )
-            })
-            .collect();
-        let mut lane_keys = Vec::new();
-        for b in &bound.bindings {
-            for l in &b.lanes {
-                lane_keys.push(key(
-                    l.metadata.namespace.as_deref().unwrap_or_default(),
-                    l.metadata.name.as_deref().unwrap_or_default(),
-                ));
-            }
-        }
-        let mut cap_by_key = BTreeMap::new();
-        for (k, p) in &sc.profiles {
-            let full = resolve(KeyKind::Profile, k, &pkeys)?;
-            if !p.capacity.is_empty() {
-                cap_by_key.insert(
-                    full.clone(),
-                    Steps::new(
-                        p.capacity
-                            .iter()
-                            .map(|c| (c.at, c.units_per_second))
-                            .collect(),
-                    ),
-                );
-            }
-        }
-        let mut lane_sc = BTreeMap::new();
-        for (k, l) in &sc.lanes {
-            let full = resolve(KeyKind::Lane, k, &lane_keys)?;
-            if lane_sc.insert(full.clone(), l).is_some() {
-                return Err(SimError::LaneTwice { lane: full.clone() });
-            }
-        }
+    fn new(world: &'a World, sc: &'a Scenario, policy: Strategy) -> Result<Self, SimError> {
+        let mut inputs = inputs(world, sc)?;
         let dur = sc.duration_seconds;
         let nsec = dur.ceil() as usize + 1;
         let ticks = (dur / sc.tick_seconds).ceil() as usize;
-        let mut lanes = Vec::new();
-        let mut profiles = Vec::new();
-        let mut capacity = Vec::new();
-        let mut profile_lanes = Vec::new();
-        for (pi, b) in bound.bindings.iter().enumerate() {
-            let pk = &pkeys[pi];
-            let safe = b.profile.spec.capacity.safe_units_per_second.value();
-            capacity.push(
-                cap_by_key
-                    .remove(pk)
-                    .unwrap_or_else(|| Steps::constant(safe)),
-            );
-            let mut ls: Vec<_> = b.lanes.clone();
-            ls.sort_by(|a, c| {
-                (a.spec.priority, a.metadata.name.as_deref())
-                    .cmp(&(c.spec.priority, c.metadata.name.as_deref()))
-            });
-            let mut idxs = Vec::new();
-            let mut max_units: f64 = 0.0;
-            for l in ls {
-                let lk = key(
-                    l.metadata.namespace.as_deref().unwrap_or_default(),
-                    l.metadata.name.as_deref().unwrap_or_default(),
-                );
-                let s = l.spec.clone();
-                let (arrivals, service, failure, clients, backlog) = match lane_sc.get(&lk) {
-                    Some(x) => (
-                        Steps::new(
-                            x.arrivals
-                                .iter()
-                                .map(|r| (r.at, r.requests_per_second))
-                                .collect(),
-                        ),
-                        x.service.clone(),
-                        x.failure_ratio,
-                        x.clients.clone().unwrap_or_else(|| sc.clients.clone()),
-                        x.initial_backlog,
-                    ),
-                    None => {
-                        warnings.push(format!("lane {lk} has no traffic in the scenario"));
-                        (
-                            Steps::constant(0.0),
-                            super::scenario::ServiceSpec {
-                                p50_seconds: 1.0,
-                                p95_seconds: 1.0,
-                            },
-                            0.0,
-                            sc.clients.clone(),
-                            0,
-                        )
-                    }
-                };
-                let mu = service.p50_seconds.ln();
-                let sigma = (service.p95_seconds.ln() - mu) / 1.644_853_626_951_472_2;
-                let units = s.work_units_per_request.value();
-                max_units = max_units.max(units);
-                idxs.push(lanes.len());
-                lanes.push(LaneSetup {
-                    key: lk,
-                    name: l.metadata.name.clone().unwrap_or_default(),
-                    profile: pi,
-                    priority: s.priority,
-                    weight: f64::from(s.weight.max(1)),
-                    units,
-                    ttl: s.queue.ttl_seconds as f64,
-                    max_depth: s.queue.max_depth.max(0) as usize,
-                    deadline: s.deadline_seconds as f64,
-                    floor: s.floor_units_per_second.as_ref().map(|f| f.value()),
-                    arrivals,
-                    mu,
-                    sigma,
-                    failure,
-                    clients,
-                    backlog,
-                });
-            }
-            profile_lanes.push(idxs);
-            let level_names = std::iter::once("normal".to_owned())
-                .chain(
-                    b.policy
-                        .iter()
-                        .flat_map(|p| p.spec.levels.iter().map(|l| l.name.clone())),
-                )
-                .collect();
-            profiles.push(ProfileRun {
-                namespace: b.profile.metadata.namespace.clone().unwrap_or_default(),
-                name: b.profile.metadata.name.clone().unwrap_or_default(),
-                level_names,
-                capacity: vec![0.0; nsec],
-                in_flight: vec![0; nsec],
-                level: vec![0; nsec],
-                tick_units: vec![0.0; ticks],
-                tick_capacity: vec![0.0; ticks],
-                max_units,
-            });
-        }
+        let Layout {
+            lanes,
+            profiles,
+            capacity,
+            profile_lanes,
+        } = layout(sc, &mut inputs, nsec, ticks);
         if lanes.len() > usize::from(u16::MAX) {
             return Err(SimError::TooManyLanes { lanes: lanes.len() });
         }
-        let np = profiles.len();
-        let nl = lanes.len();
-        let lane_runs = lanes
-            .iter()
-            .map(|l| {
-                let (ns, name) = l.key.split_once('/').unwrap_or(("", &l.key));
-                LaneRun {
-                    namespace: ns.to_owned(),
-                    name: name.to_owned(),
-                    profile: l.profile,
-                    priority: l.priority,
-                    units: l.units,
-                    deadline: l.deadline,
-                    arrivals: vec![0; nsec],
-                    originals: vec![0; nsec],
-                    retry_arrivals: vec![0; nsec],
-                    served_units: vec![0.0; nsec],
-                    queued: vec![0; nsec + 1],
-                    deferred: vec![0; nsec + 1],
-                    limit: vec![f64::NAN; nsec],
-                    rate_end: l.arrivals.at(dur),
-                    ..Default::default()
-                }
-            })
-            .collect();
-        let nq = if policy == Policy::Fifo { np } else { nl };
+        let (np, nl) = (profiles.len(), lanes.len());
+        let lane_runs = lanes.iter().map(|l| lane_run(l, nsec, dur)).collect();
+        let nq = if policy == Strategy::Fifo { np } else { nl };
         let gates = lanes
             .iter()
             .map(|_| Gate {
@@ -679,7 +715,7 @@ impl<'a> Sim<'a> {
                 profiles,
                 lanes: lane_runs,
                 evaluations: Vec::new(),
-                warnings,
+                warnings: inputs.warnings,
                 trace: None,
             },
             capacity,
@@ -701,7 +737,7 @@ impl<'a> Sim<'a> {
             done: vec![vec![0; nsec]; np],
             errors: vec![vec![0; nsec]; np],
             pool_heap: BinaryHeap::new(),
-            retry_heap: Calendar::new(sc.tick_seconds, (dur / sc.tick_seconds).ceil() as usize),
+            retry_heap: Calendar::new(sc.tick_seconds, ticks),
             seq: 0,
             state: EngineState::default(),
             cores: (0..np).map(|_| None).collect(),
@@ -754,7 +790,7 @@ impl<'a> Sim<'a> {
     }
 
     fn queue_of(&self, lane: usize) -> usize {
-        if self.policy == Policy::Fifo {
+        if self.policy == Strategy::Fifo {
             self.lanes[lane].profile
         } else {
             lane
@@ -790,7 +826,7 @@ impl<'a> Sim<'a> {
                 let a = self.new_attempt(i, 0.0, compliant);
                 self.out.lanes[i].offered += 1;
                 self.out.lanes[i].attempts += 1;
-                if self.policy == Policy::Lanekeeper {
+                if self.policy == Strategy::Lanekeeper {
                     initial.push(a);
                 } else {
                     let q = self.queue_of(i);
@@ -809,7 +845,7 @@ impl<'a> Sim<'a> {
         for tick in 0..ticks {
             let t = tick as f64 * dt;
             let t_end = ((tick + 1) as f64 * dt).min(dur);
-            if self.policy == Policy::Lanekeeper {
+            if self.policy == Strategy::Lanekeeper {
                 while next_eval <= t + 1e-9 {
                     self.evaluate(next_eval);
                     next_eval += eval_every;
@@ -847,7 +883,7 @@ impl<'a> Sim<'a> {
                 batch.push((r.at, r.seq, r.item, false));
             }
             batch.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            let interleave = self.policy == Policy::Lanekeeper;
+            let interleave = self.policy == Strategy::Lanekeeper;
             for &(at, _, a, fresh) in &batch {
                 // lanekeeper's gateway sees completions and arrivals in time
                 // order (in-flight and the latency it measures drive its
@@ -928,14 +964,14 @@ impl<'a> Sim<'a> {
             ln.queued[s] = (self.queued[i] + self.pool_waiting[i]) as u32;
             ln.deferred[s] = self.deferred_waiting[i] as u32;
             ln.limit[s] = match self.policy {
-                Policy::Lanekeeper | Policy::Static => self.gates[i].rate,
+                Strategy::Lanekeeper | Strategy::Static => self.gates[i].rate,
                 _ => f64::NAN,
             };
         }
     }
 
     fn configure_baselines(&mut self) {
-        if self.policy != Policy::Static {
+        if self.policy != Strategy::Static {
             return;
         }
         // Static: each lane limited to its floor; lanes without a floor share
@@ -965,95 +1001,8 @@ impl<'a> Sim<'a> {
     /// One controller evaluation at `now`, on telemetry measured up to
     /// `now − lag`.
     fn evaluate(&mut self, now: f64) {
-        let c = &self.sc.controller;
-        let m = now - c.telemetry_lag_seconds;
-        let hi = m.floor();
-        let lo = (m - c.window_seconds).floor().max(0.0);
-        let measured = hi > lo && hi >= 1.0;
-        let outage = c.telemetry_outages.iter().any(|o| o.from <= m && m < o.to);
-        let mut snap = Snapshot {
-            at: now.round() as i64,
-            ..Default::default()
-        };
-        let (lo_s, hi_s) = (
-            lo as usize,
-            (hi as usize).min(self.out.profiles.first().map_or(0, |p| p.capacity.len())),
-        );
-        for (p, pr) in self.out.profiles.iter().enumerate() {
-            let pk = key(&pr.namespace, &pr.name);
-            for &i in &self.profile_lanes[p] {
-                // Originals (first attempts) are demand; retries are counted
-                // apart; returns after a deferral are neither.
-                let (rps, retry_rps) = if measured {
-                    let rate = |v: &[u32]| {
-                        v[lo_s..hi_s].iter().map(|&x| u64::from(x)).sum::<u64>() as f64
-                            / (hi_s - lo_s) as f64
-                    };
-                    let ln = &self.out.lanes[i];
-                    (rate(&ln.originals), rate(&ln.retry_arrivals))
-                } else {
-                    (self.lanes[i].arrivals.at(0.0), 0.0)
-                };
-                snap.lanes.insert(
-                    self.lanes[i].key.clone(),
-                    LaneSignals {
-                        requests_per_second: Some(rps),
-                        retry_requests_per_second: Some(retry_rps),
-                        ..Default::default()
-                    },
-                );
-            }
-            if outage {
-                continue;
-            }
-            let sig = if measured {
-                let cap = pr.capacity[lo_s..hi_s].iter().sum::<f64>() / (hi_s - lo_s) as f64;
-                let mut lat: Vec<f32> = self.lat[p][lo_s..hi_s].iter().flatten().copied().collect();
-                let p95 = if lat.is_empty() {
-                    None
-                } else {
-                    let k = ((lat.len() as f64 * 0.95).ceil() as usize).clamp(1, lat.len()) - 1;
-                    let (_, v, _) = lat.select_nth_unstable_by(k, f32::total_cmp);
-                    Some(f64::from(*v))
-                };
-                let done: u64 = self.done[p][lo_s..hi_s].iter().map(|&x| u64::from(x)).sum();
-                let errs: u64 = self.errors[p][lo_s..hi_s]
-                    .iter()
-                    .map(|&x| u64::from(x))
-                    .sum();
-                let hq = (hi_s - 1).min(pr.in_flight.len() - 1);
-                let queue: u64 = self.profile_lanes[p]
-                    .iter()
-                    .map(|&i| u64::from(self.out.lanes[i].queued[hq]))
-                    .sum();
-                ProfileSignals {
-                    available_units_per_second: Some(cap),
-                    in_flight: Some(f64::from(pr.in_flight[hq])),
-                    queue_depth: Some(queue as f64),
-                    p95_latency_seconds: p95,
-                    error_ratio: (done + errs > 0).then(|| errs as f64 / (done + errs) as f64),
-                    ..Default::default()
-                }
-            } else {
-                ProfileSignals {
-                    available_units_per_second: Some(self.capacity[p].at(0.0)),
-                    ..Default::default()
-                }
-            };
-            snap.profiles.insert(pk, sig);
-        }
-        let mut approvals = Approvals::new();
-        for a in &c.approvals {
-            if a.at <= now {
-                approvals.insert(
-                    a.profile.clone(),
-                    crate::api::Approval {
-                        level: a.level,
-                        given_at: Some(a.at.floor() as i64),
-                    },
-                );
-            }
-        }
+        let snap = self.snapshot_at(now);
+        let approvals = self.approvals_at(now);
         let (eval, next) = policy::evaluate(self.world, &snap, &approvals, &self.state);
         self.state = next;
         let bound = policy::bind(self.world);
@@ -1068,52 +1017,8 @@ impl<'a> Sim<'a> {
                     self.gates[i].rate = ld.admitted_units_per_second;
                 }
             }
-            // What the controller publishes (gateway::build, as it writes the
-            // ConfigMap), swapped into the gateway's core.
-            let Some(b) = bound.bindings.get(p) else {
-                continue;
-            };
-            let cfg = gateway::build(
-                d,
-                &b.lanes,
-                b.policy,
-                b.profile.metadata.generation.unwrap_or(0),
-                self.published[p].as_ref(),
-                snap.at,
-            );
-            let unix_now = snap.at as f64 + (now - now.round());
-            let loaded = match self.cores[p].as_mut() {
-                Some(core) => core.swap(cfg.clone(), 1.0, now, unix_now).map(|gone| {
-                    for (ticket, r) in gone {
-                        if let (Some(a), Resolution::Refuse(r)) =
-                            (self.waiting.remove(&(p, ticket)), r)
-                        {
-                            self.pending_refusals.push((a, r));
-                        }
-                    }
-                }),
-                None => Core::new(cfg.clone(), 1.0, now, unix_now).map(|c| {
-                    self.cores[p] = Some(c);
-                }),
-            };
-            match loaded {
-                Ok(()) => {
-                    if let Some(t) = self.trace.as_mut()
-                        && self.published[p]
-                            .as_ref()
-                            .is_none_or(|prev| prev.content_hash != cfg.content_hash)
-                    {
-                        t.configs.push((now, p, cfg.clone()));
-                    }
-                    self.published[p] = Some(cfg);
-                }
-                Err(e) => {
-                    // The gateway keeps its last good config.
-                    let w = format!("the gateway refused the config of {}: {e}", cfg.profile);
-                    if !self.out.warnings.contains(&w) {
-                        self.out.warnings.push(w);
-                    }
-                }
+            if let Some(b) = bound.bindings.get(p) {
+                self.publish(p, d, b, snap.at, now);
             }
         }
         for (a, r) in std::mem::take(&mut self.pending_refusals) {
@@ -1123,17 +1028,168 @@ impl<'a> Sim<'a> {
         self.out.evaluations.push(eval);
     }
 
+    /// The telemetry the controller sees at `now`: measured over its window,
+    /// `telemetryLagSeconds` old; nothing of a profile during an outage.
+    fn snapshot_at(&self, now: f64) -> Snapshot {
+        let c = &self.sc.controller;
+        let m = now - c.telemetry_lag_seconds;
+        let hi = m.floor();
+        let lo = (m - c.window_seconds).floor().max(0.0);
+        let measured = hi > lo && hi >= 1.0;
+        let outage = c.telemetry_outages.iter().any(|o| o.from <= m && m < o.to);
+        let mut snap = Snapshot {
+            at: now.round() as i64,
+            ..Default::default()
+        };
+        let window = measured.then(|| {
+            let secs = self.out.profiles.first().map_or(0, |p| p.capacity.len());
+            (lo as usize, (hi as usize).min(secs))
+        });
+        for (p, pr) in self.out.profiles.iter().enumerate() {
+            for &i in &self.profile_lanes[p] {
+                snap.lanes
+                    .insert(self.lanes[i].key.clone(), self.lane_signals(i, window));
+            }
+            if !outage {
+                let sig = match window {
+                    Some(w) => self.profile_signals(p, w),
+                    None => ProfileSignals {
+                        available_units_per_second: Some(self.capacity[p].at(0.0)),
+                        ..Default::default()
+                    },
+                };
+                snap.profiles.insert(key(&pr.namespace, &pr.name), sig);
+            }
+        }
+        snap
+    }
+
+    /// A lane's demand over the window: originals (first attempts) are
+    /// demand; retries are counted apart; returns after a deferral are
+    /// neither. Before anything is measured, the scenario's first rate.
+    fn lane_signals(&self, i: usize, window: Option<(usize, usize)>) -> LaneSignals {
+        let (rps, retry_rps) = match window {
+            Some((lo, hi)) => {
+                let rate = |v: &[u32]| {
+                    v[lo..hi].iter().map(|&x| u64::from(x)).sum::<u64>() as f64 / (hi - lo) as f64
+                };
+                let ln = &self.out.lanes[i];
+                (rate(&ln.originals), rate(&ln.retry_arrivals))
+            }
+            None => (self.lanes[i].arrivals.at(0.0), 0.0),
+        };
+        LaneSignals {
+            requests_per_second: Some(rps),
+            retry_requests_per_second: Some(retry_rps),
+            ..Default::default()
+        }
+    }
+
+    /// A profile's measured signals over the window `[lo, hi)` seconds.
+    fn profile_signals(&self, p: usize, (lo, hi): (usize, usize)) -> ProfileSignals {
+        let pr = &self.out.profiles[p];
+        let cap = pr.capacity[lo..hi].iter().sum::<f64>() / (hi - lo) as f64;
+        let mut lat: Vec<f32> = self.lat[p][lo..hi].iter().flatten().copied().collect();
+        let p95 = if lat.is_empty() {
+            None
+        } else {
+            let k = ((lat.len() as f64 * 0.95).ceil() as usize).clamp(1, lat.len()) - 1;
+            let (_, v, _) = lat.select_nth_unstable_by(k, f32::total_cmp);
+            Some(f64::from(*v))
+        };
+        let sum = |v: &[u32]| v[lo..hi].iter().map(|&x| u64::from(x)).sum::<u64>();
+        let (done, errs) = (sum(&self.done[p]), sum(&self.errors[p]));
+        let hq = (hi - 1).min(pr.in_flight.len() - 1);
+        let queue: u64 = self.profile_lanes[p]
+            .iter()
+            .map(|&i| u64::from(self.out.lanes[i].queued[hq]))
+            .sum();
+        ProfileSignals {
+            available_units_per_second: Some(cap),
+            in_flight: Some(f64::from(pr.in_flight[hq])),
+            queue_depth: Some(queue as f64),
+            p95_latency_seconds: p95,
+            error_ratio: (done + errs > 0).then(|| errs as f64 / (done + errs) as f64),
+            ..Default::default()
+        }
+    }
+
+    /// The approvals given by `now`.
+    fn approvals_at(&self, now: f64) -> Approvals {
+        let mut approvals = Approvals::new();
+        for a in self.sc.controller.approvals.iter().filter(|a| a.at <= now) {
+            approvals.insert(
+                a.profile.clone(),
+                crate::api::Approval {
+                    level: a.level,
+                    given_at: Some(a.at.floor() as i64),
+                },
+            );
+        }
+        approvals
+    }
+
+    /// What the controller publishes (`gateway_config::build`, as it writes
+    /// the ConfigMap), swapped into profile `p`'s gateway core; a config the
+    /// core refuses leaves the last good one, with a warning.
+    fn publish(
+        &mut self,
+        p: usize,
+        d: &policy::ProfileDecision,
+        b: &policy::Binding<'_>,
+        at: i64,
+        now: f64,
+    ) {
+        let cfg = policy::gateway_config::build(
+            d,
+            &b.lanes,
+            b.policy,
+            b.profile.metadata.generation.unwrap_or(0),
+            self.published[p].as_ref(),
+            at,
+        );
+        let unix_now = at as f64 + (now - now.round());
+        let loaded = match self.cores[p].as_mut() {
+            Some(core) => core.swap(cfg.clone(), 1.0, now, unix_now).map(|gone| {
+                for (ticket, r) in gone {
+                    if let (Some(a), Resolution::Refuse(r)) = (self.waiting.remove(&(p, ticket)), r)
+                    {
+                        self.pending_refusals.push((a, r));
+                    }
+                }
+            }),
+            None => Core::new(cfg.clone(), 1.0, now, unix_now).map(|c| {
+                self.cores[p] = Some(c);
+            }),
+        };
+        if let Err(e) = loaded {
+            let w = format!("the gateway refused the config of {}: {e}", cfg.profile);
+            if !self.out.warnings.contains(&w) {
+                self.out.warnings.push(w);
+            }
+            return;
+        }
+        if let Some(t) = self.trace.as_mut()
+            && self.published[p]
+                .as_ref()
+                .is_none_or(|prev| prev.content_hash != cfg.content_hash)
+        {
+            t.configs.push((now, p, cfg.clone()));
+        }
+        self.published[p] = Some(cfg);
+    }
+
     /// An attempt reaches the gateway.
     fn arrive(&mut self, a: Attempt, now: f64) {
         let li = usize::from(a.lane);
         let q = self.queue_of(li);
         match self.policy {
-            Policy::Fifo => {}
-            Policy::Lanekeeper => {
+            Strategy::Fifo => {}
+            Strategy::Lanekeeper => {
                 self.admit(a, now);
                 return;
             }
-            Policy::Static | Policy::Fair => {
+            Strategy::Static | Strategy::Fair => {
                 if self.queues[q].len() >= self.lanes[li].max_depth {
                     let ra = self.retry_after(li);
                     self.fail(
@@ -1181,7 +1237,7 @@ impl<'a> Sim<'a> {
         };
         let id = a.id.to_string();
         let verdict = core.admit(
-            &admission::Request {
+            &lanes::Request {
                 lane: &self.lanes[li].name,
                 tenant: None,
                 attempt: Some(u32::from(a.n)),
@@ -1321,7 +1377,7 @@ impl<'a> Sim<'a> {
     fn retry_after(&self, i: usize) -> f64 {
         let l = &self.lanes[i];
         let rate = match self.policy {
-            Policy::Static => self.gates[i].rate,
+            Strategy::Static => self.gates[i].rate,
             _ => {
                 let p = l.profile;
                 self.capacity[p].at(0.0) / self.profile_lanes[p].len().max(1) as f64
@@ -1485,10 +1541,10 @@ impl<'a> Sim<'a> {
             self.budget[p] = (self.budget[p] + cap * dt).min(cap * dt + max_units);
             let lanes = self.profile_lanes[p].clone();
             match self.policy {
-                Policy::Fifo => self.dispatch_fifo(p, tick, now),
-                Policy::Lanekeeper => self.dispatch_lanekeeper(p, tick, now),
-                Policy::Static => self.dispatch_static(p, &lanes, tick, dt, now),
-                Policy::Fair => self.dispatch_fair(p, &lanes, tick, now),
+                Strategy::Fifo => self.dispatch_fifo(p, tick, now),
+                Strategy::Lanekeeper => self.dispatch_lanekeeper(p, tick, now),
+                Strategy::Static => self.dispatch_static(p, &lanes, tick, dt, now),
+                Strategy::Fair => self.dispatch_fair(p, &lanes, tick, now),
             }
         }
     }

@@ -9,7 +9,7 @@ pub mod engine;
 pub mod report;
 pub mod scenario;
 
-pub use engine::{Policy, Run, SimError, Trace, TracedArrival, run, run_traced};
+pub use engine::{Run, SimError, Strategy, Trace, TracedArrival, run, run_traced};
 pub use report::{SimReport, report};
 pub use scenario::Scenario;
 
@@ -18,7 +18,7 @@ pub use scenario::Scenario;
 pub fn simulate(
     world: &crate::policy::World,
     scenario: &Scenario,
-    policy: Policy,
+    policy: Strategy,
 ) -> Result<(Run, SimReport), SimError> {
     let r = run(world, scenario, policy)?;
     let rep = report(&r, scenario.controller.evaluation_interval_seconds);

@@ -15,7 +15,8 @@ use super::super::pods::selector_of;
 use super::super::scale;
 use super::observe::Observation;
 use crate::api::{ObjectKey, ScalingMode};
-use crate::gateway;
+use crate::controller::lanes_configmap;
+use crate::policy::gateway_config;
 use crate::policy::{Drain, ProfileDecision};
 
 /// What actuation did.
@@ -145,7 +146,7 @@ async fn gateway_config(
 ) -> Result<ConfigEffect, Error> {
     let profile = &obs.profile;
     let observe = obs.observe_only();
-    let name = gateway::configmap_name(profile.name_str(), observe);
+    let name = lanes_configmap::configmap_name(profile.name_str(), observe);
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
     // The ConfigMap as the watch cache has it (lanekeeper's ConfigMaps carry
     // its managed-by label, which the watch selects).
@@ -153,9 +154,9 @@ async fn gateway_config(
     let cached_rv = current.as_ref().and_then(|c| c.resource_version());
     let (prev_cfg, current_hash) = current
         .as_deref()
-        .map_or((None, None), gateway::from_configmap);
+        .map_or((None, None), lanes_configmap::from_configmap);
     let binding = obs.binding();
-    let cfg = gateway::build(
+    let cfg = gateway_config::build(
         decision,
         &binding.lanes,
         binding.policy,
@@ -170,7 +171,7 @@ async fn gateway_config(
             .lag
             .in_flight(&object, cached_rv.as_deref(), &cfg.content_hash);
     if written {
-        let cm = gateway::configmap(profile, &cfg, observe);
+        let cm = lanes_configmap::configmap(profile, &cfg, observe);
         api.patch(
             &name,
             &PatchParams::apply(FIELD_MANAGER).force(),

@@ -5,8 +5,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use lanekeeper::admission::{Core, Outcome, Request, Resolution, Ticket, Verdict};
-use lanekeeper::gateway::GatewayConfig;
+use lanekeeper_lanes::{Core, Outcome, Request, Resolution, Ticket, Verdict};
+use lanekeeper_lanes::{GatewayConfig, LaneState};
 use proptest::prelude::*;
 
 fn config(
@@ -19,13 +19,17 @@ fn config(
 ) -> GatewayConfig {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/examples/inc-47/lanes-420.json"
+        "/../../examples/inc-47/lanes-420.json"
     ))
     .unwrap();
     let mut cfg: GatewayConfig = serde_json::from_str(&text).unwrap();
     let mut l = cfg.lanes[2].clone();
     l.name = "lane".to_owned();
-    l.state = if paused { "Paused" } else { "Throttled" }.to_owned();
+    l.state = if paused {
+        LaneState::Paused
+    } else {
+        LaneState::Throttled
+    };
     l.admitted_requests_per_second = rps;
     l.burst = burst;
     l.queue.max_depth = depth;

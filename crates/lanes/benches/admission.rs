@@ -7,8 +7,8 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use lanekeeper::admission::{Core, Request, Verdict};
-use lanekeeper::gateway::GatewayConfig;
+use lanekeeper_lanes::GatewayConfig;
+use lanekeeper_lanes::{Core, Request, Verdict};
 
 const LANES: usize = 100;
 const TENANTS: usize = 10_000;
@@ -18,7 +18,7 @@ const TENANTS: usize = 10_000;
 fn config(rps: f64, depth: i64) -> GatewayConfig {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/examples/inc-47/lanes-420.json"
+        "/../../examples/inc-47/lanes-420.json"
     ))
     .expect("the example config");
     let mut cfg: GatewayConfig = serde_json::from_str(&text).expect("valid");

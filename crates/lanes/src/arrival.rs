@@ -1,0 +1,268 @@
+//! [`Core::admit`]: an arriving request, step by step — how it counts for
+//! the retry rules, the retry limits, its deadline, the in-flight stop, a
+//! token (the lane's own or spare capacity), and else a place in the queue
+//! or a refusal.
+
+use crate::core::{Core, DEFAULT_TENANT};
+use crate::fair_queue::{Key, Waiting};
+use crate::history::history_turns;
+use crate::lane::{Lane, effective_rate};
+use crate::pressure::Pressure;
+use crate::remembered::Seen;
+use crate::verdict::{
+    Attempt, Limit, Outcome, Pass, Refusal, Request, Resolution, Ticket, Verdict,
+};
+
+/// An arriving request as the lane counts it.
+#[derive(Clone, Copy, Debug)]
+struct Arrival {
+    lane: usize,
+    attempt: Attempt,
+    /// Attempts so far, this one included.
+    attempts: u32,
+    /// Where its deadline starts (kept across deferrals).
+    first_arrival: f64,
+    /// Its request id's key, if it has one.
+    key: Option<u64>,
+}
+
+impl Core {
+    /// Decides on an arriving request at `now`.
+    pub fn admit(&mut self, req: &Request<'_>, now: f64) -> Verdict {
+        let Some(li) = self.lane_index(req.lane) else {
+            return Verdict::UnknownLane;
+        };
+        self.pressure.update(now);
+        let rate = effective_rate(&self.lanes, li, now);
+        let lane = &mut self.lanes[li];
+        lane.refill(now, rate);
+        lane.seen.sweep(now);
+        let a = count_attempt(lane, li, req, now);
+        if let Err(limit) = check_retries(lane, &a, now) {
+            return refuse(lane, &a, Outcome::RejectedRetryBudget, limit);
+        }
+        // Nothing can serve a request whose remaining time is shorter than
+        // the lane's service time.
+        let remaining = a.first_arrival + lane.cfg.deadline_seconds as f64 - now;
+        if remaining < lane.expected_service {
+            return refuse(lane, &a, Outcome::RejectedDeadline, Limit::Deadline);
+        }
+        if self.pressure.state() == Pressure::Stop && lane.cfg.sheddable {
+            return self.refuse_or_defer(&a, Outcome::RejectedOverload, Limit::StopAt);
+        }
+        if let Some(pass) = self.pass_now(&a, remaining, now) {
+            return Verdict::Pass(pass);
+        }
+        self.queue_or_refuse(&a, req.tenant, rate, remaining, now)
+    }
+
+    /// A token (its own, or spare capacity) and nobody waiting ahead: go.
+    fn pass_now(&mut self, a: &Arrival, remaining: f64, now: f64) -> Option<Pass> {
+        let lane = &mut self.lanes[a.lane];
+        if !lane.queue.is_empty() {
+            return None;
+        }
+        let has_token = lane.bucket.tokens >= 1.0;
+        if !(has_token
+            || lane.draws_on_spare() && self.spare.take(now, lane.cfg.work_units_per_request))
+        {
+            return None;
+        }
+        if has_token {
+            lane.bucket.tokens -= 1.0;
+        }
+        lane.bucket.used.add(now);
+        Some(Pass {
+            lane: a.lane,
+            attempt: a.attempt,
+            history_turns: history_turns(lane.cfg.optional_context.as_ref(), self.pressure.state()),
+            remaining_seconds: remaining,
+            waited_seconds: 0.0,
+        })
+    }
+
+    /// Waits, if there is room and the wait can end in time; else refuses
+    /// (or defers).
+    fn queue_or_refuse(
+        &mut self,
+        a: &Arrival,
+        tenant: Option<&str>,
+        rate: f64,
+        remaining: f64,
+        now: f64,
+    ) -> Verdict {
+        let lane = &self.lanes[a.lane];
+        if !lane.defers() && lane.queue.len() >= lane.max_depth {
+            return refuse(lane, a, Outcome::RejectedQueueFull, Limit::QueueDepth);
+        }
+        if rate <= 0.0 && !(lane.cfg.spare_capacity && self.spare.rate > 0.0) {
+            return self.refuse_or_defer(a, Outcome::RejectedRate, Limit::Rate);
+        }
+        // The wait at the lane's own rate (spare capacity, shared with other
+        // lanes, is not counted on).
+        let ahead = lane.queue.len() as f64 + 1.0 - lane.bucket.tokens.max(0.0);
+        let wait = if rate > 0.0 {
+            (ahead / rate).max(0.0)
+        } else {
+            0.0
+        };
+        if wait + lane.expected_service > remaining {
+            // Queued, it would die waiting; deferred, it would come back to
+            // the same wait. Refuse it now.
+            return refuse(lane, a, Outcome::RejectedDeadline, Limit::Deadline);
+        }
+        if wait > lane.cfg.queue.ttl_seconds as f64 {
+            return self.refuse_or_defer(a, Outcome::RejectedRate, Limit::QueueTtl);
+        }
+        if lane.queue.len() >= lane.max_depth && !self.make_room(a) {
+            return self.defer(a);
+        }
+        let ticket = self.enqueue(a, tenant, now);
+        Verdict::Queued {
+            lane: a.lane,
+            attempt: a.attempt,
+            ticket,
+        }
+    }
+
+    /// A full queue of a `Defer` lane: the request that arrived last is the
+    /// one deferred. When a queued one arrived after this one, it is
+    /// evicted (deferred, reported by the next `poll`) and this one takes
+    /// its place; else this one is deferred (false).
+    fn make_room(&mut self, a: &Arrival) -> bool {
+        let lane = &mut self.lanes[a.lane];
+        let Some((fa, key, tenant)) = lane.queue.newest() else {
+            return false;
+        };
+        if fa <= a.first_arrival {
+            return false;
+        }
+        if let Some(w) = lane.queue.remove(tenant, key) {
+            self.tickets.remove(&w.ticket);
+            lane.seen.mark_deferred(w.request_key);
+            let refusal = Refusal {
+                lane: a.lane,
+                attempt: w.attempt,
+                outcome: Outcome::Deferred,
+                limit: Limit::Deferred,
+                retry_after_seconds: lane.retry_after(),
+            };
+            self.pending.push((w.ticket, Resolution::Refuse(refusal)));
+        }
+        true
+    }
+
+    fn enqueue(&mut self, a: &Arrival, tenant: Option<&str>, now: f64) -> Ticket {
+        self.next_ticket += 1;
+        let ticket = Ticket(self.next_ticket);
+        let waiting = Waiting {
+            ticket,
+            attempt: a.attempt,
+            first_arrival: a.first_arrival,
+            queued_at: now,
+            request_key: a.key,
+        };
+        let lane = &mut self.lanes[a.lane];
+        let (tenant, key): (_, Key) = lane.queue.push(tenant.unwrap_or(DEFAULT_TENANT), waiting);
+        self.tickets.insert(ticket, (a.lane, tenant, key));
+        ticket
+    }
+
+    /// A `Defer` lane defers what another lane refuses.
+    fn refuse_or_defer(&mut self, a: &Arrival, outcome: Outcome, limit: Limit) -> Verdict {
+        if self.lanes[a.lane].defers() {
+            self.defer(a)
+        } else {
+            refuse(&self.lanes[a.lane], a, outcome, limit)
+        }
+    }
+
+    /// Defers an arriving request (its id remembered with its first
+    /// arrival, so it keeps its place when it comes back).
+    fn defer(&mut self, a: &Arrival) -> Verdict {
+        let lane = &mut self.lanes[a.lane];
+        lane.seen.mark_deferred(a.key);
+        Verdict::Refuse(Refusal {
+            lane: a.lane,
+            attempt: a.attempt,
+            outcome: Outcome::Deferred,
+            limit: Limit::Deferred,
+            retry_after_seconds: lane.retry_after(),
+        })
+    }
+}
+
+/// How the request counts (a remembered id is a retry whatever the header
+/// says; a deferred one returns with its first arrival), remembered for the
+/// lane's deadline.
+fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, now: f64) -> Arrival {
+    let key = req.request_id.map(|id| lane.seen.key(id));
+    let seen = key.and_then(|k| lane.seen.get(k).copied());
+    let header = req.attempt;
+    let (attempt, first_arrival) = match seen {
+        Some(s) if s.deferred => (Attempt::Returning, s.first_arrival),
+        Some(_) => (Attempt::Retry, now),
+        None if header.unwrap_or(1) > 1 => (Attempt::Retry, now),
+        None => (Attempt::Original, now),
+    };
+    let attempts = match (attempt, seen) {
+        (Attempt::Retry, Some(s)) => (s.attempts + 1).max(header.unwrap_or(0)),
+        (Attempt::Retry, None) => header.unwrap_or(2),
+        (_, Some(s)) => s.attempts,
+        (_, None) => 1,
+    };
+    if let Some(k) = key {
+        lane.seen.touch(
+            k,
+            Seen {
+                first_arrival,
+                attempts,
+                deferred: attempt == Attempt::Returning,
+                forget_at: first_arrival + lane.cfg.deadline_seconds as f64,
+            },
+        );
+    }
+    Arrival {
+        lane: li,
+        attempt,
+        attempts,
+        first_arrival,
+        key,
+    }
+}
+
+/// Retries: `retry.maxAttempts`, then the budget over the recent originals.
+/// An original or a return is counted and passes.
+fn check_retries(lane: &mut Lane, a: &Arrival, now: f64) -> Result<(), Limit> {
+    match a.attempt {
+        Attempt::Original => lane.retries.original(now),
+        Attempt::Retry => {
+            if a.attempts > lane.cfg.retry.max_attempts.max(1) as u32 {
+                return Err(Limit::MaxAttempts);
+            }
+            let (originals, retries) = lane.retries.totals(now);
+            let allowed = originals as f64 * f64::from(lane.cfg.retry.budget_percent) / 100.0;
+            if (retries + 1) as f64 > allowed {
+                return Err(Limit::RetryBudget);
+            }
+            lane.retries.retry(now);
+        }
+        Attempt::Returning => {}
+    }
+    Ok(())
+}
+
+/// A refusal; no `Retry-After` for the deadline or the retry budget (coming
+/// back would not help).
+fn refuse(lane: &Lane, a: &Arrival, outcome: Outcome, limit: Limit) -> Verdict {
+    Verdict::Refuse(Refusal {
+        lane: a.lane,
+        attempt: a.attempt,
+        outcome,
+        limit,
+        retry_after_seconds: match outcome {
+            Outcome::RejectedDeadline | Outcome::RejectedRetryBudget => None,
+            _ => lane.retry_after(),
+        },
+    })
+}

@@ -1,0 +1,242 @@
+//! The orchestration: one [`Core`] enforces one config (one
+//! CapacityProfile's lanes). `new` and `swap` install a config, `admit`
+//! decides on an arriving request, `poll` resolves waiting ones, `next_wake`
+//! says when `poll` next has work, `cancel` gives up a waiting request, and
+//! `started`/`finished` count what is in flight. Every call takes the time.
+
+use std::collections::HashMap;
+
+use crate::config::{GatewayConfig, LaneConfig, Mode};
+use crate::fair_queue::{Key, TenantId};
+use crate::lane::{Lane, effective_rate};
+use crate::pressure::{Pressure, PressureGauge};
+use crate::spare::Spare;
+use crate::validate::{ConfigError, validate};
+use crate::verdict::{Outcome, Resolution, Ticket};
+
+/// The tenant of requests that name none.
+pub const DEFAULT_TENANT: &str = "";
+
+/// The admission core for one config.
+#[derive(Debug)]
+pub struct Core {
+    pub(crate) config: GatewayConfig,
+    share: f64,
+    pub(crate) lanes: Vec<Lane>,
+    pub(crate) spare: Spare,
+    by_name: HashMap<String, usize>,
+    pub(crate) pressure: PressureGauge,
+    pub(crate) next_ticket: u64,
+    /// Ticket → (lane, tenant, key) of every waiting request.
+    pub(crate) tickets: HashMap<Ticket, (usize, TenantId, Key)>,
+    /// Resolutions produced inside `admit` (a queued request deferred to
+    /// make room for an earlier arrival), handed out by the next `poll`.
+    pub(crate) pending: Vec<(Ticket, Resolution)>,
+}
+
+impl Core {
+    /// A core enforcing `cfg` with `share` (1/N for N replicas) of every
+    /// rate. `now` is the monotonic clock, `unix_now` the wall clock at the
+    /// same instant (to place the grants' `expiresAt` on the monotonic one).
+    pub fn new(
+        cfg: GatewayConfig,
+        share: f64,
+        now: f64,
+        unix_now: f64,
+    ) -> Result<Core, ConfigError> {
+        validate(&cfg)?;
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(ConfigError::Share(share));
+        }
+        let by_name: HashMap<String, usize> = cfg
+            .lanes
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.name.clone(), i))
+            .collect();
+        let mut lanes: Vec<Lane> = cfg
+            .lanes
+            .iter()
+            .map(|l| Lane::new(l.clone(), share, now))
+            .collect();
+        for lane in &mut lanes {
+            lane.set_grants(|n| by_name[n], share, now, unix_now);
+        }
+        let claimed: f64 = lanes
+            .iter()
+            .map(|l| l.bucket.rate.max(l.bucket.floor_rps) * l.cfg.work_units_per_request)
+            .sum();
+        let largest = lanes
+            .iter()
+            .filter(|l| l.cfg.spare_capacity)
+            .map(|l| l.cfg.work_units_per_request)
+            .fold(0.0, f64::max);
+        Ok(Core {
+            spare: Spare::new(&cfg, claimed, largest, share, now),
+            pressure: PressureGauge::new(cfg.in_flight.as_ref(), share, now),
+            config: cfg,
+            share,
+            lanes,
+            by_name,
+            next_ticket: 0,
+            tickets: HashMap::new(),
+            pending: Vec::new(),
+        })
+    }
+
+    /// Replaces the config, atomically: lanes that stay keep their tokens
+    /// (capped to the new burst), queues, remembered ids and retry windows;
+    /// the in-flight count, pressure state and latency carry over. Waiting
+    /// requests of lanes that went away are refused (returned). On error
+    /// nothing changes.
+    pub fn swap(
+        &mut self,
+        cfg: GatewayConfig,
+        share: f64,
+        now: f64,
+        unix_now: f64,
+    ) -> Result<Vec<(Ticket, Resolution)>, ConfigError> {
+        let mut next = Core::new(cfg, share, now, unix_now)?;
+        let mut refused = Vec::new();
+        for (old_idx, mut old) in std::mem::take(&mut self.lanes).into_iter().enumerate() {
+            let rate = old.bucket.rate;
+            old.refill(now, rate);
+            match next.by_name.get(&old.cfg.name).copied() {
+                Some(i) => carry_lane(old, &mut next.lanes[i], now),
+                None => {
+                    for w in old.queue.drain() {
+                        self.tickets.remove(&w.ticket);
+                        refused.push((
+                            w.ticket,
+                            Resolution::Refuse(lane_removed(old_idx, w.attempt)),
+                        ));
+                    }
+                }
+            }
+        }
+        next.tickets = next.index_tickets();
+        self.spare.refill(now);
+        next.spare.tokens = self.spare.tokens.min(next.spare.cap);
+        let gauge = std::mem::replace(&mut self.pressure, PressureGauge::new(None, 1.0, now));
+        gauge.carry_into(&mut next.pressure);
+        next.next_ticket = self.next_ticket;
+        next.pending = std::mem::take(&mut self.pending);
+        *self = next;
+        Ok(refused)
+    }
+
+    /// Every waiting request's ticket at its lane's new position.
+    fn index_tickets(&self) -> HashMap<Ticket, (usize, TenantId, Key)> {
+        let mut tickets = HashMap::new();
+        for (i, lane) in self.lanes.iter().enumerate() {
+            for (tenant, key, w) in lane.queue.iter() {
+                tickets.insert(w.ticket, (i, tenant, key));
+            }
+        }
+        tickets
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> &GatewayConfig {
+        &self.config
+    }
+
+    /// Whether the config is enforced (`mode: Enforce`); an Observe config
+    /// is evaluated for the shadow metrics only.
+    pub fn enforcing(&self) -> bool {
+        self.config.mode == Mode::Enforce
+    }
+
+    /// The replica share in force.
+    pub fn share(&self) -> f64 {
+        self.share
+    }
+
+    /// The index of a lane by name.
+    pub fn lane_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The lane at an index.
+    pub fn lane(&self, i: usize) -> &LaneConfig {
+        &self.lanes[i].cfg
+    }
+
+    /// The lane names, in config order.
+    pub fn lane_names(&self) -> impl Iterator<Item = &str> {
+        self.lanes.iter().map(|l| l.cfg.name.as_str())
+    }
+
+    /// Requests waiting in a lane's queue.
+    pub fn queue_depth(&self, lane: usize) -> usize {
+        self.lanes[lane].queue.len()
+    }
+
+    /// Requests in flight to the pool (as [`Core::started`] and
+    /// [`Core::finished`] counted them).
+    pub fn in_flight(&self) -> u64 {
+        self.pressure.in_flight()
+    }
+
+    /// The pressure state.
+    pub fn pressure(&self) -> Pressure {
+        self.pressure.state()
+    }
+
+    /// The pool's spare capacity in work units per second (this replica's
+    /// share): what lanes with `spareCapacity` may use beyond their buckets.
+    pub fn spare_units_per_second(&self) -> f64 {
+        self.spare.rate
+    }
+
+    /// The lane's bucket rate now, in requests per second (this replica's
+    /// share, with floors reclaimed and lapsed grants dropped).
+    pub fn effective_rate(&self, lane: usize, now: f64) -> f64 {
+        effective_rate(&self.lanes, lane, now)
+    }
+
+    /// Gives up a waiting request (its client went away). Returns whether it
+    /// was waiting.
+    pub fn cancel(&mut self, ticket: Ticket) -> bool {
+        let Some((li, tenant, key)) = self.tickets.remove(&ticket) else {
+            return false;
+        };
+        self.lanes[li].queue.remove(tenant, key).is_some()
+    }
+
+    /// A passed request went upstream.
+    pub fn started(&mut self, now: f64) {
+        self.pressure.started(now);
+    }
+
+    /// A request that went upstream finished after `latency_seconds`.
+    pub fn finished(&mut self, now: f64, latency_seconds: f64) {
+        self.pressure.finished(now, latency_seconds);
+    }
+
+    /// The p95 latency over the last window, as measured.
+    pub fn latency_p95(&self, now: f64) -> Option<f64> {
+        self.pressure.latency_p95(now)
+    }
+}
+
+/// A surviving lane keeps its tokens (up to the new size), its queue, its
+/// remembered ids and its retry and use windows.
+fn carry_lane(mut old: Lane, new: &mut Lane, now: f64) {
+    new.bucket.tokens = old.bucket.tokens.min(new.bucket.cap());
+    new.bucket.used = std::mem::take(&mut old.bucket.used);
+    new.bucket.last_refill = now;
+    new.queue = std::mem::take(&mut old.queue);
+    new.seen = std::mem::take(&mut old.seen);
+    new.retries = std::mem::take(&mut old.retries);
+}
+
+fn lane_removed(lane: usize, attempt: crate::verdict::Attempt) -> crate::verdict::Refusal {
+    crate::verdict::Refusal {
+        lane,
+        attempt,
+        outcome: Outcome::RejectedRate,
+        limit: crate::verdict::Limit::LaneRemoved,
+        retry_after_seconds: Some(1),
+    }
+}

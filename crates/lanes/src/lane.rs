@@ -1,0 +1,125 @@
+//! One lane's live state: its bucket, its queue, its remembered ids and its
+//! retry window, and the rate its bucket runs at now.
+
+use crate::bucket::{Bucket, Grant};
+use crate::config::{LaneConfig, LaneState};
+use crate::fair_queue::FairQueue;
+use crate::remembered::{Remembered, RetryWindow};
+
+/// One lane's live state.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    pub(crate) cfg: LaneConfig,
+    pub(crate) bucket: Bucket,
+    /// Most waiting requests (the replica's share of `queue.maxDepth`).
+    pub(crate) max_depth: usize,
+    pub(crate) queue: FairQueue,
+    pub(crate) seen: Remembered,
+    pub(crate) retries: RetryWindow,
+    pub(crate) expected_service: f64,
+}
+
+impl Lane {
+    pub(crate) fn new(cfg: LaneConfig, share: f64, now: f64) -> Lane {
+        let paused = cfg.state == LaneState::Paused;
+        Lane {
+            bucket: Bucket::new(&cfg, paused, share, now),
+            max_depth: (cfg.queue.max_depth as f64 * share).ceil() as usize,
+            queue: FairQueue::default(),
+            seen: Remembered::default(),
+            retries: RetryWindow::default(),
+            expected_service: cfg.expected_service_seconds.unwrap_or(0.0),
+            cfg,
+        }
+    }
+
+    /// Grants on the lenders' indexes (`index` of a lane name).
+    pub(crate) fn set_grants(
+        &mut self,
+        index: impl Fn(&str) -> usize,
+        share: f64,
+        now: f64,
+        unix_now: f64,
+    ) {
+        let cost = self.cfg.work_units_per_request;
+        self.bucket.grants = self
+            .cfg
+            .borrowing
+            .iter()
+            .map(|g| Grant {
+                from: index(&g.from),
+                requests_per_second: g.units_per_second / cost * share,
+                units_per_second: g.units_per_second * share,
+                expires: now + (g.expires_at.as_second() as f64 - unix_now),
+            })
+            .collect();
+    }
+
+    /// The `Retry-After` of a refusal that has one.
+    pub(crate) fn retry_after(&self) -> Option<i64> {
+        match &self.cfg.deferral {
+            Some(d) => Some(d.retry_after_seconds),
+            None => self.cfg.retry_after_seconds.or(Some(1)),
+        }
+    }
+
+    /// Whether refusals of this lane are deferrals.
+    pub(crate) fn defers(&self) -> bool {
+        self.cfg.deferral.is_some()
+    }
+
+    /// May draw on the pool's spare capacity once its own bucket is empty.
+    pub(crate) fn draws_on_spare(&self) -> bool {
+        self.cfg.spare_capacity && !self.bucket.paused
+    }
+
+    /// Adds the tokens accrued since the last refill at `rate`.
+    pub(crate) fn refill(&mut self, now: f64, rate: f64) {
+        self.bucket.refill(now, rate, self.queue.len());
+    }
+}
+
+/// A lane's bucket rate at `now`: its configured rate raised to its floor
+/// (reserved), less the grants that lapsed and less what each lender took
+/// back of what it lent (each borrower gives back its proportion of the
+/// lent units).
+pub(crate) fn effective_rate(lanes: &[Lane], li: usize, now: f64) -> f64 {
+    let lane = &lanes[li].bucket;
+    if lane.paused {
+        return 0.0;
+    }
+    let mut rate = lane.rate.max(lane.floor_rps);
+    for g in &lane.grants {
+        if now >= g.expires {
+            rate -= g.requests_per_second;
+            continue;
+        }
+        let reclaimed = reclaimed_units(&lanes[g.from], now);
+        if reclaimed > 0.0 {
+            let lent = lent_units(lanes, g.from, now);
+            if lent > 0.0 {
+                rate -= (reclaimed.min(lent) / lent) * g.requests_per_second;
+            }
+        }
+    }
+    rate.max(0.0)
+}
+
+/// Units per second a lender uses above its configured rate: what it takes
+/// back of the floor it lent.
+fn reclaimed_units(lender: &Lane, now: f64) -> f64 {
+    let cost = lender.cfg.work_units_per_request;
+    let used_units = lender.bucket.used.rate(now) * cost;
+    let rate_units = lender.bucket.rate * cost;
+    (used_units - rate_units).max(0.0)
+}
+
+/// Units per second lane `from` lends now, over every borrower.
+fn lent_units(lanes: &[Lane], from: usize, now: f64) -> f64 {
+    lanes
+        .iter()
+        .flat_map(|l| l.bucket.grants.iter())
+        .filter(|o| o.from == from && now < o.expires)
+        .map(|o| o.units_per_second)
+        .sum()
+}

@@ -1,0 +1,72 @@
+#![forbid(unsafe_code)]
+//! The data path's contract and core.
+//!
+//! - [`config`]: `lanes.json`, what lanekeeper's controller publishes and
+//!   every gateway replica enforces, parsed and checked ([`validate`]).
+//! - [`Core`]: the gateway's per-request admission core. Pure and
+//!   deterministic: no I/O, no clock of its own. Every call takes the time
+//!   (`now`, monotonic seconds as an `f64`) from its caller, so
+//!   `lanekeeper gateway` drives it with the process clock, `simulate` with
+//!   simulated time, and tests step it by hand.
+//!
+//! The rules, as docs/gateway.md states them for users, each in a module:
+//!
+//! - **Token bucket per lane** at `admittedRequestsPerSecond` with `burst`
+//!   tokens; one request takes one token. **Floors are reserved**: a lane's
+//!   floor is available to it at once; when a lender uses more than its
+//!   admitted rate, the lanes borrowing its idle floor are cut back at once;
+//!   a grant whose `expiresAt` passes stops on its own (`bucket`, `lane`).
+//! - **Spare capacity**: what no lane's rate or floor claims of the pool's
+//!   capacity is a shared bucket that lanes with `spareCapacity` draw on, in
+//!   priority order, once their own bucket is empty (`spare`).
+//! - **A bounded queue per lane** with a TTL; a request that could not be
+//!   served within its deadline is refused at once instead of queued to
+//!   die; **tenant fairness** inside a lane by weighted fair queueing
+//!   (`fair_queue`, `waiting`).
+//! - **Retries**: counted by attempt header and request id, limited by
+//!   `retry.maxAttempts` and the retry budget; a request back after a
+//!   deferral is neither an original nor a retry (`remembered`, `arrival`).
+//! - **Deferral** for lanes with a `deferral` object (`arrival`, `waiting`).
+//! - **In-flight watermarks with hysteresis** (`pressure`), and the
+//!   degraded chat history while conserving (`history`).
+//! - **Several replicas**: each enforces `share` (1/N) of every rate, burst,
+//!   floor, queue depth, watermark and of the spare capacity.
+//! - **Observe mode**: a config with `mode: Observe` is evaluated but never
+//!   enforced (the caller admits everything and counts the verdicts).
+
+mod arrival;
+mod bucket;
+pub mod config;
+mod core;
+mod fair_queue;
+mod history;
+mod lane;
+mod pressure;
+mod remembered;
+mod spare;
+pub mod validate;
+mod verdict;
+mod waiting;
+
+pub use crate::config::{
+    Borrow, CONFIG_KEY, Deferral, Flags, GatewayConfig, Generations, InFlight, LaneConfig,
+    LaneState, Mode, OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION, Telemetry, hash,
+    to_json,
+};
+pub use crate::core::{Core, DEFAULT_TENANT};
+pub use crate::history::trim_chat_history;
+pub use crate::pressure::{
+    DEFAULT_RESUME_AFTER_STABLE_SECONDS, LATENCY_RISE_FACTOR, LATENCY_RISE_LOOKBACK_SECONDS,
+    LATENCY_WINDOW_SECONDS, Pressure,
+};
+pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
+pub use crate::spare::SPARE_UTILIZATION;
+pub use crate::validate::ConfigError;
+pub use crate::verdict::{
+    Attempt, Limit, Outcome, Pass, Refusal, Request, Resolution, Ticket, Verdict,
+};
+/// The time library of [`Borrow::expires_at`].
+pub use jiff;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,253 @@
+//! In-flight pressure: the watermarks of `inFlight` with hysteresis, and
+//! the latency the gateway measures (its p95 decides when the pool is
+//! stable enough to leave conserve or stop).
+
+use std::collections::VecDeque;
+
+use crate::config::InFlight;
+
+/// Latency is summarised (p95) over this sliding window.
+pub const LATENCY_WINDOW_SECONDS: usize = 10;
+/// The default `inFlight.resumeAfterStableSeconds`.
+pub const DEFAULT_RESUME_AFTER_STABLE_SECONDS: f64 = 300.0;
+/// A p95 more than this factor above the lowest p95 of the last
+/// [`LATENCY_RISE_LOOKBACK_SECONDS`] restarts the stable window.
+pub const LATENCY_RISE_FACTOR: f64 = 1.25;
+/// How far back a rise of the p95 is measured from.
+pub const LATENCY_RISE_LOOKBACK_SECONDS: i64 = 60;
+
+/// The in-flight pressure state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pressure {
+    /// Below the watermarks.
+    Normal,
+    /// At `conserveAt`: send degraded history.
+    Conserve,
+    /// At `stopAt`: refuse new requests of sheddable lanes (and conserve).
+    Stop,
+}
+
+impl Pressure {
+    /// Every state, in label order.
+    pub const ALL: [Pressure; 3] = [Pressure::Normal, Pressure::Conserve, Pressure::Stop];
+
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pressure::Normal => "normal",
+            Pressure::Conserve => "conserve",
+            Pressure::Stop => "stop",
+        }
+    }
+}
+
+/// Watermarks scaled to the replica's share.
+#[derive(Clone, Copy, Debug)]
+struct Watermarks {
+    conserve_at: f64,
+    stop_at: f64,
+    resume_below: f64,
+    resume_after_stable: f64,
+}
+
+impl Watermarks {
+    fn new(f: &InFlight, share: f64) -> Watermarks {
+        Watermarks {
+            conserve_at: f.conserve_at as f64 * share,
+            stop_at: f.stop_at as f64 * share,
+            resume_below: f.resume_below as f64 * share,
+            resume_after_stable: f
+                .resume_after_stable_seconds
+                .map_or(DEFAULT_RESUME_AFTER_STABLE_SECONDS, |s| s as f64),
+        }
+    }
+
+    /// The state `n` in flight enters.
+    fn entered(&self, n: f64) -> Pressure {
+        if n >= self.stop_at {
+            Pressure::Stop
+        } else if n >= self.conserve_at {
+            Pressure::Conserve
+        } else {
+            Pressure::Normal
+        }
+    }
+}
+
+const LATENCY_BUCKETS: usize = 360;
+/// The lower edge of bucket 1 (seconds); bucket 0 holds everything below.
+const LATENCY_BASE: f64 = 0.000_5;
+/// Bucket edges 4 % apart (finer than the rise factor), up to ~650 s.
+const LATENCY_GROWTH: f64 = 1.04;
+
+fn latency_bucket(seconds: f64) -> usize {
+    if seconds <= LATENCY_BASE {
+        return 0;
+    }
+    let i = ((seconds / LATENCY_BASE).ln() / LATENCY_GROWTH.ln()).floor() as usize + 1;
+    i.min(LATENCY_BUCKETS - 1)
+}
+
+fn latency_upper(bucket: usize) -> f64 {
+    LATENCY_BASE * LATENCY_GROWTH.powi(bucket as i32)
+}
+
+/// The latency the gateway measures, per second, as log-spaced histograms.
+#[derive(Debug)]
+struct LatencyWindow {
+    /// (second, counts).
+    slots: Vec<(i64, [u32; LATENCY_BUCKETS])>,
+}
+
+impl LatencyWindow {
+    fn new() -> LatencyWindow {
+        LatencyWindow {
+            slots: vec![(i64::MIN, [0; LATENCY_BUCKETS]); LATENCY_WINDOW_SECONDS],
+        }
+    }
+
+    fn record(&mut self, now: f64, seconds: f64) {
+        let sec = now.floor() as i64;
+        let i = sec.rem_euclid(LATENCY_WINDOW_SECONDS as i64) as usize;
+        if self.slots[i].0 != sec {
+            self.slots[i] = (sec, [0; LATENCY_BUCKETS]);
+        }
+        self.slots[i].1[latency_bucket(seconds.max(0.0))] += 1;
+    }
+
+    /// The p95 over the window (the upper edge of its bucket); None without
+    /// samples.
+    fn p95(&self, now: f64) -> Option<f64> {
+        let sec = now.floor() as i64;
+        let mut merged = [0u64; LATENCY_BUCKETS];
+        for (s, counts) in &self.slots {
+            if *s <= sec && sec.saturating_sub(*s) < LATENCY_WINDOW_SECONDS as i64 {
+                for (m, c) in merged.iter_mut().zip(counts) {
+                    *m += u64::from(*c);
+                }
+            }
+        }
+        let total: u64 = merged.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let want = (total as f64 * 0.95).ceil() as u64;
+        let mut acc = 0;
+        for (i, c) in merged.iter().enumerate() {
+            acc += c;
+            if acc >= want {
+                return Some(latency_upper(i));
+            }
+        }
+        Some(latency_upper(LATENCY_BUCKETS - 1))
+    }
+}
+
+/// Requests in flight, the pressure state they put the gateway in, and the
+/// measured latency that decides when it may leave it.
+#[derive(Debug)]
+pub(crate) struct PressureGauge {
+    watermarks: Option<Watermarks>,
+    in_flight: u64,
+    state: Pressure,
+    latency: LatencyWindow,
+    /// The p95 of each second of the last LATENCY_RISE_LOOKBACK_SECONDS.
+    recent_p95: VecDeque<(i64, f64)>,
+    checked_second: Option<i64>,
+    stable_since: f64,
+    below_since: Option<f64>,
+}
+
+impl PressureGauge {
+    pub(crate) fn new(in_flight: Option<&InFlight>, share: f64, now: f64) -> PressureGauge {
+        PressureGauge {
+            watermarks: in_flight.map(|f| Watermarks::new(f, share)),
+            in_flight: 0,
+            state: Pressure::Normal,
+            latency: LatencyWindow::new(),
+            recent_p95: VecDeque::new(),
+            checked_second: None,
+            stable_since: now,
+            below_since: None,
+        }
+    }
+
+    /// This gauge's measurements under `next`'s watermarks (a config swap).
+    pub(crate) fn carry_into(self, next: &mut PressureGauge) {
+        let watermarks = next.watermarks;
+        *next = PressureGauge { watermarks, ..self };
+    }
+
+    pub(crate) fn state(&self) -> Pressure {
+        self.state
+    }
+
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    pub(crate) fn started(&mut self, now: f64) {
+        self.in_flight += 1;
+        self.update(now);
+    }
+
+    pub(crate) fn finished(&mut self, now: f64, latency_seconds: f64) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if latency_seconds.is_finite() {
+            self.latency.record(now, latency_seconds);
+        }
+        self.update(now);
+    }
+
+    pub(crate) fn latency_p95(&self, now: f64) -> Option<f64> {
+        self.latency.p95(now)
+    }
+
+    /// Enters a higher state at once; leaves for Normal only below
+    /// `resumeBelow` with the latency stable for `resumeAfterStableSeconds`.
+    pub(crate) fn update(&mut self, now: f64) {
+        let Some(w) = self.watermarks else {
+            self.state = Pressure::Normal;
+            return;
+        };
+        self.check_latency(now);
+        let n = self.in_flight as f64;
+        self.state = self.state.max(w.entered(n));
+        if n < w.resume_below {
+            let since = *self.below_since.get_or_insert(now);
+            let stable_from = since.max(self.stable_since);
+            if self.state != Pressure::Normal && now - stable_from >= w.resume_after_stable {
+                self.state = Pressure::Normal;
+            }
+        } else {
+            self.below_since = None;
+        }
+    }
+
+    /// The stable window of the latency, checked once a second: restarted
+    /// whenever the p95 is more than LATENCY_RISE_FACTOR above the lowest
+    /// p95 of the last LATENCY_RISE_LOOKBACK_SECONDS. A window without
+    /// samples changes nothing.
+    fn check_latency(&mut self, now: f64) {
+        let sec = now.floor() as i64;
+        if self.checked_second == Some(sec) {
+            return;
+        }
+        self.checked_second = Some(sec);
+        let Some(p95) = self.latency.p95(now) else {
+            return;
+        };
+        while self
+            .recent_p95
+            .front()
+            .is_some_and(|(s, _)| sec - s > LATENCY_RISE_LOOKBACK_SECONDS)
+        {
+            self.recent_p95.pop_front();
+        }
+        let lowest = self.recent_p95.iter().map(|(_, p)| *p).reduce(f64::min);
+        if lowest.is_some_and(|low| p95 > low * LATENCY_RISE_FACTOR) {
+            self.stable_since = now;
+        }
+        self.recent_p95.push_back((sec, p95));
+    }
+}

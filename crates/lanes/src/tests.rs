@@ -1,0 +1,633 @@
+//! The core's rules, each at its edge.
+
+use super::*;
+use crate::config::{
+    Borrow, Deferral, Flags, Generations, InFlight, LaneState, Mode, OptionalContext, QueueLimits,
+    RetryLimits, Telemetry,
+};
+use std::collections::HashMap;
+
+use crate::validate::validate;
+use serde_json::json;
+
+fn lane(name: &str, rps: f64, burst: u64) -> LaneConfig {
+    LaneConfig {
+        name: name.to_owned(),
+        priority: 0,
+        state: LaneState::Admitted,
+        sheddable: true,
+        admitted_units_per_second: rps,
+        admitted_requests_per_second: rps,
+        work_units_per_request: 1.0,
+        burst,
+        queue: QueueLimits {
+            max_depth: 10,
+            ttl_seconds: 5,
+        },
+        deadline_seconds: 30,
+        retry: RetryLimits {
+            max_attempts: 3,
+            budget_percent: 10,
+        },
+        retry_after_seconds: Some(5),
+        deferral: None,
+        routes: vec!["r".to_owned()],
+        optional_context: None,
+        borrowing: vec![],
+        floor_units_per_second: None,
+        expected_service_seconds: None,
+        spare_capacity: false,
+    }
+}
+
+fn config(lanes: Vec<LaneConfig>) -> GatewayConfig {
+    GatewayConfig {
+        schema_version: 1,
+        profile: "ns/p".to_owned(),
+        mode: Mode::Enforce,
+        level: 0,
+        level_name: "normal".to_owned(),
+        pending_approval_level: None,
+        telemetry: Telemetry::Known,
+        capacity_units_per_second: Some(100.0),
+        flags: Flags::default(),
+        in_flight: None,
+        generations: Generations::default(),
+        lanes,
+        content_hash: String::new(),
+    }
+}
+
+fn req(lane: &str) -> Request<'_> {
+    Request {
+        lane,
+        tenant: None,
+        attempt: None,
+        request_id: None,
+    }
+}
+
+fn core(lanes: Vec<LaneConfig>) -> Core {
+    Core::new(config(lanes), 1.0, 0.0, 1_000_000.0).unwrap()
+}
+
+#[test]
+fn the_bucket_admits_burst_then_rate() {
+    let mut c = core(vec![lane("a", 10.0, 10)]);
+    let passed = (0..15)
+        .filter(|_| matches!(c.admit(&req("a"), 0.0), Verdict::Pass(_)))
+        .count();
+    assert_eq!(passed, 10);
+    assert_eq!(c.queue_depth(0), 5);
+    // 0.5 s later five tokens came: the five queued pass, in order.
+    let r = c.poll(0.5);
+    assert_eq!(r.len(), 5);
+    assert!(r.iter().all(|(_, r)| matches!(r, Resolution::Pass(_))));
+    let tickets: Vec<u64> = r.iter().map(|(t, _)| t.0).collect();
+    assert_eq!(tickets, vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn an_unknown_lane_is_refused() {
+    let mut c = core(vec![lane("a", 10.0, 10)]);
+    assert_eq!(c.admit(&req("b"), 0.0), Verdict::UnknownLane);
+}
+
+#[test]
+fn a_paused_lane_admits_nothing_and_a_defer_lane_defers() {
+    let mut p = lane("p", 10.0, 10);
+    p.state = LaneState::Paused;
+    p.retry_after_seconds = Some(300);
+    let mut d = p.clone();
+    d.name = "d".to_owned();
+    d.deferral = Some(Deferral {
+        retry_after_seconds: 300,
+    });
+    let mut c = core(vec![p, d]);
+    match c.admit(&req("p"), 0.0) {
+        Verdict::Refuse(r) => {
+            assert_eq!(r.outcome, Outcome::RejectedRate);
+            assert_eq!(r.retry_after_seconds, Some(300));
+        }
+        v => panic!("{v:?}"),
+    }
+    match c.admit(&req("d"), 0.0) {
+        Verdict::Refuse(r) => {
+            assert!(r.deferred());
+            assert_eq!(r.retry_after_seconds, Some(300));
+        }
+        v => panic!("{v:?}"),
+    }
+}
+
+#[test]
+fn a_wait_past_the_deadline_is_refused_at_once() {
+    let mut l = lane("a", 1.0, 1);
+    l.deadline_seconds = 3;
+    l.queue.ttl_seconds = 100;
+    l.expected_service_seconds = Some(1.0);
+    let mut c = core(vec![l]);
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Pass(_)));
+    // Waits 1 s + 1 s service: fits 3 s.
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Queued { .. }));
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Queued { .. }));
+    // A third would wait 3 s + 1 s service > 3 s.
+    match c.admit(&req("a"), 0.0) {
+        Verdict::Refuse(r) => assert_eq!(r.outcome, Outcome::RejectedDeadline),
+        v => panic!("{v:?}"),
+    }
+}
+
+#[test]
+fn a_full_queue_rejects_and_the_ttl_expires() {
+    let mut l = lane("a", 0.1, 1);
+    l.queue.max_depth = 2;
+    l.queue.ttl_seconds = 25;
+    let mut c = core(vec![l]);
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Pass(_)));
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Queued { .. }));
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Queued { .. }));
+    match c.admit(&req("a"), 0.0) {
+        Verdict::Refuse(r) => assert_eq!(r.outcome, Outcome::RejectedQueueFull),
+        v => panic!("{v:?}"),
+    }
+    // The first queued is served at 10 s; the second at 20 s.
+    assert!(matches!(
+        &c.poll(10.0)[..],
+        [(Ticket(1), Resolution::Pass(_))]
+    ));
+    assert!(matches!(
+        &c.poll(20.0)[..],
+        [(Ticket(2), Resolution::Pass(_))]
+    ));
+    // One more waits for the token of 30 s (10 s, within the 25 s TTL);
+    // then the rate drops tenfold: the token would come at 120 s, and at
+    // 45 s its TTL has run out.
+    assert!(matches!(
+        c.admit(&req("a"), 20.0),
+        Verdict::Queued {
+            ticket: Ticket(3),
+            ..
+        }
+    ));
+    let mut slower = lane("a", 0.01, 1);
+    slower.queue.max_depth = 2;
+    slower.queue.ttl_seconds = 25;
+    assert!(
+        c.swap(config(vec![slower]), 1.0, 20.0, 0.0)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(c.poll(44.9).is_empty());
+    match &c.poll(45.1)[..] {
+        [(Ticket(3), Resolution::Refuse(x))] => {
+            assert_eq!(x.outcome, Outcome::Expired);
+            assert_eq!(x.limit, Limit::QueueTtl);
+        }
+        r => panic!("{r:?}"),
+    }
+    assert_eq!(c.queue_depth(0), 0);
+}
+
+#[test]
+fn tenants_share_a_lane_fairly() {
+    let mut l = lane("a", 1.0, 1);
+    l.queue.max_depth = 1000;
+    l.queue.ttl_seconds = 10_000;
+    l.deadline_seconds = 10_000;
+    let mut c = core(vec![l]);
+    let at = |t: &'static str| Request {
+        lane: "a",
+        tenant: Some(t),
+        attempt: None,
+        request_id: None,
+    };
+    // Tenant "loop" queues 100 first; "quiet" queues 5 after.
+    let _ = c.admit(&at("loop"), 0.0);
+    let mut owner = HashMap::new();
+    for _ in 0..100 {
+        if let Verdict::Queued { ticket, .. } = c.admit(&at("loop"), 0.0) {
+            owner.insert(ticket, "loop");
+        }
+    }
+    for _ in 0..5 {
+        if let Verdict::Queued { ticket, .. } = c.admit(&at("quiet"), 0.0) {
+            owner.insert(ticket, "quiet");
+        }
+    }
+    let mut served = Vec::new();
+    for s in 1..=10 {
+        for (t, r) in c.poll(s as f64) {
+            assert!(matches!(r, Resolution::Pass(_)));
+            served.push(owner[&t]);
+        }
+    }
+    let quiet = served.iter().filter(|t| **t == "quiet").count();
+    assert_eq!(served.len(), 10);
+    assert_eq!(
+        quiet, 5,
+        "the quiet tenant alternates with the loop: {served:?}"
+    );
+}
+
+#[test]
+fn retries_are_counted_by_id_and_limited() {
+    let mut l = lane("a", 1000.0, 1000);
+    l.retry.max_attempts = 2;
+    l.retry.budget_percent = 10;
+    let mut c = core(vec![l]);
+    let with_id = |id: &'static str, attempt: Option<u32>| Request {
+        lane: "a",
+        tenant: None,
+        attempt,
+        request_id: Some(id),
+    };
+    // 10 originals allow one retry.
+    for i in 0..10 {
+        let id: &'static str = Box::leak(format!("r{i}").into_boxed_str());
+        assert!(
+            matches!(c.admit(&with_id(id, None), 0.0), Verdict::Pass(p) if p.attempt == Attempt::Original)
+        );
+    }
+    // r0 again without the header: a retry.
+    assert!(
+        matches!(c.admit(&with_id("r0", None), 0.1), Verdict::Pass(p) if p.attempt == Attempt::Retry)
+    );
+    // r0 a third time: beyond maxAttempts.
+    match c.admit(&with_id("r0", None), 0.2) {
+        Verdict::Refuse(r) => assert_eq!(r.limit, Limit::MaxAttempts),
+        v => panic!("{v:?}"),
+    }
+    // r1's retry: beyond the budget (1 of 10 used).
+    match c.admit(&with_id("r1", Some(2)), 0.3) {
+        Verdict::Refuse(r) => assert_eq!(r.limit, Limit::RetryBudget),
+        v => panic!("{v:?}"),
+    }
+    // Past the window, the originals no longer pay for retries.
+    match c.admit(&with_id("new", Some(2)), 20.0) {
+        Verdict::Refuse(r) => assert_eq!(r.outcome, Outcome::RejectedRetryBudget),
+        v => panic!("{v:?}"),
+    }
+}
+
+#[test]
+fn a_deferred_request_returns_as_neither_and_keeps_its_arrival() {
+    let mut l = lane("d", 1.0, 1);
+    l.queue.max_depth = 1;
+    l.queue.ttl_seconds = 100;
+    l.deadline_seconds = 100;
+    l.deferral = Some(Deferral {
+        retry_after_seconds: 7,
+    });
+    let mut c = core(vec![l]);
+    let r = |id: &'static str| Request {
+        lane: "d",
+        tenant: None,
+        attempt: None,
+        request_id: Some(id),
+    };
+    assert!(matches!(c.admit(&r("a"), 0.0), Verdict::Pass(_)));
+    assert!(matches!(c.admit(&r("b"), 0.0), Verdict::Queued { .. }));
+    match c.admit(&r("c"), 0.5) {
+        Verdict::Refuse(x) => {
+            assert!(x.deferred());
+            assert_eq!(x.retry_after_seconds, Some(7));
+        }
+        v => panic!("{v:?}"),
+    }
+    // "b" is served at 1 s; "x" (new) queues at 1.2 s; "c" comes back and,
+    // having arrived earlier, takes the place: "x" is deferred.
+    assert_eq!(c.poll(1.0).len(), 1);
+    assert!(matches!(c.admit(&r("x"), 1.2), Verdict::Queued { .. }));
+    match c.admit(&r("c"), 1.3) {
+        Verdict::Queued { attempt, .. } => assert_eq!(attempt, Attempt::Returning),
+        v => panic!("{v:?}"),
+    }
+    let res = c.poll(1.3);
+    assert!(
+        matches!(&res[..], [(_, Resolution::Refuse(x))] if x.deferred()),
+        "{res:?}"
+    );
+}
+
+#[test]
+fn the_floor_is_there_at_once_and_borrowers_give_it_back() {
+    // P0: admitted 20 req/s, floor 90; P3 borrows 60 of P0's floor.
+    let mut p0 = lane("p0", 20.0, 20);
+    p0.floor_units_per_second = Some(90.0);
+    p0.sheddable = false;
+    let mut p3 = lane("p3", 100.0, 100);
+    p3.borrowing = vec![Borrow {
+        from: "p0".to_owned(),
+        units_per_second: 60.0,
+        expires_at: "1970-01-12T13:50:00Z".parse().unwrap(), // 1,000,200 s
+        release_within_seconds: 30,
+    }];
+    let mut c = core(vec![p0, p3]);
+    assert_eq!(c.effective_rate(1, 0.0), 100.0);
+    // A P0 burst of 90 at t=0 all pass: the floor's second is reserved.
+    let passed = (0..90)
+        .filter(|_| matches!(c.admit(&req("p0"), 0.0), Verdict::Pass(_)))
+        .count();
+    assert_eq!(passed, 90);
+    // P0 used 90 req/s (70 above its rate): P3 gives back the 60 it borrowed.
+    assert!((c.effective_rate(1, 0.5) - 40.0).abs() < 1e-9);
+    assert!((c.effective_rate(0, 0.5) - 90.0).abs() < 1e-9);
+}
+
+#[test]
+fn a_grant_lapses_at_expires_at_without_a_new_config() {
+    let mut p0 = lane("p0", 20.0, 20);
+    p0.floor_units_per_second = Some(90.0);
+    let mut p3 = lane("p3", 100.0, 100);
+    p3.borrowing = vec![Borrow {
+        from: "p0".to_owned(),
+        units_per_second: 60.0,
+        expires_at: "1970-01-12T13:50:00Z".parse().unwrap(),
+        release_within_seconds: 30,
+    }];
+    let c = core(vec![p0, p3]);
+    // unix_now 1,000,000 at mono 0: expires at mono 200.
+    assert_eq!(c.effective_rate(1, 199.0), 100.0);
+    assert_eq!(c.effective_rate(1, 200.0), 40.0);
+}
+
+#[test]
+fn watermarks_stop_sheddable_lanes_and_resume_after_a_stable_window() {
+    let mut cfg = config(vec![lane("shed", 1e6, 1_000_000), {
+        let mut l = lane("never", 1e6, 1_000_000);
+        l.sheddable = false;
+        l
+    }]);
+    cfg.in_flight = Some(InFlight {
+        conserve_at: 8,
+        stop_at: 10,
+        resume_below: 5,
+        resume_after_stable_seconds: Some(30),
+    });
+    let mut c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
+    for _ in 0..10 {
+        assert!(matches!(c.admit(&req("shed"), 0.0), Verdict::Pass(_)));
+        c.started(0.0);
+    }
+    assert_eq!(c.pressure(), Pressure::Stop);
+    assert!(
+        matches!(c.admit(&req("shed"), 0.0), Verdict::Refuse(r) if r.outcome == Outcome::RejectedOverload)
+    );
+    assert!(matches!(c.admit(&req("never"), 0.0), Verdict::Pass(_)));
+    // Down to 4 in flight at t=1 with steady latency: still stopped until
+    // 30 s of stability below resumeBelow.
+    for _ in 0..6 {
+        c.finished(1.0, 0.2);
+    }
+    assert_eq!(c.pressure(), Pressure::Stop);
+    c.finished(20.0, 0.2);
+    assert_eq!(c.pressure(), Pressure::Stop);
+    c.finished(31.5, 0.2);
+    assert_eq!(c.pressure(), Pressure::Normal);
+}
+
+#[test]
+fn a_rising_latency_restarts_the_stable_window() {
+    let mut cfg = config(vec![lane("a", 1e6, 1_000_000)]);
+    cfg.in_flight = Some(InFlight {
+        conserve_at: 2,
+        stop_at: 3,
+        resume_below: 2,
+        resume_after_stable_seconds: Some(10),
+    });
+    let mut c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
+    for _ in 0..3 {
+        c.started(0.0);
+    }
+    assert_eq!(c.pressure(), Pressure::Stop);
+    for _ in 0..3 {
+        c.finished(0.5, 0.1);
+    }
+    // One request a second, 0.1 s each until 8 s, then ten times
+    // slower. Checked once a second, the p95 (of the 10 s before) is
+    // 0.1 s up to the check at 8 s and 1 s from 9 s; it is more than 25 %
+    // above the lowest of the last minute until the 0.1 s of second 8
+    // leaves that minute at 69 s: the stable window runs from 68 s to
+    // 78 s.
+    for t in 1..=77 {
+        c.started(f64::from(t));
+        c.finished(f64::from(t) + 0.5, if t < 8 { 0.1 } else { 1.0 });
+    }
+    assert_eq!(c.pressure(), Pressure::Stop, "68 s + 10 s not yet");
+    c.started(78.0);
+    assert_eq!(c.pressure(), Pressure::Normal);
+}
+
+#[test]
+fn conserving_sends_the_degraded_history() {
+    let mut l = lane("a", 1e6, 1_000_000);
+    l.optional_context = Some(OptionalContext {
+        history_turns: 20,
+        degraded: false,
+        degraded_history_turns: Some(8),
+    });
+    let mut cfg = config(vec![l]);
+    cfg.in_flight = Some(InFlight {
+        conserve_at: 2,
+        stop_at: 100,
+        resume_below: 1,
+        resume_after_stable_seconds: None,
+    });
+    let mut c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Pass(p) if p.history_turns == Some(20)));
+    c.started(0.0);
+    c.started(0.0);
+    assert_eq!(c.pressure(), Pressure::Conserve);
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Pass(p) if p.history_turns == Some(8)));
+}
+
+#[test]
+fn a_replica_enforces_its_share() {
+    let cfg = config(vec![lane("a", 100.0, 100)]);
+    let mut c = Core::new(cfg, 0.25, 0.0, 0.0).unwrap();
+    let passed = (0..100)
+        .filter(|_| matches!(c.admit(&req("a"), 0.0), Verdict::Pass(_)))
+        .count();
+    assert_eq!(passed, 25);
+    assert_eq!(c.effective_rate(0, 0.0), 25.0);
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    let mut cfg = config(vec![lane("a", 1.0, 1)]);
+    cfg.schema_version = 2;
+    assert_eq!(validate(&cfg), Err(ConfigError::SchemaVersion(2)));
+    let mut cfg = config(vec![lane("a", 1.0, 1), lane("a", 1.0, 1)]);
+    assert!(matches!(validate(&cfg), Err(ConfigError::DuplicateLane(_))));
+    cfg.lanes.pop();
+    cfg.lanes[0].admitted_requests_per_second = f64::NAN;
+    assert!(matches!(
+        validate(&cfg),
+        Err(ConfigError::Field {
+            field: "admittedRequestsPerSecond",
+            ..
+        })
+    ));
+    let mut cfg = config(vec![lane("a", 1.0, 1)]);
+    cfg.lanes[0].borrowing = vec![Borrow {
+        from: "ghost".to_owned(),
+        units_per_second: 1.0,
+        expires_at: "2026-01-01T00:00:00Z".parse().unwrap(),
+        release_within_seconds: 1,
+    }];
+    assert!(matches!(validate(&cfg), Err(ConfigError::Grant { .. })));
+    assert!(matches!(
+        Core::new(config(vec![lane("a", 1.0, 1)]), 0.0, 0.0, 0.0),
+        Err(ConfigError::Share(_))
+    ));
+}
+
+#[test]
+fn a_document_with_an_unknown_closed_set_value_does_not_parse() {
+    let good = crate::to_json(&config(vec![lane("a", 1.0, 1)]));
+    assert!(GatewayConfig::from_json(good.as_bytes()).is_ok());
+    for (from, to) in [
+        ("\"Enforce\"", "\"enforce\""),
+        ("\"Admitted\"", "\"Open\""),
+        ("\"Known\"", "\"Maybe\""),
+        ("\"schemaVersion\": 1", "\"schemaVersion\": 2"),
+    ] {
+        let bad = good.replacen(from, to, 1);
+        assert_ne!(bad, good, "{from} is in the document");
+        let err = GatewayConfig::from_json(bad.as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::Json(_) | ConfigError::SchemaVersion(2)),
+            "{from} -> {to}: {err}"
+        );
+    }
+    let mut cfg = config(vec![lane("a", 1.0, 1), lane("b", 1.0, 1)]);
+    cfg.lanes[1].borrowing = vec![Borrow {
+        from: "a".to_owned(),
+        units_per_second: 1.0,
+        expires_at: "2026-01-01T00:00:00Z".parse().unwrap(),
+        release_within_seconds: 1,
+    }];
+    let text = crate::to_json(&cfg);
+    assert!(
+        text.contains("\"expiresAt\": \"2026-01-01T00:00:00Z\""),
+        "{text}"
+    );
+    let bad = text.replace("2026-01-01T00:00:00Z", "next tuesday");
+    assert!(matches!(
+        GatewayConfig::from_json(bad.as_bytes()),
+        Err(ConfigError::Json(_))
+    ));
+}
+
+#[test]
+fn a_swap_keeps_queues_and_refuses_removed_lanes() {
+    let mut c = core(vec![lane("a", 1.0, 1), lane("b", 1.0, 1)]);
+    let _ = c.admit(&req("a"), 0.0);
+    let _ = c.admit(&req("b"), 0.0);
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Queued { .. }));
+    assert!(matches!(c.admit(&req("b"), 0.0), Verdict::Queued { .. }));
+    let refused = c
+        .swap(config(vec![lane("a", 10.0, 10)]), 1.0, 0.1, 0.0)
+        .unwrap();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(c.queue_depth(0), 1);
+    let r = c.poll(0.2);
+    assert_eq!(r.len(), 1);
+    // A bad config changes nothing.
+    let mut bad = config(vec![lane("z", 1.0, 1)]);
+    bad.schema_version = 9;
+    assert!(c.swap(bad, 1.0, 0.3, 0.0).is_err());
+    assert_eq!(c.lane_index("a"), Some(0));
+}
+
+#[test]
+fn cancel_removes_a_waiting_request() {
+    let mut c = core(vec![lane("a", 1.0, 1)]);
+    let _ = c.admit(&req("a"), 0.0);
+    let Verdict::Queued { ticket, .. } = c.admit(&req("a"), 0.0) else {
+        panic!()
+    };
+    assert!(c.cancel(ticket));
+    assert!(!c.cancel(ticket));
+    assert!(c.poll(5.0).is_empty());
+}
+
+#[test]
+fn chat_history_is_trimmed_to_system_and_last_turns() {
+    let mut body = json!({"model": "m", "messages": [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "u3"}
+    ]});
+    assert!(trim_chat_history(&mut body, 2));
+    let contents: Vec<&str> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, vec!["s", "u2", "a2", "u3"]);
+    assert!(!trim_chat_history(&mut body, 5));
+    assert!(!trim_chat_history(&mut json!({"prompt": "x"}), 1));
+}
+
+#[test]
+fn spare_capacity_goes_to_lanes_that_may_use_it_in_priority_order() {
+    // Capacity 100 units/s; the lanes claim 10 + 20 = 30 of 95: 65 spare.
+    let mut a = lane("a", 10.0, 1);
+    a.spare_capacity = true;
+    a.queue.max_depth = 1000;
+    let mut b = lane("b", 20.0, 1);
+    b.queue.max_depth = 1000;
+    let mut c = core(vec![a, b]);
+    assert_eq!(c.spare_units_per_second(), 65.0);
+    // Over 10 s of steady overload both lanes queue; a gets its 10/s
+    // plus the 65 spare, b (spareCapacity false) its 20/s and no more.
+    let mut passed = [0usize; 2];
+    let mut t = 0.0;
+    while t < 10.0 {
+        for (i, name) in ["a", "b"].iter().enumerate() {
+            if matches!(c.admit(&req(name), t), Verdict::Pass(_)) {
+                passed[i] += 1;
+            }
+        }
+        for (_, r) in c.poll(t) {
+            if let Resolution::Pass(p) = r {
+                passed[p.lane] += 1;
+            }
+        }
+        t += 0.005;
+    }
+    // Rates plus each bucket's one-second burst (the spare's is 65).
+    assert!((745..=830).contains(&passed[0]), "a passed {}", passed[0]);
+    assert!((199..=222).contains(&passed[1]), "b passed {}", passed[1]);
+}
+
+#[test]
+fn no_spare_capacity_without_known_capacity_nor_for_held_lanes() {
+    let mut a = lane("a", 1.0, 1);
+    a.spare_capacity = true;
+    let mut cfg = config(vec![a.clone()]);
+    cfg.telemetry = Telemetry::Unknown;
+    let c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
+    assert_eq!(c.spare_units_per_second(), 0.0, "Unknown capacity: none");
+    let mut cfg = config(vec![a.clone()]);
+    cfg.capacity_units_per_second = None;
+    let c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
+    assert_eq!(c.spare_units_per_second(), 0.0);
+    // A paused lane never passes, spare or not.
+    let mut p = a.clone();
+    p.state = LaneState::Paused;
+    let mut c = core(vec![p]);
+    assert!(c.spare_units_per_second() > 0.0);
+    assert!(!matches!(c.admit(&req("a"), 0.0), Verdict::Pass(_)));
+    // Floors are claimed too; two replicas halve the spare.
+    let mut f = a;
+    f.floor_units_per_second = Some(50.0);
+    let c = Core::new(config(vec![f]), 0.5, 0.0, 0.0).unwrap();
+    assert_eq!(c.spare_units_per_second(), 100.0 * 0.5 * 0.95 - 25.0);
+}

@@ -1,0 +1,158 @@
+//! [`Core::poll`] and [`Core::next_wake`]: waiting requests resolved when
+//! their turn comes (a token, in the fair queue's order) or their wait runs
+//! out (TTL, or a deadline that can no longer be met).
+
+use crate::core::Core;
+use crate::fair_queue::Waiting;
+use crate::history::history_turns;
+use crate::lane::{Lane, effective_rate};
+use crate::pressure::Pressure;
+use crate::verdict::{Limit, Outcome, Pass, Refusal, Resolution, Ticket};
+
+impl Core {
+    /// Resolves waiting requests at `now`: those whose wait ran out first,
+    /// then those whose turn came.
+    pub fn poll(&mut self, now: f64) -> Vec<(Ticket, Resolution)> {
+        let mut out = std::mem::take(&mut self.pending);
+        self.pressure.update(now);
+        for li in 0..self.lanes.len() {
+            if self.lanes[li].queue.is_empty() {
+                continue;
+            }
+            let rate = effective_rate(&self.lanes, li, now);
+            self.lanes[li].refill(now, rate);
+            self.expire(li, now, &mut out);
+            self.serve(li, now, &mut out);
+        }
+        out
+    }
+
+    /// Refuses (or defers) the waiting requests past their TTL or unable to
+    /// meet their deadline: such a request is never served.
+    fn expire(&mut self, li: usize, now: f64, out: &mut Vec<(Ticket, Resolution)>) {
+        loop {
+            let lane = &mut self.lanes[li];
+            let ttl = lane.cfg.queue.ttl_seconds as f64;
+            let deadline = lane.cfg.deadline_seconds as f64;
+            let svc = lane.expected_service;
+            let by_ttl = lane.queue.oldest_queued().filter(|(q, _, _)| now - q > ttl);
+            let by_deadline = lane
+                .queue
+                .oldest_arrival()
+                .filter(|(fa, _, _)| fa + deadline - now < svc);
+            let Some((_, key, tenant)) = by_deadline.or(by_ttl) else {
+                return;
+            };
+            let w = lane.queue.remove(tenant, key).expect("indexed");
+            self.tickets.remove(&w.ticket);
+            let past_deadline = w.first_arrival + deadline - now < svc;
+            out.push((
+                w.ticket,
+                Resolution::Refuse(expired(lane, li, &w, past_deadline)),
+            ));
+        }
+    }
+
+    /// Serves in fair order while there are tokens: the lane's own, then
+    /// spare capacity. A sheddable lane serves nothing at `stopAt`.
+    fn serve(&mut self, li: usize, now: f64, out: &mut Vec<(Ticket, Resolution)>) {
+        let stop = self.pressure.state() == Pressure::Stop && self.lanes[li].cfg.sheddable;
+        loop {
+            let lane = &mut self.lanes[li];
+            if stop || lane.queue.is_empty() {
+                lane.bucket.tokens = lane.bucket.tokens.min(lane.bucket.cap());
+                return;
+            }
+            if !(lane.bucket.take()
+                || lane.draws_on_spare() && self.spare.take(now, lane.cfg.work_units_per_request))
+            {
+                return;
+            }
+            let Some(w) = lane.queue.pop() else { return };
+            lane.bucket.used.add(now);
+            self.tickets.remove(&w.ticket);
+            let pass = Pass {
+                lane: li,
+                attempt: w.attempt,
+                history_turns: history_turns(
+                    lane.cfg.optional_context.as_ref(),
+                    self.pressure.state(),
+                ),
+                remaining_seconds: w.first_arrival + lane.cfg.deadline_seconds as f64 - now,
+                waited_seconds: now - w.queued_at,
+            };
+            out.push((w.ticket, Resolution::Pass(pass)));
+        }
+    }
+
+    /// When [`Core::poll`] next has something to do (a token for a waiting
+    /// request, or a wait running out), or None when nothing waits.
+    pub fn next_wake(&self, now: f64) -> Option<f64> {
+        if !self.pending.is_empty() {
+            // A request deferred to make room is told at once.
+            return Some(now);
+        }
+        (0..self.lanes.len())
+            .filter(|&li| !self.lanes[li].queue.is_empty())
+            .filter_map(|li| self.lane_wake(li, now))
+            .reduce(f64::min)
+    }
+
+    /// When lane `li`'s queue next needs a poll.
+    fn lane_wake(&self, li: usize, now: f64) -> Option<f64> {
+        let lane = &self.lanes[li];
+        let rate = effective_rate(&self.lanes, li, now);
+        let token =
+            (rate > 0.0).then(|| now + ((1.0 - lane.bucket.tokens_at(now, rate)).max(0.0) / rate));
+        let spare = if lane.draws_on_spare() {
+            self.spare.ready_at(now, lane.cfg.work_units_per_request)
+        } else {
+            None
+        };
+        let ttl = lane
+            .queue
+            .oldest_queued()
+            .map(|(q, _, _)| q + lane.cfg.queue.ttl_seconds as f64 + 1e-6);
+        let deadline = lane
+            .queue
+            .oldest_arrival()
+            .map(|(fa, _, _)| fa + lane.cfg.deadline_seconds as f64 - lane.expected_service + 1e-6);
+        let grants = lane
+            .bucket
+            .grants
+            .iter()
+            .map(|g| g.expires)
+            .filter(|&e| e > now)
+            .reduce(f64::min);
+        [token, spare, ttl, deadline, grants]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min)
+    }
+}
+
+/// The refusal of a request whose wait ran out: deferred on a `Defer` lane
+/// while its deadline can still be met, expired otherwise.
+fn expired(lane: &mut Lane, li: usize, w: &Waiting, past_deadline: bool) -> Refusal {
+    let deferred = lane.defers() && !past_deadline;
+    if deferred {
+        lane.seen.mark_deferred(w.request_key);
+    }
+    Refusal {
+        lane: li,
+        attempt: w.attempt,
+        outcome: if deferred {
+            Outcome::Deferred
+        } else {
+            Outcome::Expired
+        },
+        limit: if deferred {
+            Limit::Deferred
+        } else if past_deadline {
+            Limit::Deadline
+        } else {
+            Limit::QueueTtl
+        },
+        retry_after_seconds: if deferred { lane.retry_after() } else { None },
+    }
+}

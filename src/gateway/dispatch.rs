@@ -1,0 +1,111 @@
+//! What a passed request takes upstream ([`Dispatch`]): made under the
+//! core's lock from the config in force, it holds the request's place in
+//! flight until its response body ends or is dropped, then reports the
+//! latency (and a deadline miss) back.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use lanes::{Attempt, Core, Pass};
+
+use super::metrics::LaneMeter;
+
+/// Where a finished request's latency goes (the core, under its lock).
+pub(super) trait InFlightSink: Send + Sync {
+    /// A request that went upstream finished after `latency` seconds.
+    fn finished(&self, latency: f64);
+}
+
+/// A passed request's way upstream.
+pub(super) struct Dispatch {
+    pub(super) lane: usize,
+    pub(super) meters: Arc<Vec<LaneMeter>>,
+    pub(super) attempt: Attempt,
+    pub(super) route: Option<String>,
+    pub(super) read_only: bool,
+    pub(super) static_fallback: bool,
+    pub(super) history_turns: Option<i32>,
+    /// Seconds the request may still take, from when it passed.
+    pub(super) remaining_seconds: f64,
+    slot: InFlight,
+}
+
+impl Dispatch {
+    /// Under the lock: what `pass` needs. The caller has counted it in
+    /// flight (`core.started`); `sink` hears when it ends.
+    pub(super) fn new(
+        sink: Arc<dyn InFlightSink>,
+        core: &Core,
+        meters: &Arc<Vec<LaneMeter>>,
+        pass: &Pass,
+    ) -> Dispatch {
+        let flags = &core.config().flags;
+        Dispatch {
+            lane: pass.lane,
+            meters: Arc::clone(meters),
+            attempt: pass.attempt,
+            route: core.lane(pass.lane).routes.first().cloned(),
+            read_only: flags.read_only,
+            static_fallback: flags.static_fallback,
+            history_turns: pass.history_turns,
+            remaining_seconds: pass.remaining_seconds,
+            slot: InFlight {
+                sink,
+                meters: Arc::clone(meters),
+                lane: pass.lane,
+                armed: true,
+                started: Instant::now(),
+                latency: None,
+                deadline: None,
+            },
+        }
+    }
+
+    /// The client went away before it could be told: nothing is in flight
+    /// for it (the caller undoes the count under the lock).
+    pub(super) fn disarm(mut self) {
+        self.slot.armed = false;
+    }
+
+    /// The lane's meters.
+    pub(super) fn meter(&self) -> &LaneMeter {
+        &self.meters[self.lane]
+    }
+
+    /// When the request must be done by.
+    pub(super) fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.slot.deadline = deadline;
+    }
+
+    /// The upstream answered with headers after `latency` seconds.
+    pub(super) fn set_latency(&mut self, latency: f64) {
+        self.slot.latency = Some(latency);
+    }
+}
+
+/// Counts a request in flight until dropped, then reports its latency and
+/// counts a deadline miss when it outlived its deadline.
+struct InFlight {
+    sink: Arc<dyn InFlightSink>,
+    meters: Arc<Vec<LaneMeter>>,
+    lane: usize,
+    armed: bool,
+    started: Instant,
+    latency: Option<f64>,
+    deadline: Option<Instant>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if self.deadline.is_some_and(|t| Instant::now() > t) {
+            self.meters[self.lane].deadline_missed();
+        }
+        let latency = self
+            .latency
+            .unwrap_or_else(|| self.started.elapsed().as_secs_f64());
+        self.sink.finished(latency);
+    }
+}

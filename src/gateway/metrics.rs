@@ -1,0 +1,326 @@
+//! The gateway's metric families, typed: one method per event. The
+//! per-lane series a request touches are resolved once per config (and per
+//! label combination on first use), so the request path increments an
+//! atomic without formatting or hashing labels.
+
+use std::sync::OnceLock;
+
+use lanes::{Attempt, GatewayConfig, Outcome, Pressure};
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Whether a request named its tenant (the tenant itself is not a label:
+/// it is unbounded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TenantClass {
+    /// No tenant header: the lane's default tenant.
+    Default,
+    /// A tenant header.
+    Named,
+}
+
+impl TenantClass {
+    fn as_str(self) -> &'static str {
+        match self {
+            TenantClass::Default => "default",
+            TenantClass::Named => "named",
+        }
+    }
+}
+
+/// How a config load ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigLoad {
+    /// A new config is in force.
+    Loaded,
+    /// The same content hash again.
+    Unchanged,
+    /// Not a valid `lanes.json`: the last good one stays.
+    Invalid,
+    /// The source could not be read: the last good one stays.
+    Unreadable,
+}
+
+impl ConfigLoad {
+    fn as_str(self) -> &'static str {
+        match self {
+            ConfigLoad::Loaded => "loaded",
+            ConfigLoad::Unchanged => "unchanged",
+            ConfigLoad::Invalid => "invalid",
+            ConfigLoad::Unreadable => "unreadable",
+        }
+    }
+}
+
+const WAIT_BUCKETS: [f64; 16] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// The registry and every family.
+pub struct GatewayMetrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    shadow: IntCounterVec,
+    queue_depth: IntGaugeVec,
+    in_flight: IntGauge,
+    wait: HistogramVec,
+    upstream: HistogramVec,
+    deadline_misses: IntCounterVec,
+    config_info: GaugeVec,
+    config_loads: IntCounterVec,
+    pressure: IntGaugeVec,
+    replicas: IntGauge,
+}
+
+fn registered<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("each metric is registered once");
+    c
+}
+
+fn counters(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    registered(
+        r,
+        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    registered(
+        r,
+        IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    registered(r, IntGauge::new(name, help).expect("valid metric"))
+}
+
+fn histograms(r: &Registry, name: &str, help: &str) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(WAIT_BUCKETS.to_vec());
+    registered(r, HistogramVec::new(opts, &["lane"]).expect("valid metric"))
+}
+
+impl GatewayMetrics {
+    /// Registers every family.
+    pub fn new() -> GatewayMetrics {
+        let r = Registry::new();
+        GatewayMetrics {
+            requests: counters(
+                &r,
+                "lanekeeper_gateway_requests_total",
+                "Requests by lane, tenant class (default or named), attempt (original, retry, returning) and outcome.",
+                &["lane", "tenant_class", "attempt", "outcome"],
+            ),
+            shadow: counters(
+                &r,
+                "lanekeeper_gateway_shadow_requests_total",
+                "Observe mode: what enforcing the config would have done, by lane, attempt and outcome (every request is admitted).",
+                &["lane", "attempt", "outcome"],
+            ),
+            deadline_misses: counters(
+                &r,
+                "lanekeeper_gateway_deadline_misses_total",
+                "Requests that went upstream and ran past their lane's deadline.",
+                &["lane"],
+            ),
+            config_loads: counters(
+                &r,
+                "lanekeeper_gateway_config_loads_total",
+                "Config loads by result (loaded, unchanged, invalid, unreadable).",
+                &["result"],
+            ),
+            wait: histograms(
+                &r,
+                "lanekeeper_gateway_admission_wait_seconds",
+                "Time a request waited in its lane's queue before going upstream.",
+            ),
+            upstream: histograms(
+                &r,
+                "lanekeeper_gateway_upstream_latency_seconds",
+                "Time from sending a request upstream to its response headers.",
+            ),
+            queue_depth: gauges(
+                &r,
+                "lanekeeper_gateway_queue_depth",
+                "Requests waiting per lane.",
+                &["lane"],
+            ),
+            in_flight: gauge(
+                &r,
+                "lanekeeper_gateway_in_flight",
+                "Requests this replica has in flight to the pool.",
+            ),
+            config_info: registered(
+                &r,
+                GaugeVec::new(
+                    Opts::new(
+                        "lanekeeper_gateway_config_info",
+                        "The config in force (1): its profile, mode and contentHash.",
+                    ),
+                    &["profile", "mode", "hash"],
+                )
+                .expect("valid metric"),
+            ),
+            pressure: gauges(
+                &r,
+                "lanekeeper_gateway_pressure",
+                "The in-flight pressure state (1 for the state in force: normal, conserve, stop).",
+                &["state"],
+            ),
+            replicas: gauge(
+                &r,
+                "lanekeeper_gateway_replicas",
+                "The number of gateway replicas this one shares the rates with (N of 1/N).",
+            ),
+            registry: r,
+        }
+    }
+
+    /// The per-lane meters of a config, by lane index.
+    pub fn lanes(&self, cfg: &GatewayConfig) -> Vec<LaneMeter> {
+        cfg.lanes
+            .iter()
+            .map(|l| LaneMeter {
+                lane: l.name.clone(),
+                requests: Default::default(),
+                shadow: Default::default(),
+                queue_depth: self.queue_depth.with_label_values(&[&l.name]),
+                wait: self.wait.with_label_values(&[&l.name]),
+                upstream: self.upstream.with_label_values(&[&l.name]),
+                deadline_misses: self.deadline_misses.with_label_values(&[&l.name]),
+                families: (self.requests.clone(), self.shadow.clone()),
+            })
+            .collect()
+    }
+
+    /// A config load ended so.
+    pub fn config_load(&self, result: ConfigLoad) {
+        self.config_loads
+            .with_label_values(&[result.as_str()])
+            .inc();
+    }
+
+    /// `cfg` is in force now.
+    pub fn config_in_force(&self, cfg: &GatewayConfig) {
+        self.config_info.reset();
+        self.config_info
+            .with_label_values(&[&cfg.profile, cfg.mode.as_str(), &cfg.content_hash])
+            .set(1.0);
+    }
+
+    /// The pressure state in force.
+    pub fn pressure(&self, now: Pressure) {
+        for p in Pressure::ALL {
+            self.pressure
+                .with_label_values(&[p.as_str()])
+                .set(i64::from(p == now));
+        }
+    }
+
+    /// The replica count N.
+    pub fn replicas(&self, n: u32) {
+        self.replicas.set(i64::from(n));
+    }
+
+    /// A request went upstream (+1) or finished (-1).
+    pub fn in_flight(&self, delta: i64) {
+        self.in_flight.add(delta);
+    }
+
+    /// The text exposition: (content type, body).
+    pub fn encode(&self) -> Result<(String, Vec<u8>), prometheus::Error> {
+        let mut buf = Vec::new();
+        let encoder = TextEncoder::new();
+        encoder.encode(&self.registry.gather(), &mut buf)?;
+        Ok((encoder.format_type().to_owned(), buf))
+    }
+}
+
+impl Default for GatewayMetrics {
+    fn default() -> Self {
+        GatewayMetrics::new()
+    }
+}
+
+const CLASSES: usize = 2;
+const ATTEMPTS: usize = Attempt::ALL.len();
+const OUTCOMES: usize = Outcome::ALL.len();
+
+type Cells<const N: usize> = [OnceLock<IntCounter>; N];
+
+/// One lane's series.
+pub struct LaneMeter {
+    lane: String,
+    requests: [[Cells<OUTCOMES>; ATTEMPTS]; CLASSES],
+    shadow: [Cells<OUTCOMES>; ATTEMPTS],
+    queue_depth: IntGauge,
+    wait: Histogram,
+    upstream: Histogram,
+    deadline_misses: IntCounter,
+    families: (IntCounterVec, IntCounterVec),
+}
+
+fn index_of<T: PartialEq>(all: &[T], v: &T) -> usize {
+    all.iter().position(|x| x == v).expect("a member of ALL")
+}
+
+impl LaneMeter {
+    /// A request of this lane ended (or, for `Queued`, waited) so.
+    pub fn request(&self, class: TenantClass, attempt: Attempt, outcome: Outcome) {
+        let c = usize::from(class == TenantClass::Named);
+        let (a, o) = (
+            index_of(&Attempt::ALL, &attempt),
+            index_of(&Outcome::ALL, &outcome),
+        );
+        self.requests[c][a][o]
+            .get_or_init(|| {
+                self.families.0.with_label_values(&[
+                    &self.lane,
+                    class.as_str(),
+                    attempt.as_str(),
+                    outcome.as_str(),
+                ])
+            })
+            .inc();
+    }
+
+    /// Observe mode: enforcing would have ended the request so.
+    pub fn shadow(&self, attempt: Attempt, outcome: Outcome) {
+        let (a, o) = (
+            index_of(&Attempt::ALL, &attempt),
+            index_of(&Outcome::ALL, &outcome),
+        );
+        self.shadow[a][o]
+            .get_or_init(|| {
+                self.families
+                    .1
+                    .with_label_values(&[&self.lane, attempt.as_str(), outcome.as_str()])
+            })
+            .inc();
+    }
+
+    /// Requests waiting now.
+    pub fn queue_depth(&self, n: usize) {
+        self.queue_depth.set(n as i64);
+    }
+
+    /// A queued request went upstream after `seconds`.
+    pub fn waited(&self, seconds: f64) {
+        self.wait.observe(seconds);
+    }
+
+    /// The upstream answered with headers after `seconds`.
+    pub fn upstream_latency(&self, seconds: f64) {
+        self.upstream.observe(seconds);
+    }
+
+    /// A request ran past its deadline upstream.
+    pub fn deadline_missed(&self) {
+        self.deadline_misses.inc();
+    }
+}

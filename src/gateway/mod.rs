@@ -1,0 +1,27 @@
+//! `lanekeeper gateway`: the data path. A reverse proxy for OpenAI-compatible
+//! model servers that enforces a `lanes.json` with the admission core of the
+//! [`lanes`] crate on every request.
+//!
+//! I/O only, one job per file: the flags ([`args`]), starting and serving
+//! (`run`), the request path as named steps (`request`), the pure mapping
+//! from a refusal or failure to the HTTP answer (`respond`), what a passed
+//! request takes upstream (`dispatch`), the upstream client (`upstream`), the config and replica sources (`sources`), the
+//! shared state and the driver of queued requests (`state`), and typed
+//! metrics (`metrics`). Every decision is the core's.
+#![deny(clippy::too_many_lines)]
+
+mod args;
+mod dispatch;
+mod metrics;
+mod request;
+mod respond;
+mod run;
+mod sources;
+mod state;
+mod upstream;
+
+#[cfg(test)]
+mod tests;
+
+pub use args::{GatewayArgs, GatewayError};
+pub use run::run;

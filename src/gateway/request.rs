@@ -1,0 +1,297 @@
+//! The request path, step by step: read what the client asked (headers and
+//! a bounded body), decide under the core's lock (once), wait for a queued
+//! turn, count the outcome, and forward what passed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use http_body_util::BodyExt;
+use lanes::{Outcome, Resolution, Ticket, Verdict};
+use tokio::sync::oneshot;
+
+use super::dispatch::Dispatch;
+use super::metrics::{LaneMeter, TenantClass};
+use super::respond;
+use super::state::{Gateway, Resolved, State as Locked};
+use super::upstream::forward;
+
+/// The attempt header.
+const ATTEMPT_HEADER: &str = "x-lanekeeper-attempt";
+
+/// What the client asked for, from its headers.
+struct Asked {
+    lane: Option<String>,
+    tenant: Option<String>,
+    attempt: Option<u32>,
+    request_id: Option<String>,
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+impl Asked {
+    fn read(h: &HeaderMap, gw: &Gateway) -> Asked {
+        Asked {
+            lane: header_str(h, &gw.args.lane_header).map(str::to_owned),
+            tenant: header_str(h, &gw.args.tenant_header).map(str::to_owned),
+            attempt: header_str(h, ATTEMPT_HEADER).and_then(|v| v.parse::<u32>().ok()),
+            request_id: header_str(h, "idempotency-key")
+                .or_else(|| header_str(h, "x-request-id"))
+                .map(str::to_owned),
+        }
+    }
+
+    fn class(&self) -> TenantClass {
+        if self.tenant.is_some() {
+            TenantClass::Named
+        } else {
+            TenantClass::Default
+        }
+    }
+}
+
+/// The core's decision and what the rest of the path needs of it.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per request, on the stack for its life: boxing would add an allocation"
+)]
+enum Decided {
+    NoConfig,
+    UnknownLane(Vec<String>),
+    Verdict {
+        verdict: Verdict,
+        lane: usize,
+        meters: Arc<Vec<LaneMeter>>,
+        enforcing: bool,
+        /// A pass (or any request in observe mode) on its way upstream.
+        dispatch: Option<Dispatch>,
+        /// A queued request's wait.
+        wait: Option<(Ticket, oneshot::Receiver<Resolved>)>,
+    },
+}
+
+/// Serves one client request.
+pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let asked = Asked::read(&parts.headers, &gw);
+    let body = match read_body(body, gw.args.max_body_bytes).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let decided = decide(&gw, &asked);
+    let passed = Instant::now();
+    let (dispatch, lane_name) = match settle(&gw, &asked, decided).await {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    forward(
+        &gw.upstream,
+        parts,
+        body,
+        dispatch,
+        asked.class(),
+        &lane_name,
+        passed,
+    )
+    .await
+}
+
+/// The body, within `--max-body-bytes` (read before a token is taken for
+/// it).
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(respond::body_too_large(limit)),
+        Err(e) => Err(respond::body_unreadable(&e.to_string())),
+    }
+}
+
+/// The one acquisition of the core's lock on the admit path: the lane
+/// looked up, the verdict, a waiter registered for a queued request, and a
+/// pass counted in flight with its route and flags.
+fn decide(gw: &Arc<Gateway>, asked: &Asked) -> Decided {
+    let now = gw.now();
+    let mut st = gw.lock();
+    let Locked {
+        core,
+        waiters,
+        meters,
+        ..
+    } = &mut *st;
+    let Some(core) = core.as_mut() else {
+        return Decided::NoConfig;
+    };
+    let Some(lane) = asked.lane.as_deref().and_then(|l| core.lane_index(l)) else {
+        return Decided::UnknownLane(core.lane_names().map(str::to_owned).collect());
+    };
+    let verdict = core.admit(
+        &lanes::Request {
+            lane: asked.lane.as_deref().unwrap_or_default(),
+            tenant: asked.tenant.as_deref(),
+            attempt: asked.attempt,
+            request_id: asked.request_id.as_deref(),
+        },
+        now,
+    );
+    let enforcing = core.enforcing();
+    let mut wait = None;
+    if let Verdict::Queued { ticket, .. } = &verdict {
+        if enforcing {
+            let (tx, rx) = oneshot::channel();
+            waiters.insert(*ticket, tx);
+            wait = Some((*ticket, rx));
+        } else {
+            core.cancel(*ticket);
+        }
+    }
+    let dispatch = passing(&verdict, enforcing).map(|pass| gw.dispatch(core, meters, &pass, now));
+    let meters = Arc::clone(meters);
+    drop(st);
+    if wait.is_some() {
+        gw.wake.notify_one();
+    }
+    Decided::Verdict {
+        verdict,
+        lane,
+        meters,
+        enforcing,
+        dispatch,
+        wait,
+    }
+}
+
+/// What goes upstream at once: a pass, or in observe mode every request
+/// (with no deadline of its own).
+fn passing(verdict: &Verdict, enforcing: bool) -> Option<lanes::Pass> {
+    match verdict {
+        Verdict::Pass(p) if enforcing => Some(p.clone()),
+        _ if enforcing => None,
+        Verdict::UnknownLane => None,
+        v => Some(lanes::Pass {
+            lane: match v {
+                Verdict::Pass(p) => p.lane,
+                Verdict::Queued { lane, .. } => *lane,
+                Verdict::Refuse(r) => r.lane,
+                Verdict::UnknownLane => unreachable!("matched above"),
+            },
+            attempt: v.attempt(),
+            history_turns: None,
+            remaining_seconds: f64::INFINITY,
+            waited_seconds: 0.0,
+        }),
+    }
+}
+
+/// The decision carried out: an error response, or the pass to forward
+/// (after a queued request's wait), each outcome counted.
+async fn settle(
+    gw: &Arc<Gateway>,
+    asked: &Asked,
+    decided: Decided,
+) -> Result<(Dispatch, String), Response> {
+    let Decided::Verdict {
+        verdict,
+        lane,
+        meters,
+        enforcing,
+        dispatch,
+        wait,
+    } = decided
+    else {
+        return Err(refused_before_admission(gw, asked, decided));
+    };
+    let name = asked.lane.clone().unwrap_or_default();
+    let meter = &meters[lane];
+    let class = asked.class();
+    if !enforcing {
+        // Observe: count what enforcing would have done, admit as before.
+        if let Some(o) = verdict.outcome() {
+            meter.shadow(verdict.attempt(), o);
+        }
+        meter.request(class, verdict.attempt(), Outcome::Admitted);
+        return Ok((dispatch.expect("observe passes everything"), name));
+    }
+    match verdict {
+        Verdict::Pass(p) => {
+            meter.request(class, p.attempt, Outcome::Admitted);
+            Ok((dispatch.expect("a pass is dispatched"), name))
+        }
+        Verdict::Refuse(r) => {
+            meter.request(class, r.attempt, r.outcome);
+            Err(respond::refusal(&name, &r))
+        }
+        Verdict::UnknownLane => Err(respond::lane_gone(&name)),
+        Verdict::Queued { attempt, .. } => {
+            meter.request(class, attempt, Outcome::Queued);
+            let wait = wait.expect("a waiter for a queued request");
+            let d = wait_turn(gw, wait, meter, class, &name).await?;
+            Ok((d, name))
+        }
+    }
+}
+
+/// 503 without a config, 400 for a lane the config does not have.
+fn refused_before_admission(gw: &Gateway, asked: &Asked, decided: Decided) -> Response {
+    match decided {
+        Decided::UnknownLane(known) => {
+            let known: Vec<&str> = known.iter().map(String::as_str).collect();
+            respond::unknown_lane(&gw.args.lane_header, asked.lane.as_deref(), &known)
+        }
+        _ => respond::no_config(),
+    }
+}
+
+/// A queued request waits for its resolution; its place is given back if
+/// the client goes away first.
+async fn wait_turn(
+    gw: &Arc<Gateway>,
+    (ticket, rx): (Ticket, oneshot::Receiver<Resolved>),
+    meter: &LaneMeter,
+    class: TenantClass,
+    lane: &str,
+) -> Result<Dispatch, Response> {
+    let mut guard = WaitGuard {
+        gw,
+        ticket: Some(ticket),
+    };
+    let resolution = rx.await;
+    guard.ticket = None;
+    match resolution {
+        Ok((Resolution::Pass(p), Some(d))) => {
+            meter.request(class, p.attempt, Outcome::Admitted);
+            meter.waited(p.waited_seconds);
+            Ok(d)
+        }
+        Ok((Resolution::Refuse(r), _)) => {
+            meter.request(class, r.attempt, r.outcome);
+            Err(respond::refusal(lane, &r))
+        }
+        Ok((Resolution::Pass(_), None)) | Err(_) => Err(respond::queue_dropped(lane)),
+    }
+}
+
+/// Gives a queued ticket back if the client goes away while it waits.
+struct WaitGuard<'a> {
+    gw: &'a Gateway,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket {
+            let mut st = self.gw.lock();
+            st.waiters.remove(&t);
+            if let Some(core) = st.core.as_mut() {
+                core.cancel(t);
+            }
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! What the client is told: a pure mapping from a refusal or a failure to
+//! an OpenAI-style error response (`{"error": {message, type, code}}`).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use lanes::Refusal;
+use serde_json::json;
+
+/// How much of a client's header value an error message repeats.
+const ECHO_LIMIT: usize = 64;
+
+/// An OpenAI-style error response.
+pub(super) fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "code": code}});
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{body}\n"),
+    )
+        .into_response()
+}
+
+fn bad_request(code: &str, message: String) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        code,
+        message,
+    )
+}
+
+/// A client's value, quoted, cut to [`ECHO_LIMIT`] bytes.
+fn echo(v: &str) -> String {
+    if v.len() <= ECHO_LIMIT {
+        return format!("{v:?}");
+    }
+    let mut end = ECHO_LIMIT;
+    while !v.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &v[..end], v.len())
+}
+
+/// 503: no `lanes.json` yet.
+pub(super) fn no_config() -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lanekeeper_no_config",
+        "no_config",
+        "the gateway has no lanes.json loaded yet (see its log): it admits nothing until it has one"
+            .to_owned(),
+    )
+}
+
+/// 400: the lane header is missing or names no lane of the config.
+pub(super) fn unknown_lane(header: &str, value: Option<&str>, known: &[&str]) -> Response {
+    bad_request(
+        "unknown_lane",
+        format!(
+            "the {header} header must name a lane of this gateway; it was {}; known lanes: {}",
+            value.map_or("missing".to_owned(), echo),
+            known.join(", ")
+        ),
+    )
+}
+
+/// 400: the lane went away with a config swap while the request waited.
+pub(super) fn lane_gone(lane: &str) -> Response {
+    bad_request("unknown_lane", format!("lane {lane} is gone"))
+}
+
+/// 413: the body is over `--max-body-bytes`.
+pub(super) fn body_too_large(limit: usize) -> Response {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "body_too_large",
+        format!("the request body is larger than {limit} bytes (the gateway's --max-body-bytes)"),
+    )
+}
+
+/// 400: the body could not be read.
+pub(super) fn body_unreadable(why: &str) -> Response {
+    bad_request(
+        "body_unreadable",
+        format!("the request body could not be read: {why}"),
+    )
+}
+
+/// 503: a queued request's place was lost.
+pub(super) fn queue_dropped(lane: &str) -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lanekeeper_unavailable",
+        "queue_dropped",
+        format!("lane {lane}: the request's place in the queue was lost (config change)"),
+    )
+}
+
+/// A 429 saying which limit of which lane, with `Retry-After` and, for a
+/// deferral, `Lanekeeper-Deferred: true`.
+pub(super) fn refusal(lane: &str, r: &Refusal) -> Response {
+    let (kind, message) = if r.deferred() {
+        (
+            "lanekeeper_deferred",
+            format!(
+                "lane {lane}: deferred; the work is wanted later, come back after Retry-After with the same request id"
+            ),
+        )
+    } else {
+        (
+            "rate_limit_exceeded",
+            format!(
+                "lane {lane}: refused by {} ({})",
+                r.limit.as_str(),
+                r.outcome.as_str()
+            ),
+        )
+    };
+    let mut resp = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        kind,
+        r.outcome.as_str(),
+        message,
+    );
+    if let Some(s) = r.retry_after_seconds {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(s.max(1)));
+    }
+    if r.deferred() {
+        resp.headers_mut()
+            .insert("lanekeeper-deferred", HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+/// 503: the lane has no route in `lanes.json`.
+pub(super) fn no_route(lane: &str) -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lanekeeper_no_route",
+        "no_route",
+        format!("lane {lane} has no route in lanes.json"),
+    )
+}
+
+/// 502: the lane's route has no `--route NAME=URL`.
+pub(super) fn unknown_route(lane: &str, route: &str) -> Response {
+    error(
+        StatusCode::BAD_GATEWAY,
+        "lanekeeper_no_route",
+        "unknown_route",
+        format!("lane {lane}: route {route:?} has no --route {route}=URL on this gateway"),
+    )
+}
+
+/// 502: the upstream URL could not be made.
+pub(super) fn bad_route(lane: &str, route: &str, why: &str) -> Response {
+    error(
+        StatusCode::BAD_GATEWAY,
+        "lanekeeper_bad_route",
+        "bad_route",
+        format!("lane {lane}: route {route}: {why}"),
+    )
+}
+
+/// 502: the upstream could not be reached (never retried: generations are
+/// not idempotent).
+pub(super) fn upstream_unreachable(lane: &str, route: &str, why: &str) -> Response {
+    error(
+        StatusCode::BAD_GATEWAY,
+        "lanekeeper_upstream_error",
+        "upstream_error",
+        format!("lane {lane}: route {route} is unreachable: {why} (the gateway does not retry)"),
+    )
+}
+
+/// 504: no answer within the request's remaining deadline.
+pub(super) fn upstream_timeout(lane: &str, route: &str, seconds: f64) -> Response {
+    error(
+        StatusCode::GATEWAY_TIMEOUT,
+        "lanekeeper_upstream_timeout",
+        "deadline",
+        format!(
+            "lane {lane}: route {route} did not answer within the request's remaining deadline ({seconds:.3} s)"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lanes::{Attempt, Limit, Outcome};
+
+    async fn body(r: Response) -> serde_json::Value {
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    fn refused(outcome: Outcome, limit: Limit, retry_after: Option<i64>) -> Refusal {
+        Refusal {
+            lane: 0,
+            attempt: Attempt::Original,
+            outcome,
+            limit,
+            retry_after_seconds: retry_after,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_a_429_naming_the_limit_with_retry_after() {
+        let r = refusal("p3", &refused(Outcome::RejectedRate, Limit::Rate, Some(0)));
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1", "at least 1 s");
+        assert!(r.headers().get("lanekeeper-deferred").is_none());
+        let b = body(r).await;
+        assert_eq!(b["error"]["code"], "rejected_rate");
+        assert_eq!(
+            b["error"]["message"],
+            "lane p3: refused by admittedRequestsPerSecond (rejected_rate)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deferral_says_so_and_a_deadline_refusal_has_no_retry_after() {
+        let r = refusal(
+            "p4",
+            &refused(Outcome::Deferred, Limit::Deferred, Some(150)),
+        );
+        assert_eq!(r.headers()[header::RETRY_AFTER], "150");
+        assert_eq!(r.headers()["lanekeeper-deferred"], "true");
+        assert_eq!(body(r).await["error"]["type"], "lanekeeper_deferred");
+        let r = refusal(
+            "p1",
+            &refused(Outcome::RejectedDeadline, Limit::Deadline, None),
+        );
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[tokio::test]
+    async fn an_unknown_lane_echoes_at_most_a_short_prefix() {
+        let huge = "x".repeat(420_000);
+        let r = unknown_lane("x-lanekeeper-lane", Some(&huge), &["a", "b"]);
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let msg = body(r).await["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(msg.len() < 300, "{} bytes", msg.len());
+        assert!(
+            msg.contains("(420000 bytes)") && msg.ends_with("known lanes: a, b"),
+            "{msg}"
+        );
+        let r = unknown_lane("x-lanekeeper-lane", None, &["a"]);
+        let msg = body(r).await["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(msg.contains("it was missing"), "{msg}");
+    }
+
+    #[test]
+    fn the_echo_cuts_on_a_character_boundary() {
+        let v = "é".repeat(100);
+        let e = echo(&v);
+        assert!(e.starts_with('"') && e.contains("… (200 bytes)"), "{e}");
+    }
+}

@@ -1,0 +1,155 @@
+//! Starting and stopping: bind both listeners, start the config and replica
+//! sources and the driver, serve until SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use tokio::task::JoinHandle;
+
+use super::args::{GatewayArgs, GatewayError, split_namespaced};
+use super::request::handle;
+use super::sources::{watch_configmap, watch_endpoints, watch_file};
+use super::state::{Gateway, drive};
+
+/// The client routes: every path and method goes through [`handle`].
+pub(super) fn proxy_router(gw: Arc<Gateway>) -> Router {
+    Router::new().fallback(handle).with_state(gw)
+}
+
+fn admin_router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/metrics", axum::routing::get(metrics_page))
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route("/readyz", axum::routing::get(readyz))
+        .with_state(gw)
+}
+
+async fn bind(
+    what: &'static str,
+    addr: SocketAddr,
+) -> Result<tokio::net::TcpListener, GatewayError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| GatewayError::Io { what, addr, source })
+}
+
+/// Runs the gateway until SIGTERM or Ctrl-C.
+pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
+    if args.config.is_none() && args.configmap.is_none() {
+        return Err(GatewayError::NoConfigSource);
+    }
+    for h in [&args.lane_header, &args.tenant_header] {
+        axum::http::HeaderName::try_from(h.as_str())
+            .map_err(|_| GatewayError::Header(h.clone()))?;
+    }
+    let configmap = args
+        .configmap
+        .as_deref()
+        .map(|v| split_namespaced("--configmap", v))
+        .transpose()?;
+    let endpoints = args
+        .endpoints_service
+        .as_deref()
+        .map(|v| split_namespaced("--endpoints-service", v))
+        .transpose()?;
+    let gw = Arc::new(Gateway::new(args.clone(), endpoints.is_none()));
+    let listener = bind("listen on", args.listen).await?;
+    let admin = bind("serve metrics on", args.metrics_addr).await?;
+    let local = listener.local_addr().unwrap_or(args.listen);
+    let admin_local = admin.local_addr().unwrap_or(args.metrics_addr);
+    tracing::info!(%local, metrics = %admin_local, "gateway listening");
+    // A line tests and scripts can wait for (port 0 picks a free port).
+    println!("listening on {local} metrics on {admin_local}");
+
+    let mut tasks = start_sources(&gw, configmap, endpoints).await?;
+    tasks.push(tokio::spawn(drive(gw.clone())));
+    let admin_app = admin_router(gw.clone());
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = axum::serve(admin, admin_app).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    }));
+    let served = axum::serve(listener, proxy_router(gw))
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    for t in tasks {
+        t.abort();
+    }
+    served.map_err(|source| GatewayError::Io {
+        what: "serve on",
+        addr: local,
+        source,
+    })
+}
+
+/// The config source (a file or a ConfigMap) and the replica count.
+async fn start_sources(
+    gw: &Arc<Gateway>,
+    configmap: Option<(String, String)>,
+    endpoints: Option<(String, String)>,
+) -> Result<Vec<JoinHandle<()>>, GatewayError> {
+    let mut tasks = Vec::new();
+    if let Some(path) = gw.args.config.clone() {
+        tasks.push(tokio::spawn(watch_file(gw.clone(), path)));
+    }
+    if configmap.is_none() && endpoints.is_none() {
+        return Ok(tasks);
+    }
+    let client = kube::Client::try_default().await?;
+    if let Some((ns, name)) = configmap {
+        tasks.push(tokio::spawn(watch_configmap(
+            gw.clone(),
+            client.clone(),
+            ns,
+            name,
+        )));
+    }
+    if let Some((ns, name)) = endpoints {
+        tasks.push(tokio::spawn(watch_endpoints(gw.clone(), client, ns, name)));
+    }
+    Ok(tasks)
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}
+
+async fn metrics_page(State(gw): State<Arc<Gateway>>) -> Response {
+    match gw.metrics.encode() {
+        Ok((content_type, body)) => ([(header::CONTENT_TYPE, content_type)], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
+    let (loaded, replicas_known) = {
+        let st = gw.lock();
+        (st.core.is_some(), st.replicas_known)
+    };
+    if !loaded {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no lanes.json loaded yet\n",
+        )
+            .into_response()
+    } else if !replicas_known {
+        // Not knowing N, a replica would enforce the whole config: N times
+        // what the pool may take with N replicas. Stay out of rotation.
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the EndpointSlices of --endpoints-service have not been read yet (see the log)\n",
+        )
+            .into_response()
+    } else {
+        (StatusCode::OK, "ready\n").into_response()
+    }
+}

@@ -1,0 +1,270 @@
+//! Building `lanes.json` (the [`lanes`] crate's [`GatewayConfig`]) from a
+//! decision: what every gateway replica hot-reloads to enforce it.
+//!
+//! Pure: built from a [`ProfileDecision`] and the specs. The bytes are
+//! identical for an identical decision (stable field and lane order, no
+//! timestamps except borrowing expiries, which are only renewed when half the
+//! lease has run out), so nothing is written when nothing changed. Documented
+//! field by field in docs/gateway-config.md.
+
+use std::collections::BTreeMap;
+
+use lanes::jiff::Timestamp;
+use lanes::{
+    Borrow, Deferral, Flags, GatewayConfig, Generations, InFlight, LaneConfig, Mode,
+    OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION,
+};
+
+use crate::api::{DegradationPolicy, LaneContract, PolicyMode, SheddingMode};
+use crate::policy::{LaneDecision, LaneState, ProfileDecision};
+
+/// The expected time to resume of a `Defer` lane, in seconds: the
+/// `Retry-After` its gateway gives a deferred request.
+///
+/// A paused lane resumes no sooner than the level above it can step down,
+/// `stable_for` seconds (the policy's `hysteresis.stableForSeconds`). A lane
+/// that admits `admitted_requests_per_second` serves a full queue of
+/// `max_depth` requests in `max_depth ÷ rate` seconds; a step down may raise
+/// its rate sooner, so the wait is at most `stable_for`. At least 1 s.
+pub fn resume_after_seconds(
+    state: LaneState,
+    admitted_requests_per_second: f64,
+    max_depth: i64,
+    stable_for: i64,
+) -> i64 {
+    let longest = stable_for.max(1);
+    if state == LaneState::Paused || admitted_requests_per_second <= 0.0 {
+        return longest;
+    }
+    // The rate is rounded to 6 decimals (133.333333): don't let that round
+    // 150 s up to 151.
+    let drain = (max_depth.max(0) as f64 / admitted_requests_per_second - 1e-6).ceil();
+    if drain.is_finite() && drain < longest as f64 {
+        (drain as i64).max(1)
+    } else {
+        longest
+    }
+}
+
+/// The `hysteresis.stableForSeconds` a gateway config uses for a profile's
+/// lanes: the policy's, 300 without a policy.
+pub fn stable_for_seconds(policy: Option<&DegradationPolicy>) -> i64 {
+    policy.map_or(300, |p| p.spec.hysteresis.stable_for_seconds)
+}
+
+/// Builds the config for a decision. `prev` is the config currently
+/// published (to keep borrowing expiries stable until half the lease has run
+/// out); `now` is Unix seconds.
+pub fn build(
+    decision: &ProfileDecision,
+    lanes: &[&LaneContract],
+    policy: Option<&DegradationPolicy>,
+    profile_generation: i64,
+    prev: Option<&GatewayConfig>,
+    now: i64,
+) -> GatewayConfig {
+    let by_name: BTreeMap<&str, &LaneContract> = lanes
+        .iter()
+        .map(|l| (l.metadata.name.as_deref().unwrap_or_default(), *l))
+        .collect();
+    let flags = Flags {
+        reject_optional_context: decision.gateway.reject_optional_context,
+        use_fallback_routes: decision.gateway.use_fallback_routes,
+        read_only: decision.gateway.read_only,
+        static_fallback: decision.gateway.static_fallback,
+    };
+    let ctx = LaneContext {
+        flags: &flags,
+        stable_for: stable_for_seconds(policy),
+        prev,
+        now,
+    };
+    let mut generations = Generations {
+        profile: profile_generation,
+        policy: policy.and_then(|p| p.metadata.generation),
+        lanes: BTreeMap::new(),
+    };
+    let mut out_lanes = Vec::with_capacity(decision.lanes.len());
+    for d in &decision.lanes {
+        let Some(contract) = by_name.get(d.name.as_str()) else {
+            continue;
+        };
+        generations
+            .lanes
+            .insert(d.name.clone(), contract.metadata.generation.unwrap_or(0));
+        out_lanes.push(lane_config(d, contract, &ctx));
+    }
+    GatewayConfig {
+        schema_version: SCHEMA_VERSION,
+        profile: format!("{}/{}", decision.namespace, decision.name),
+        mode: match policy.map(|p| p.spec.mode) {
+            Some(PolicyMode::Observe) => Mode::Observe,
+            _ => Mode::Enforce,
+        },
+        level: decision.level,
+        level_name: decision.level_name.clone(),
+        pending_approval_level: decision.pending_approval_level,
+        telemetry: decision.telemetry,
+        capacity_units_per_second: decision.capacity_units_per_second,
+        flags,
+        in_flight: decision.gateway.in_flight.as_ref().map(|f| InFlight {
+            conserve_at: f.conserve_at,
+            stop_at: f.stop_at,
+            resume_below: f.resume_below,
+            resume_after_stable_seconds: f.resume_after_stable_seconds,
+        }),
+        generations,
+        lanes: out_lanes,
+        content_hash: String::new(),
+    }
+    .with_hash()
+}
+
+/// What every lane's entry is built with.
+struct LaneContext<'a> {
+    flags: &'a Flags,
+    stable_for: i64,
+    prev: Option<&'a GatewayConfig>,
+    now: i64,
+}
+
+/// One lane's entry: the decision's rate and state with the contract's
+/// limits.
+fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>) -> LaneConfig {
+    let spec = &contract.spec;
+    let rps = d.admitted_requests_per_second;
+    let paused = d.state == LaneState::Paused;
+    LaneConfig {
+        name: d.name.clone(),
+        priority: d.priority,
+        state: d.state,
+        sheddable: spec.shedding.mode != SheddingMode::Never,
+        admitted_units_per_second: d.admitted_units_per_second,
+        admitted_requests_per_second: rps,
+        work_units_per_request: spec.work_units_per_request.value(),
+        burst: if paused {
+            0
+        } else {
+            rps.ceil().max(1.0) as u64
+        },
+        queue: QueueLimits {
+            max_depth: spec.queue.max_depth,
+            ttl_seconds: spec.queue.ttl_seconds,
+        },
+        deadline_seconds: spec.deadline_seconds,
+        retry: RetryLimits {
+            max_attempts: spec.retry.max_attempts,
+            budget_percent: spec.retry.budget_percent,
+        },
+        retry_after_seconds: match d.state {
+            LaneState::Admitted => None,
+            LaneState::Paused => Some(ctx.stable_for.max(1)),
+            LaneState::Capped | LaneState::Throttled | LaneState::Recovering => {
+                Some(spec.queue.ttl_seconds.clamp(1, 60))
+            }
+        },
+        deferral: (spec.shedding.mode == SheddingMode::Defer).then(|| Deferral {
+            retry_after_seconds: resume_after_seconds(
+                d.state,
+                rps,
+                spec.queue.max_depth,
+                ctx.stable_for,
+            ),
+        }),
+        routes: if ctx.flags.use_fallback_routes && !spec.routes.approved_fallbacks.is_empty() {
+            spec.routes.approved_fallbacks.clone()
+        } else {
+            spec.routes.primary.clone()
+        },
+        optional_context: spec.optional_context.as_ref().map(|o| OptionalContext {
+            history_turns: if ctx.flags.reject_optional_context {
+                o.degraded_history_turns
+            } else {
+                o.history_turns
+            },
+            degraded: ctx.flags.reject_optional_context,
+            degraded_history_turns: Some(o.degraded_history_turns),
+        }),
+        borrowing: borrowing(d, contract, ctx),
+        // A paused lane's floor is not reserved (it admits nothing).
+        floor_units_per_second: spec
+            .floor_units_per_second
+            .as_ref()
+            .map(|f| f.value())
+            .filter(|f| *f > 0.0 && !paused),
+        expected_service_seconds: spec.expected_service_seconds.as_ref().map(|s| s.value()),
+        spare_capacity: matches!(d.state, LaneState::Admitted | LaneState::Throttled),
+    }
+}
+
+/// The lane's grants. A grant keeps its published expiry while the same
+/// grant has more than half its lease left, and is renewed otherwise.
+fn borrowing(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>) -> Vec<Borrow> {
+    let b = contract.spec.borrowing.as_ref();
+    let release = b.map_or(0, |b| b.release_within_seconds);
+    let lease = b.map_or(0, |b| b.lease_seconds);
+    let prev_lane = ctx
+        .prev
+        .and_then(|p| p.lanes.iter().find(|l| l.name == d.name));
+    d.borrowing
+        .iter()
+        .map(|g| {
+            let kept = prev_lane
+                .and_then(|pl| pl.borrowing.iter().find(|b| b.from == g.from))
+                .filter(|b| (b.units_per_second - g.units_per_second).abs() < 1e-9)
+                .map(|b| b.expires_at.as_second())
+                .filter(|exp| exp - ctx.now > lease / 2);
+            Borrow {
+                from: g.from.clone(),
+                units_per_second: g.units_per_second,
+                expires_at: timestamp(kept.unwrap_or(ctx.now + lease)),
+                release_within_seconds: release,
+            }
+        })
+        .collect()
+}
+
+/// Unix seconds as a timestamp (clamped to the representable range).
+fn timestamp(secs: i64) -> Timestamp {
+    Timestamp::from_second(secs.clamp(Timestamp::MIN.as_second(), Timestamp::MAX.as_second()))
+        .expect("clamped to the range")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paused_lane_resumes_after_the_stable_window() {
+        assert_eq!(
+            resume_after_seconds(LaneState::Paused, 133.3, 20_000, 300),
+            300
+        );
+        assert_eq!(resume_after_seconds(LaneState::Paused, 0.0, 20_000, 0), 1);
+    }
+
+    #[test]
+    fn a_capped_lane_resumes_when_a_full_queue_has_drained_at_most_a_window_away() {
+        // INC-47: P3 capped at 60 units/s = 133.33 jobs/s, 20,000 queued: 150 s.
+        assert_eq!(
+            resume_after_seconds(LaneState::Capped, 60.0 / 0.45, 20_000, 300),
+            150
+        );
+        assert_eq!(
+            resume_after_seconds(LaneState::Capped, 133.333333, 20_000, 300),
+            150
+        );
+        // A slower lane would wait longer than a step down may take.
+        assert_eq!(
+            resume_after_seconds(LaneState::Capped, 10.0, 20_000, 300),
+            300
+        );
+        // A fast one is still told at least 1 s.
+        assert_eq!(resume_after_seconds(LaneState::Admitted, 1e6, 10, 300), 1);
+        // No rate at all: as if paused.
+        assert_eq!(
+            resume_after_seconds(LaneState::Throttled, 0.0, 10, 120),
+            120
+        );
+    }
+}
