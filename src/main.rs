@@ -31,28 +31,9 @@ enum CliError {
         #[source]
         source: std::num::ParseIntError,
     },
-    /// `--signals` could not be read.
-    #[error("{}: {source}", .path.display())]
-    ReadSignals {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// `--signals` is not valid YAML for the format.
-    #[error("{}: {at}: {source}", .path.display())]
-    ParseSignals {
-        path: PathBuf,
-        at: serde_path_to_error::Path,
-        #[source]
-        source: serde_yaml::Error,
-    },
-    /// `--signals` has unusable steps.
-    #[error("{}: {source}", .path.display())]
-    Timeline {
-        path: PathBuf,
-        #[source]
-        source: plan::TimelineError,
-    },
+    /// `--signals` could not be read, parsed or used.
+    #[error(transparent)]
+    Signals(#[from] lanekeeper::snapshot::SignalsFileError),
     /// `--at`, `--from` or `--to` is not a time.
     #[error("--{flag} {value:?}: expected RFC 3339 or Unix seconds: {source}")]
     Time {
@@ -122,9 +103,7 @@ impl CliError {
             CliError::Manifests(_)
             | CliError::ApproveSyntax { .. }
             | CliError::ApproveLevel { .. }
-            | CliError::ReadSignals { .. }
-            | CliError::ParseSignals { .. }
-            | CliError::Timeline { .. }
+            | CliError::Signals(_)
             | CliError::Time { .. }
             | CliError::StepUnit { .. }
             | CliError::StepValue { .. }
@@ -380,24 +359,7 @@ fn run_plan(args: &PlanArgs) -> Result<(), CliError> {
     }
     let approvals = parse_approvals(&args.approve)?;
     let timeline = match &args.signals {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| CliError::ReadSignals {
-                path: path.clone(),
-                source,
-            })?;
-            let de = serde_yaml::Deserializer::from_str(&text);
-            let t: SignalsFile =
-                serde_path_to_error::deserialize(de).map_err(|e| CliError::ParseSignals {
-                    path: path.clone(),
-                    at: e.path().clone(),
-                    source: e.into_inner(),
-                })?;
-            plan::check_timeline(&t).map_err(|source| CliError::Timeline {
-                path: path.clone(),
-                source,
-            })?;
-            t
-        }
+        Some(path) => SignalsFile::load(path)?,
         None => match &args.prometheus {
             Some(url) => prometheus_timeline(args, url, &loaded.world)?,
             None => {

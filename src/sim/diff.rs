@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::api::common::format_number;
 use crate::plan;
 use crate::policy::{Approvals, Evaluation, ProfileDecision, World};
-use crate::snapshot::SignalsFile;
+use crate::snapshot::{SignalsFile, SignalsFileError};
 
 use super::engine::{Policy, SimError};
 use super::report::LaneReport;
@@ -297,35 +297,9 @@ pub enum DiffError {
         #[source]
         source: SimError,
     },
-    /// A signals file could not be read.
-    #[error("{}: {source}", .path.display())]
-    ReadSignals {
-        /// The signals file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A signals file is not valid YAML for the format.
-    #[error("{}: {at}: {source}", .path.display())]
-    ParseSignals {
-        /// The signals file.
-        path: PathBuf,
-        /// Where in the document.
-        at: serde_path_to_error::Path,
-        /// The YAML error.
-        #[source]
-        source: serde_yaml::Error,
-    },
-    /// A signals file's steps are unusable.
-    #[error("{}: {source}", .path.display())]
-    Timeline {
-        /// The signals file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: plan::TimelineError,
-    },
+    /// A signals file could not be read, parsed or used.
+    #[error(transparent)]
+    Signals(#[from] SignalsFileError),
 }
 
 /// Computes the diff.
@@ -402,21 +376,7 @@ pub fn diff(
         });
     }
     for path in signals {
-        let text = std::fs::read_to_string(path).map_err(|source| DiffError::ReadSignals {
-            path: path.clone(),
-            source,
-        })?;
-        let de = serde_yaml::Deserializer::from_str(&text);
-        let t: SignalsFile =
-            serde_path_to_error::deserialize(de).map_err(|e| DiffError::ParseSignals {
-                path: path.clone(),
-                at: e.path().clone(),
-                source: e.into_inner(),
-            })?;
-        plan::check_timeline(&t).map_err(|source| DiffError::Timeline {
-            path: path.clone(),
-            source,
-        })?;
+        let t = SignalsFile::load(path)?;
         let pb = plan::plan(base, &t, &Approvals::new());
         let ph = plan::plan(head, &t, &Approvals::new());
         warnings_of(&pb.steps, &mut wb);
