@@ -95,10 +95,11 @@ fn inc47_without_signals() {
         &lane(p, "p0-disruption-assist")["demandUnitsPerSecond"],
         93.6
     ));
-    // The signals file beside the manifests is skipped with a note.
+    // The signals file and the scenario beside the manifests are not
+    // manifests: skipped without a note.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("signals.yaml") && stderr.contains("skipped"),
+        !stderr.contains("signals.yaml") && !stderr.contains("scenario.yaml"),
         "{stderr}"
     );
     golden("inc-47-plan.json", &String::from_utf8_lossy(&out.stdout));
@@ -316,6 +317,22 @@ fn other_kinds_are_skipped_with_a_note() {
         "{stderr}"
     );
     assert!(stderr.contains("not a Kubernetes object"), "{stderr}");
+}
+
+#[test]
+fn the_signals_file_is_not_reported_as_a_skipped_manifest() {
+    for files in [
+        &["examples/inc-47"][..],
+        &["examples/inc-47/inc-47.yaml", "examples/inc-47/signals.yaml"][..],
+    ] {
+        let mut args = vec!["plan", "-f"];
+        args.extend(files);
+        args.extend(["--signals", "examples/inc-47/signals.yaml"]);
+        let out = lanekeeper(&args);
+        assert!(out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("skipped"), "{files:?}: {stderr}");
+    }
 }
 
 #[test]
