@@ -24,7 +24,10 @@ fn with_closed_stdout(args: &[&str]) -> (std::process::ExitStatus, String) {
         .stderr(Stdio::piped())
         .output()
         .expect("runs lanekeeper");
-    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn assert_quiet(args: &[&str]) {
@@ -123,7 +126,10 @@ fn gateway_logs(global_args: &[&str], env: &[(&str, &str)]) -> String {
         .unwrap()
         .read_to_string(&mut stderr)
         .unwrap();
-    assert!(line.starts_with("listening"), "stdout {line:?}, stderr {stderr}");
+    assert!(
+        line.starts_with("listening"),
+        "stdout {line:?}, stderr {stderr}"
+    );
     assert!(stderr.contains("gateway listening"), "{stderr}");
     stderr
 }

@@ -323,7 +323,10 @@ fn other_kinds_are_skipped_with_a_note() {
 fn the_signals_file_is_not_reported_as_a_skipped_manifest() {
     for files in [
         &["examples/inc-47"][..],
-        &["examples/inc-47/inc-47.yaml", "examples/inc-47/signals.yaml"][..],
+        &[
+            "examples/inc-47/inc-47.yaml",
+            "examples/inc-47/signals.yaml",
+        ][..],
     ] {
         let mut args = vec!["plan", "-f"];
         args.extend(files);

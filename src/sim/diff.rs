@@ -227,7 +227,10 @@ fn lane_differences(b: &ProfileDecision, h: &ProfileDecision) -> Vec<(String, St
             _ => false,
         };
         if !same {
-            out.push((format!("{name} {}", show(bl)), format!("{name} {}", show(hl))));
+            out.push((
+                format!("{name} {}", show(bl)),
+                format!("{name} {}", show(hl)),
+            ));
         }
     }
     out
