@@ -556,11 +556,12 @@ fn run_operator(args: &RunArgs, log_format: LogFormat) -> Result<(), CliError> {
         tracing::info!(%metrics_addr, %health_addr, namespaces = ?settings.namespaces, "starting lanekeeper");
         // Live telemetry; both sources do nothing for profiles without
         // spec.signals.
-        let extra: Vec<std::sync::Arc<dyn lanekeeper::signals::SignalSource>> = vec![
+        let extra_sources: Vec<std::sync::Arc<dyn lanekeeper::signals::SignalSource>> = vec![
             std::sync::Arc::new(lanekeeper::signals::prometheus::PrometheusSource::new(Some(client.clone()), Some(metrics.clone()))),
             std::sync::Arc::new(lanekeeper::signals::scrape::ScrapeSource::new(Some(metrics.clone()))),
         ];
-        let result = controller::run(client, settings, metrics, readiness, extra, shutdown_signal()).await;
+        let operator = controller::Operator { client, settings, metrics, readiness, extra_sources };
+        let result = operator.run(shutdown_signal()).await;
         m.abort();
         h.abort();
         result.map_err(CliError::from)
