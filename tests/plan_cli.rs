@@ -30,9 +30,23 @@ fn json_of(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).expect("plan -o json prints JSON")
 }
 
+/// Goldens are rewritten only when `UPDATE_GOLDEN` is exactly `1`
+/// (`UPDATE_GOLDEN=0` or an empty value compares, as CI does).
+fn regenerate(value: Option<&str>) -> bool {
+    value == Some("1")
+}
+
+#[test]
+fn goldens_regenerate_only_on_update_golden_1() {
+    assert!(regenerate(Some("1")));
+    for v in [None, Some(""), Some("0"), Some("true"), Some("yes"), Some("1 ")] {
+        assert!(!regenerate(v), "{v:?}");
+    }
+}
+
 fn golden(name: &str, actual: &str) {
     let path = root().join("tests/golden").join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+    if regenerate(std::env::var("UPDATE_GOLDEN").ok().as_deref()) {
         std::fs::write(&path, actual).unwrap();
         return;
     }
