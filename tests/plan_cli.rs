@@ -39,7 +39,14 @@ fn regenerate(value: Option<&str>) -> bool {
 #[test]
 fn goldens_regenerate_only_on_update_golden_1() {
     assert!(regenerate(Some("1")));
-    for v in [None, Some(""), Some("0"), Some("true"), Some("yes"), Some("1 ")] {
+    for v in [
+        None,
+        Some(""),
+        Some("0"),
+        Some("true"),
+        Some("yes"),
+        Some("1 "),
+    ] {
         assert!(!regenerate(v), "{v:?}");
     }
 }

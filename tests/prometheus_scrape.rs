@@ -110,7 +110,12 @@ async fn scrapes_pods_and_a_slow_pod_makes_totals_unknown() {
         fake_pod("127.0.0.2", port, OLD_VLLM_PAGE, Duration::ZERO).await,
     ];
     let _slow = fake_pod("127.0.0.3", port, VLLM_PAGE, Duration::from_secs(10)).await;
-    let scrapes = || answering.iter().map(|c| c.load(Ordering::SeqCst)).sum::<usize>();
+    let scrapes = || {
+        answering
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .sum::<usize>()
+    };
     let p = profile(port);
     let source = ScrapeSource::new(None);
 
