@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# End-to-end suite on a kind cluster. Needs docker, kind, kubectl, helm and
-# cargo. Creates the cluster (e2e/kind-config.yaml), gives the two GPU nodes
-# an nvidia.com/gpu extended resource, builds and loads the image, runs the
-# e2e suite (tests/e2e.rs and the server half of tests/cel_rules.rs: the
-# same suite CI runs on the local control plane of e2e/cluster.sh), collects
-# logs and events on failure, and deletes the cluster.
+# End-to-end suite on a kind cluster. Needs docker, kind, kubectl, helm,
+# cargo, and prometheus and promtool (Debian's `prometheus`: each test runs a
+# real Prometheus). Creates the cluster (e2e/kind-config.yaml), gives the two
+# GPU nodes an nvidia.com/gpu extended resource, builds and loads the image,
+# runs the e2e suite (tests/e2e.rs and the server half of tests/cel_rules.rs:
+# the same suite CI runs on the local control plane of e2e/cluster.sh, less
+# the three tests that need its processes), collects logs and events on
+# failure, and deletes the cluster.
 #
 #   bash e2e/run.sh                 # everything
 #   KEEP_CLUSTER=1 bash e2e/run.sh  # leave the cluster up afterwards
@@ -23,7 +25,7 @@ RELEASE_NS=lanekeeper-system
 KUBECONFIG_FILE="$(mktemp)"
 export KUBECONFIG="${KUBECONFIG_FILE}"
 
-for tool in docker kind kubectl helm cargo; do
+for tool in docker kind kubectl helm cargo prometheus promtool; do
   if ! command -v "${tool}" >/dev/null 2>&1; then
     echo "e2e/run.sh: ${tool} is required but not installed" >&2
     exit 2
@@ -83,10 +85,16 @@ echo "== running the suite (the same one CI runs on e2e/cluster.sh)"
 # The suite installs the chart itself (its ServiceAccount and RBAC, and a
 # second release for the install test, with the image loaded above), runs
 # the controller out of cluster with that ServiceAccount's token, and creates
-# its pool Deployments on the GPU nodes.
+# its pool Deployments on the GPU nodes. No test may skip, except the three
+# that need the local control plane's processes (restarts, the audit log),
+# which kind does not have: they are left out by name.
 LANEKEEPER_E2E=1 \
 LANEKEEPER_REQUIRE_CLUSTER=1 \
+LANEKEEPER_REQUIRE_PROMETHEUS=1 \
 LANEKEEPER_E2E_IMAGE="${IMAGE}" \
-  cargo test --locked --test e2e --test e2e_controller --test e2e_rbac --test cel_rules
+  cargo test --locked --test e2e --test e2e_controller --test e2e_rbac --test cel_rules -- \
+    --skip apiserver_and_etcd_restarts_mid_incident \
+    --skip steady_state_makes_no_api_calls \
+    --skip the_charts_rules_are_exactly_what_the_controller_calls
 
 echo "== e2e passed"

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs a command against the local control plane (e2e/cluster.sh): starts it
 # (building the components first when they are not cached), exports
-# KUBECONFIG, LANEKEEPER_E2E=1 and LANEKEEPER_REQUIRE_CLUSTER=1 (so no e2e
-# test may skip) and the components' directory on PATH (kubectl, helm), runs
-# the command, and stops the cluster again, also when the command fails. A
-# cluster that was already up is used and left up.
+# KUBECONFIG, LANEKEEPER_E2E=1, LANEKEEPER_REQUIRE_CLUSTER=1 and
+# LANEKEEPER_REQUIRE_PROMETHEUS=1 (so no e2e test may skip, for want of the
+# cluster, its local processes or Prometheus) and the components' directory
+# on PATH (kubectl, helm), runs the command, and stops the cluster again,
+# also when the command fails. A cluster that was already up is used and
+# left up.
 #
 #   bash e2e/with-cluster.sh cargo test --locked
 set -euo pipefail
@@ -22,7 +24,7 @@ if ! grep -q '^kube-apiserver running' <<<"$status"; then
 fi
 kubeconfig=$(bash "$here/cluster.sh" up | tail -n 1)
 [ "$started" = 1 ] || echo "with-cluster: using the cluster that was already up" >&2
-export KUBECONFIG="$kubeconfig" LANEKEEPER_E2E=1 LANEKEEPER_REQUIRE_CLUSTER=1
+export KUBECONFIG="$kubeconfig" LANEKEEPER_E2E=1 LANEKEEPER_REQUIRE_CLUSTER=1 LANEKEEPER_REQUIRE_PROMETHEUS=1
 PATH="$(cat "$state/bin"):$PATH"
 export PATH
 "$@"

@@ -10,6 +10,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
+pub mod scenario;
 pub mod signals;
 pub mod sim;
 pub mod snapshot;

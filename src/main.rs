@@ -1,6 +1,7 @@
 #![forbid(unsafe_code)]
 //! The `lanekeeper` command.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -31,28 +32,9 @@ enum CliError {
         #[source]
         source: std::num::ParseIntError,
     },
-    /// `--signals` could not be read.
-    #[error("{}: {source}", .path.display())]
-    ReadSignals {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// `--signals` is not valid YAML for the format.
-    #[error("{}: {at}: {source}", .path.display())]
-    ParseSignals {
-        path: PathBuf,
-        at: serde_path_to_error::Path,
-        #[source]
-        source: serde_yaml::Error,
-    },
-    /// `--signals` has unusable steps.
-    #[error("{}: {source}", .path.display())]
-    Timeline {
-        path: PathBuf,
-        #[source]
-        source: plan::TimelineError,
-    },
+    /// `--signals` could not be read, parsed or used.
+    #[error(transparent)]
+    Signals(#[from] lanekeeper::snapshot::SignalsFileError),
     /// `--at`, `--from` or `--to` is not a time.
     #[error("--{flag} {value:?}: expected RFC 3339 or Unix seconds: {source}")]
     Time {
@@ -113,6 +95,9 @@ enum CliError {
     /// `calibration-hash -f` holds no object with a pod template.
     #[error("{path}: no pod template to hash: {reasons}")]
     NoPodTemplate { path: String, reasons: String },
+    /// The output could not be written to stdout.
+    #[error("writing to stdout: {0}")]
+    Stdout(#[source] std::io::Error),
 }
 
 impl CliError {
@@ -122,9 +107,7 @@ impl CliError {
             CliError::Manifests(_)
             | CliError::ApproveSyntax { .. }
             | CliError::ApproveLevel { .. }
-            | CliError::ReadSignals { .. }
-            | CliError::ParseSignals { .. }
-            | CliError::Timeline { .. }
+            | CliError::Signals(_)
             | CliError::Time { .. }
             | CliError::StepUnit { .. }
             | CliError::StepValue { .. }
@@ -137,11 +120,22 @@ impl CliError {
             | CliError::Runtime(_)
             | CliError::Cluster(_)
             | CliError::Controller(_)
-            | CliError::Write { .. } => 1,
+            | CliError::Write { .. }
+            | CliError::Stdout(_) => 1,
             CliError::Sim(e) => e.exit_code(),
             CliError::Gateway(e) if e.is_usage() => 2,
             CliError::Gateway(_) => 1,
         }
+    }
+
+    /// Whoever read stdout closed it (`lanekeeper crdgen | head -1`): not
+    /// an error worth a word.
+    fn is_broken_pipe(&self) -> bool {
+        let io = match self {
+            CliError::Stdout(e) | CliError::Sim(sim::cli::CliError::Stdout(e)) => e,
+            _ => return false,
+        };
+        io.kind() == std::io::ErrorKind::BrokenPipe
     }
 }
 
@@ -150,6 +144,17 @@ impl CliError {
 #[derive(Parser)]
 #[command(name = "lanekeeper", version, about, long_about = None)]
 struct Cli {
+    /// Log format on stderr, for the commands that log (`run`, `gateway`):
+    /// text (coloured only when stderr is a terminal) or JSON, one object
+    /// a line.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "LANEKEEPER_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -197,7 +202,7 @@ struct CalibrationHashArgs {
 
 /// `calibration-hash`: one line per workload; the hash alone when the input
 /// holds one, `HASH  Kind/name` when it holds several.
-fn run_calibration_hash(args: &CalibrationHashArgs) -> Result<(), CliError> {
+fn run_calibration_hash(args: &CalibrationHashArgs, out: &mut dyn Write) -> Result<(), CliError> {
     use lanekeeper::api::calibration::{hash, workloads_in_yaml};
     let path = args.file.display().to_string();
     let input = |reason: String| CliError::HashInput {
@@ -241,18 +246,22 @@ fn run_calibration_hash(args: &CalibrationHashArgs) -> Result<(), CliError> {
         } else {
             hash(&canonical)
         };
-        if several {
-            println!("{value}  {workload}");
+        let line = if several {
+            format!("{value}  {workload}\n")
         } else {
-            println!("{value}");
-        }
+            format!("{value}\n")
+        };
+        write_out(out, &line)?;
     }
     Ok(())
 }
 
+/// How `run` and `gateway` write their logs.
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
+    /// Human-readable lines.
     Text,
+    /// One JSON object a line (for log collectors).
     Json,
 }
 
@@ -288,9 +297,6 @@ struct RunArgs {
     /// This instance's identity in the Lease.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
-    /// Log format.
-    #[arg(long, value_enum, default_value = "text")]
-    log_format: LogFormat,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -369,31 +375,14 @@ fn parse_approvals(items: &[String]) -> Result<Approvals, CliError> {
     Ok(out)
 }
 
-fn run_plan(args: &PlanArgs) -> Result<(), CliError> {
+fn run_plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let loaded = manifest::load(&args.files)?;
     for n in &loaded.notes {
         eprintln!("note: {n}");
     }
     let approvals = parse_approvals(&args.approve)?;
     let timeline = match &args.signals {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| CliError::ReadSignals {
-                path: path.clone(),
-                source,
-            })?;
-            let de = serde_yaml::Deserializer::from_str(&text);
-            let t: SignalsFile =
-                serde_path_to_error::deserialize(de).map_err(|e| CliError::ParseSignals {
-                    path: path.clone(),
-                    at: e.path().clone(),
-                    source: e.into_inner(),
-                })?;
-            plan::check_timeline(&t).map_err(|source| CliError::Timeline {
-                path: path.clone(),
-                source,
-            })?;
-            t
-        }
+        Some(path) => SignalsFile::load(path)?,
         None => match &args.prometheus {
             Some(url) => prometheus_timeline(args, url, &loaded.world)?,
             None => {
@@ -408,11 +397,11 @@ fn run_plan(args: &PlanArgs) -> Result<(), CliError> {
         eprintln!("note: no CapacityProfile found: nothing to evaluate");
     }
     let p = plan::plan(&loaded.world, &timeline, &approvals);
-    match args.output {
-        Output::Table => print!("{}", plan::render_table(&p)),
-        Output::Json => println!("{}", serde_json::to_string_pretty(&p)?),
-    }
-    Ok(())
+    let text = match args.output {
+        Output::Table => plan::render_table(&p),
+        Output::Json => format!("{}\n", serde_json::to_string_pretty(&p)?),
+    };
+    write_out(out, &text)
 }
 
 /// Parses RFC 3339 or Unix seconds.
@@ -491,12 +480,15 @@ fn prometheus_timeline(
     Ok(t)
 }
 
+/// Logs to stderr; colours only when stderr is a terminal, so a log file
+/// or a collector gets no escape codes.
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
@@ -527,9 +519,9 @@ async fn shutdown_signal() {
     tracing::info!("shutdown requested: finishing in-flight work");
 }
 
-fn run_operator(args: &RunArgs) -> Result<(), CliError> {
+fn run_operator(args: &RunArgs, log_format: LogFormat) -> Result<(), CliError> {
     use lanekeeper::controller::{Metrics, Readiness, Settings, http};
-    init_logging(args.log_format);
+    init_logging(log_format);
     let addr =
         |flag, raw: &str| http::parse_addr(raw).map_err(|source| CliError::Addr { flag, source });
     let metrics_addr = addr("metrics-addr", &args.metrics_addr)?;
@@ -560,19 +552,23 @@ fn run_operator(args: &RunArgs) -> Result<(), CliError> {
         tracing::info!(%metrics_addr, %health_addr, namespaces = ?settings.namespaces, "starting lanekeeper");
         // Live telemetry; both sources do nothing for profiles without
         // spec.signals.
-        let extra: Vec<std::sync::Arc<dyn lanekeeper::signals::SignalSource>> = vec![
+        let extra_sources: Vec<std::sync::Arc<dyn lanekeeper::signals::SignalSource>> = vec![
             std::sync::Arc::new(lanekeeper::signals::prometheus::PrometheusSource::new(Some(client.clone()), Some(metrics.clone()))),
             std::sync::Arc::new(lanekeeper::signals::scrape::ScrapeSource::new(Some(metrics.clone()))),
         ];
-        let result = controller::run(client, settings, metrics, readiness, extra, shutdown_signal()).await;
+        let operator = controller::Operator { client, settings, metrics, readiness, extra_sources };
+        let result = operator.run(shutdown_signal()).await;
         m.abort();
         h.abort();
         result.map_err(CliError::from)
     })
 }
 
-fn run_gateway(args: lanekeeper::gateway::GatewayArgs) -> Result<(), CliError> {
-    init_logging(LogFormat::Text);
+fn run_gateway(
+    args: lanekeeper::gateway::GatewayArgs,
+    log_format: LogFormat,
+) -> Result<(), CliError> {
+    init_logging(log_format);
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.worker_threads {
         rt.worker_threads(n.max(1));
@@ -581,12 +577,9 @@ fn run_gateway(args: lanekeeper::gateway::GatewayArgs) -> Result<(), CliError> {
     Ok(rt.block_on(lanekeeper::gateway::run(args))?)
 }
 
-fn crdgen(out_dir: Option<&std::path::Path>) -> Result<(), CliError> {
+fn crdgen(out_dir: Option<&std::path::Path>, out: &mut dyn Write) -> Result<(), CliError> {
     match out_dir {
-        None => {
-            print!("{}", lanekeeper::api::crds_yaml());
-            Ok(())
-        }
+        None => write_out(out, &lanekeeper::api::crds_yaml()),
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|source| CliError::Write {
                 path: dir.to_owned(),
@@ -601,19 +594,32 @@ fn crdgen(out_dir: Option<&std::path::Path>) -> Result<(), CliError> {
     }
 }
 
+/// Writes a command's output; a failed write (a closed pipe among them) is
+/// an error, not a panic as with `print!`.
+fn write_out(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(CliError::Stdout)
+}
+
+fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
+    match cli.command {
+        Command::Crdgen { out_dir } => crdgen(out_dir.as_deref(), out),
+        Command::Plan(args) => run_plan(&args, out),
+        Command::Run(args) => run_operator(&args, cli.log_format),
+        Command::Simulate(args) => sim::cli::run_simulate(&args, out).map_err(CliError::from),
+        Command::Diff(args) => sim::cli::run_diff(&args, out).map_err(CliError::from),
+        Command::CalibrationHash(args) => run_calibration_hash(&args, out),
+        Command::Gateway(args) => run_gateway(args, cli.log_format),
+    }
+}
+
+/// Exits 0 without a word when stdout is closed early
+/// (`lanekeeper crdgen | head -1`).
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Crdgen { out_dir } => crdgen(out_dir.as_deref()),
-        Command::Plan(args) => run_plan(&args),
-        Command::Run(args) => run_operator(&args),
-        Command::Simulate(args) => sim::cli::run_simulate(&args).map_err(CliError::from),
-        Command::Diff(args) => sim::cli::run_diff(&args).map_err(CliError::from),
-        Command::CalibrationHash(args) => run_calibration_hash(&args),
-        Command::Gateway(args) => run_gateway(args),
-    };
-    match result {
+    match run(Cli::parse(), &mut std::io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code())

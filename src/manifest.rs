@@ -1,7 +1,8 @@
 //! Loading lanekeeper objects from manifest files and directories.
 //!
 //! Multi-document YAML; objects of other kinds and documents that are not
-//! Kubernetes objects are skipped with a note. An invalid lanekeeper object is
+//! Kubernetes objects are skipped with a note (signals timelines and
+//! scenarios, lanekeeper's own offline inputs, without one). An invalid lanekeeper object is
 //! an error naming the file, the object and the field. Validation refuses
 //! fields the CRD does not declare (the API server's strict field
 //! validation, kubectl's default) and runs the CRDs' own CEL rules (the ones
@@ -18,6 +19,8 @@ use serde_json::Value;
 
 use crate::api::{CapacityProfile, DegradationPolicy, GROUP, LaneContract};
 use crate::policy::World;
+use crate::scenario::Scenario;
+use crate::snapshot::SignalsFile;
 
 /// A problem with one object or file.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +137,9 @@ pub fn load_str(path: &Path, text: &str, loaded: &mut Loaded) -> Result<(), Load
                 .map(str::to_owned),
             json.get("kind").and_then(Value::as_str).map(str::to_owned),
         ) else {
+            if is_offline_input(&value) {
+                continue; // a signals timeline or a scenario kept beside the manifests
+            }
             loaded.notes.push(format!(
                 "{}: document {n} is not a Kubernetes object (no apiVersion/kind): skipped",
                 path.display()
@@ -183,6 +189,14 @@ pub fn load_str(path: &Path, text: &str, loaded: &mut Loaded) -> Result<(), Load
         }
     }
     Ok(())
+}
+
+/// A signals timeline (`plan --signals`) or a scenario (`simulate
+/// --scenario`): lanekeeper's own inputs, not manifests, so they are skipped
+/// without a note.
+fn is_offline_input(doc: &serde_yaml::Value) -> bool {
+    serde_yaml::from_value::<SignalsFile>(doc.clone()).is_ok()
+        || serde_yaml::from_value::<Scenario>(doc.clone()).is_ok()
 }
 
 fn object_name(json: &Value, kind: &str) -> String {

@@ -44,38 +44,6 @@ pub fn default_timeline(world: &World) -> SignalsFile {
     SignalsFile { steps: vec![snap] }
 }
 
-/// Why a signals timeline cannot be planned.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TimelineError {
-    /// No step at all.
-    #[error("the signals file has no steps")]
-    NoSteps,
-    /// A step is not later than the one before it.
-    #[error("steps must be in increasing time: at {at} follows at {previous}")]
-    NotIncreasing {
-        /// The offending step's time.
-        at: i64,
-        /// The time of the step before it.
-        previous: i64,
-    },
-}
-
-/// Checks a timeline: steps in strictly increasing time.
-pub fn check_timeline(t: &SignalsFile) -> Result<(), TimelineError> {
-    if t.steps.is_empty() {
-        return Err(TimelineError::NoSteps);
-    }
-    for w in t.steps.windows(2) {
-        if w[1].at <= w[0].at {
-            return Err(TimelineError::NotIncreasing {
-                at: w[1].at,
-                previous: w[0].at,
-            });
-        }
-    }
-    Ok(())
-}
-
 /// Evaluates every step, carrying the engine state from one to the next.
 /// Approvals without a time are given at the first step (and lapse from
 /// there); an approval given at `T` approves nothing before `T`.

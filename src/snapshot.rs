@@ -5,6 +5,7 @@
 //! is optional: a missing value is *unknown*, never zero.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +15,96 @@ use serde::{Deserialize, Serialize};
 pub struct SignalsFile {
     /// Snapshots in time order.
     pub steps: Vec<Snapshot>,
+}
+
+/// Why a signals timeline cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimelineError {
+    /// No step at all.
+    #[error("the signals file has no steps")]
+    NoSteps,
+    /// A step is not later than the one before it.
+    #[error("steps must be in increasing time: at {at} follows at {previous}")]
+    NotIncreasing {
+        /// The offending step's time.
+        at: i64,
+        /// The time of the step before it.
+        previous: i64,
+    },
+}
+
+/// Why a signals file could not be loaded; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalsFileError {
+    /// The file could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        /// The signals file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML for the format.
+    #[error("{}: {at}: {source}", .path.display())]
+    Parse {
+        /// The signals file.
+        path: PathBuf,
+        /// Where in the document.
+        at: serde_path_to_error::Path,
+        /// The YAML error.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// The steps are unusable.
+    #[error("{}: {source}", .path.display())]
+    Timeline {
+        /// The signals file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: TimelineError,
+    },
+}
+
+impl SignalsFile {
+    /// Reads, parses and checks a `--signals` file (the one loader of
+    /// `plan` and `diff`).
+    pub fn load(path: &Path) -> Result<Self, SignalsFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SignalsFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let de = serde_yaml::Deserializer::from_str(&text);
+        let file: SignalsFile =
+            serde_path_to_error::deserialize(de).map_err(|e| SignalsFileError::Parse {
+                path: path.to_owned(),
+                at: e.path().clone(),
+                source: e.into_inner(),
+            })?;
+        file.check().map_err(|source| SignalsFileError::Timeline {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(file)
+    }
+
+    /// Checks the timeline: at least one step, steps in strictly increasing
+    /// time.
+    pub fn check(&self) -> Result<(), TimelineError> {
+        if self.steps.is_empty() {
+            return Err(TimelineError::NoSteps);
+        }
+        for w in self.steps.windows(2) {
+            if w[1].at <= w[0].at {
+                return Err(TimelineError::NotIncreasing {
+                    at: w[1].at,
+                    previous: w[0].at,
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What telemetry says at one moment.

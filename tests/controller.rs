@@ -17,16 +17,14 @@ use support::operator::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_to_start_without_crds() {
     let s = ApiServer::start().await;
-    let err = controller::run(
-        s.client(),
-        settings(false, "a"),
-        Metrics::new(),
-        Readiness::default(),
-        Vec::new(),
-        async {},
-    )
-    .await
-    .unwrap_err();
+    let operator = controller::Operator {
+        client: s.client(),
+        settings: settings(false, "a"),
+        metrics: Metrics::new(),
+        readiness: Readiness::default(),
+        extra_sources: Vec::new(),
+    };
+    let err = operator.run(async {}).await.unwrap_err();
     assert!(matches!(err, controller::Error::CrdsMissing(_)), "{err}");
     assert!(err.to_string().contains("kubectl apply -f crds/"), "{err}");
 }

@@ -822,11 +822,10 @@ async fn apiserver_and_etcd_restarts_mid_incident() {
     let Some(c) = connect("apiserver_and_etcd_restarts_mid_incident").await else {
         return;
     };
-    if c.local.is_none() {
-        let _ = std::io::Write::write_all(
-            &mut std::io::stderr(),
-            b"\n==== apiserver_and_etcd_restarts_mid_incident: restarts need the local control plane (e2e/cluster.sh); not run on this cluster ====\n",
-        );
+    if !c.has_local_processes(
+        "apiserver_and_etcd_restarts_mid_incident",
+        "restarts need the local control plane (e2e/cluster.sh)",
+    ) {
         return;
     }
     // Alone on the cluster: nothing else may see the API server go away.

@@ -316,10 +316,10 @@ async fn steady_state_makes_no_api_calls() {
     else {
         return;
     };
-    if c.local.is_none() {
-        eprintln!(
-            "steady_state_makes_no_api_calls: counts calls in the local control plane's audit log; not run on this cluster"
-        );
+    if !c.has_local_processes(
+        "steady_state_makes_no_api_calls",
+        "counts calls in the local control plane's audit log",
+    ) {
         return;
     }
     let ctl = start(&kc, &w, "steady");

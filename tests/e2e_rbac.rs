@@ -314,10 +314,10 @@ async fn the_charts_rules_are_exactly_what_the_controller_calls() {
     let Some(c) = connect("the_charts_rules_are_exactly_what_the_controller_calls").await else {
         return;
     };
-    if c.local.is_none() {
-        eprintln!(
-            "the_charts_rules_are_exactly_what_the_controller_calls: reads the local control plane's audit log; not run on this cluster"
-        );
+    if !c.has_local_processes(
+        "the_charts_rules_are_exactly_what_the_controller_calls",
+        "reads the local control plane's audit log",
+    ) {
         return;
     }
     let _shared = CLUSTER.read().await;

@@ -30,9 +30,30 @@ fn json_of(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).expect("plan -o json prints JSON")
 }
 
+/// Goldens are rewritten only when `UPDATE_GOLDEN` is exactly `1`
+/// (`UPDATE_GOLDEN=0` or an empty value compares, as CI does).
+fn regenerate(value: Option<&str>) -> bool {
+    value == Some("1")
+}
+
+#[test]
+fn goldens_regenerate_only_on_update_golden_1() {
+    assert!(regenerate(Some("1")));
+    for v in [
+        None,
+        Some(""),
+        Some("0"),
+        Some("true"),
+        Some("yes"),
+        Some("1 "),
+    ] {
+        assert!(!regenerate(v), "{v:?}");
+    }
+}
+
 fn golden(name: &str, actual: &str) {
     let path = root().join("tests/golden").join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+    if regenerate(std::env::var("UPDATE_GOLDEN").ok().as_deref()) {
         std::fs::write(&path, actual).unwrap();
         return;
     }
@@ -95,10 +116,11 @@ fn inc47_without_signals() {
         &lane(p, "p0-disruption-assist")["demandUnitsPerSecond"],
         93.6
     ));
-    // The signals file beside the manifests is skipped with a note.
+    // The signals file and the scenario beside the manifests are not
+    // manifests: skipped without a note.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("signals.yaml") && stderr.contains("skipped"),
+        !stderr.contains("signals.yaml") && !stderr.contains("scenario.yaml"),
         "{stderr}"
     );
     golden("inc-47-plan.json", &String::from_utf8_lossy(&out.stdout));
@@ -316,6 +338,25 @@ fn other_kinds_are_skipped_with_a_note() {
         "{stderr}"
     );
     assert!(stderr.contains("not a Kubernetes object"), "{stderr}");
+}
+
+#[test]
+fn the_signals_file_is_not_reported_as_a_skipped_manifest() {
+    for files in [
+        &["examples/inc-47"][..],
+        &[
+            "examples/inc-47/inc-47.yaml",
+            "examples/inc-47/signals.yaml",
+        ][..],
+    ] {
+        let mut args = vec!["plan", "-f"];
+        args.extend(files);
+        args.extend(["--signals", "examples/inc-47/signals.yaml"]);
+        let out = lanekeeper(&args);
+        assert!(out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("skipped"), "{files:?}: {stderr}");
+    }
 }
 
 #[test]

@@ -207,3 +207,35 @@ fn diff_shows_what_removing_the_p3_cap_does() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
     assert!(String::from_utf8_lossy(&o.stdout).contains("decisions identical"));
 }
+
+/// A change that only moves `inFlight.stopAt` names the field and both
+/// values; no step is said to differ with the same words on both sides.
+#[test]
+fn diff_names_a_moved_watermark() {
+    let dir = tmpdir("diff-stop-at");
+    let base = root().join("examples/inc-47/inc-47.yaml");
+    let text = std::fs::read_to_string(&base).unwrap();
+    let stop = "stopAt: 1500,";
+    assert!(text.contains(stop));
+    let head = dir.join("head.yaml");
+    std::fs::write(&head, text.replace(stop, "stopAt: 1400,")).unwrap();
+    let o = lanekeeper(&[
+        "diff",
+        "--base",
+        base.to_str().unwrap(),
+        "--head",
+        head.to_str().unwrap(),
+        "--signals",
+        "examples/inc-47/signals.yaml",
+    ]);
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("51 of 51 steps differ"), "{out}");
+    assert!(out.contains("base: gateway.inFlight.stopAt 1500"), "{out}");
+    assert!(out.contains("head: gateway.inFlight.stopAt 1400"), "{out}");
+    let bases = out.lines().filter_map(|l| l.trim().strip_prefix("base: "));
+    let heads = out.lines().filter_map(|l| l.trim().strip_prefix("head: "));
+    for (b, h) in bases.zip(heads) {
+        assert_ne!(b, h, "{out}");
+    }
+}

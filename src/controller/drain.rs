@@ -141,27 +141,18 @@ pub async fn actuate(
             if !pool_pod(p).drained {
                 continue;
             }
-            let patch = json!({"metadata": {
-                "resourceVersion": p.resource_version(),
+            let metadata = json!({
                 "labels": {DRAIN_LABEL: null},
                 "annotations": {DRAINED_AT_ANNOTATION: null, DRAIN_REASON_ANNOTATION: null},
-            }});
-            match api
-                .patch(
-                    &a.pod,
-                    &PatchParams::apply(FIELD_MANAGER),
-                    &Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => {
+            });
+            match patch_as_listed(api, p, metadata, "undrain pod").await? {
+                Written::Done => {
                     on_write("Pod");
                     done.push(a.clone());
                 }
-                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                Written::Raced => {
                     tracing::info!(pod = %a.pod, "pod changed while undraining; retried at the next evaluation");
                 }
-                Err(e) => return Err(Error::kube("undrain pod", e)),
             }
         }
     }
@@ -192,27 +183,16 @@ pub async fn actuate(
             ));
             continue;
         }
-        let patch = json!({"metadata": {
-            "resourceVersion": p.resource_version(),
+        let metadata = json!({
             "labels": {DRAIN_LABEL: "true"},
             "annotations": {DRAINED_AT_ANNOTATION: rfc3339(now), DRAIN_REASON_ANNOTATION: a.reason.to_string()},
-        }});
-        match api
-            .patch(
-                &a.pod,
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(_) => {
+        });
+        match patch_as_listed(api, p, metadata, "drain pod").await? {
+            Written::Done => {
                 on_write("Pod");
                 done.push(a.clone());
             }
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                done.push(refused(a, DrainReason::Conflict));
-            }
-            Err(e) => return Err(Error::kube("drain pod", e)),
+            Written::Raced => done.push(refused(a, DrainReason::Conflict)),
         }
     }
 
@@ -231,6 +211,40 @@ pub async fn actuate(
         drained_pods: c.drained,
         drain_budget: c.bound,
     })
+}
+
+/// How a drain or undrain write went.
+enum Written {
+    /// The pod carries it.
+    Done,
+    /// The pod changed since it was listed (409) or is gone (404): nothing
+    /// was written.
+    Raced,
+}
+
+/// Writes a drain or an undrain (the pod's labels and annotations in
+/// `metadata`) with the `resourceVersion` of the pod as listed as a
+/// precondition, so it lands only on the state the bound was counted from.
+async fn patch_as_listed(
+    api: &Api<Pod>,
+    pod: &Pod,
+    mut metadata: serde_json::Value,
+    context: &'static str,
+) -> Result<Written, Error> {
+    metadata["resourceVersion"] = json!(pod.resource_version());
+    let patch = json!({ "metadata": metadata });
+    match api
+        .patch(
+            &pod.name_any(),
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(Written::Done),
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(Written::Raced),
+        Err(e) => Err(Error::kube(context, e)),
+    }
 }
 
 /// Readiness gates: True once the containers are ready and the pod is not

@@ -98,35 +98,41 @@ fn watch_config() -> watcher::Config {
     watcher::Config::default().any_semantic()
 }
 
-/// Runs the controllers for every watched namespace until `shutdown`
-/// resolves; in-flight reconciles finish first.
-pub async fn run_controllers(
-    client: Client,
-    settings: Settings,
-    metrics: Metrics,
-    readiness: Readiness,
-    extra_sources: Vec<Arc<dyn SignalSource>>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) -> Result<(), Error> {
-    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
-    let namespaces: Vec<Option<String>> = if settings.namespaces.is_empty() {
-        vec![None]
-    } else {
-        settings.namespaces.iter().cloned().map(Some).collect()
-    };
-    let runs = namespaces.into_iter().map(|ns| {
-        run_namespace(
-            ns,
-            client.clone(),
-            settings.clone(),
-            metrics.clone(),
-            readiness.clone(),
-            extra_sources.clone(),
-            shutdown.clone(),
-        )
-    });
-    futures::future::join_all(runs).await;
-    Ok(())
+/// What the operator runs with: [`Operator::run`] takes it, and the
+/// controllers of each watched namespace get a copy while it leads.
+#[derive(Clone)]
+pub struct Operator {
+    /// The API client.
+    pub client: Client,
+    /// The flags of `lanekeeper run`.
+    pub settings: Settings,
+    /// The exported metrics.
+    pub metrics: Metrics,
+    /// What `/readyz` answers.
+    pub readiness: Readiness,
+    /// Signal sources besides the cluster (Prometheus, pod scrapes).
+    pub extra_sources: Vec<Arc<dyn SignalSource>>,
+}
+
+impl Operator {
+    /// Runs the controllers for every watched namespace until `shutdown`
+    /// resolves; in-flight reconciles finish first.
+    pub async fn run_controllers(
+        self,
+        shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    ) -> Result<(), Error> {
+        let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+        let namespaces: Vec<Option<String>> = if self.settings.namespaces.is_empty() {
+            vec![None]
+        } else {
+            self.settings.namespaces.iter().cloned().map(Some).collect()
+        };
+        let runs = namespaces
+            .into_iter()
+            .map(|ns| run_namespace(ns, self.clone(), shutdown.clone()));
+        futures::future::join_all(runs).await;
+        Ok(())
+    }
 }
 
 /// The controller of one namespace (or all): the profile controller with the
@@ -134,13 +140,16 @@ pub async fn run_controllers(
 /// the readiness flag, until `shutdown` resolves.
 async fn run_namespace(
     ns: Option<String>,
-    client: Client,
-    settings: Settings,
-    metrics: Metrics,
-    readiness: Readiness,
-    extra_sources: Vec<Arc<dyn SignalSource>>,
+    operator: Operator,
     shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
 ) {
+    let Operator {
+        client,
+        settings,
+        metrics,
+        readiness,
+        extra_sources,
+    } = operator;
     let (profiles, lanes, policies) = (
         scoped_api(&client, &ns),
         scoped_api(&client, &ns),
@@ -328,9 +337,8 @@ async fn sweep_every(
     }
 }
 
-/// Runs with leader election (when enabled) until `shutdown` resolves: waits
-/// for the lease, runs the controllers while leading, stops them if the lease
-/// is lost, and releases the lease on shutdown.
+/// [`Operator::run`] with the operator's fields as arguments (the form
+/// `benches/controller_scale.rs` calls).
 pub async fn run(
     client: Client,
     settings: Settings,
@@ -339,79 +347,89 @@ pub async fn run(
     extra_sources: Vec<Arc<dyn SignalSource>>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
-    check_crds(&client).await?;
-    if !settings.leader_election {
-        metrics.leader.set(1);
-        return run_controllers(
+    let operator = Operator {
+        client,
+        settings,
+        metrics,
+        readiness,
+        extra_sources,
+    };
+    operator.run(shutdown).await
+}
+
+impl Operator {
+    /// Runs with leader election (when enabled) until `shutdown` resolves: waits
+    /// for the lease, runs the controllers while leading, stops them if the lease
+    /// is lost, and releases the lease on shutdown.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    ) -> Result<(), Error> {
+        let Operator {
             client,
             settings,
             metrics,
             readiness,
-            extra_sources,
-            shutdown,
-        )
-        .await;
-    }
-    let manager =
-        kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
-            .with_namespace(&settings.lease_namespace)
-            .with_identity(&settings.identity)
-            .with_field_manager(format!("{FIELD_MANAGER}-lease"))
-            .with_duration(settings.lease_duration_seconds)
-            .with_grace((settings.lease_duration_seconds / 3).max(1))
-            .build()
-            .await
-            .map_err(|e| Error::Lease(e.to_string()))?;
-    let (mut leader, task) = manager.watch().await;
-    // A standby is ready (it serves metrics and waits for the lease).
-    readiness.set(true);
-    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
-    loop {
-        tracing::info!(identity = %settings.identity, "waiting for the leader lease");
-        // Wait until we lead, or shut down.
+            ..
+        } = &self;
+        check_crds(client).await?;
+        if !settings.leader_election {
+            metrics.leader.set(1);
+            return self.run_controllers(shutdown).await;
+        }
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
+                .with_namespace(&settings.lease_namespace)
+                .with_identity(&settings.identity)
+                .with_field_manager(format!("{FIELD_MANAGER}-lease"))
+                .with_duration(settings.lease_duration_seconds)
+                .with_grace((settings.lease_duration_seconds / 3).max(1))
+                .build()
+                .await
+                .map_err(|e| Error::Lease(e.to_string()))?;
+        let (mut leader, task) = manager.watch().await;
+        // A standby is ready (it serves metrics and waits for the lease).
+        readiness.set(true);
+        let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
         loop {
-            if *leader.borrow_and_update() {
-                break;
-            }
-            tokio::select! {
-                changed = leader.changed() => if changed.is_err() {
-                    return Err(Error::Lease("the lease manager stopped".into()));
-                },
-                _ = shutdown.clone() => {
-                    drop(leader);
-                    let _ = task.await;
-                    return Ok(());
+            tracing::info!(identity = %settings.identity, "waiting for the leader lease");
+            // Wait until we lead, or shut down.
+            loop {
+                if *leader.borrow_and_update() {
+                    break;
                 }
-            }
-        }
-        tracing::info!(identity = %settings.identity, "acquired the leader lease");
-        metrics.leader.set(1);
-        let mut lost = leader.clone();
-        let stop = {
-            let shutdown = shutdown.clone();
-            async move {
                 tokio::select! {
-                    _ = shutdown => {},
-                    _ = async { while lost.changed().await.is_ok() { if !*lost.borrow() { break; } } } => {},
+                    changed = leader.changed() => if changed.is_err() {
+                        return Err(Error::Lease("the lease manager stopped".into()));
+                    },
+                    _ = shutdown.clone() => {
+                        drop(leader);
+                        let _ = task.await;
+                        return Ok(());
+                    }
                 }
             }
-        };
-        run_controllers(
-            client.clone(),
-            settings.clone(),
-            metrics.clone(),
-            readiness.clone(),
-            extra_sources.clone(),
-            stop,
-        )
-        .await?;
-        metrics.leader.set(0);
-        if futures::FutureExt::now_or_never(shutdown.clone()).is_some() {
-            tracing::info!("shutting down: releasing the leader lease");
-            drop(leader);
-            let _ = task.await;
-            return Ok(());
+            tracing::info!(identity = %settings.identity, "acquired the leader lease");
+            metrics.leader.set(1);
+            let mut lost = leader.clone();
+            let stop = {
+                let shutdown = shutdown.clone();
+                async move {
+                    tokio::select! {
+                        _ = shutdown => {},
+                        _ = async { while lost.changed().await.is_ok() { if !*lost.borrow() { break; } } } => {},
+                    }
+                }
+            };
+            self.clone().run_controllers(stop).await?;
+            metrics.leader.set(0);
+            if futures::FutureExt::now_or_never(shutdown.clone()).is_some() {
+                tracing::info!("shutting down: releasing the leader lease");
+                drop(leader);
+                let _ = task.await;
+                return Ok(());
+            }
+            tracing::warn!("lost the leader lease: stopped acting");
         }
-        tracing::warn!("lost the leader lease: stopped acting");
     }
 }

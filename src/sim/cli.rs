@@ -4,6 +4,7 @@
 //! bad input, 1 when a `--fail-on` condition holds or output cannot be
 //! written.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::ValueEnum;
@@ -143,6 +144,9 @@ pub enum CliError {
     /// The chart could not be drawn or written.
     #[error(transparent)]
     Chart(#[from] ChartError),
+    /// The output could not be written (a closed pipe among the causes).
+    #[error("writing to stdout: {0}")]
+    Stdout(#[source] std::io::Error),
     /// `--fail-on` conditions hold, each with its evidence.
     #[error("--fail-on: {}", .failures.join("; "))]
     FailOn {
@@ -162,7 +166,10 @@ impl CliError {
             | CliError::Simulate { .. }
             | CliError::NothingToDiff
             | CliError::Diff(_) => 2,
-            CliError::Json(_) | CliError::Chart(_) | CliError::FailOn { .. } => 1,
+            CliError::Json(_)
+            | CliError::Chart(_)
+            | CliError::Stdout(_)
+            | CliError::FailOn { .. } => 1,
         }
     }
 }
@@ -176,8 +183,15 @@ pub fn load_world(files: &[PathBuf]) -> Result<World, CliError> {
     Ok(loaded.world)
 }
 
-/// Runs `lanekeeper simulate`.
-pub fn run_simulate(args: &SimulateArgs) -> Result<(), CliError> {
+/// Writes the output; a failed write is an error, not a panic.
+fn write_out(out: &mut dyn Write, text: &str) -> Result<(), CliError> {
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(CliError::Stdout)
+}
+
+/// Runs `lanekeeper simulate`, writing the report to `out`.
+pub fn run_simulate(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let world = load_world(&args.files)?;
     if world.profiles.is_empty() {
         return Err(CliError::NoProfiles);
@@ -191,11 +205,12 @@ pub fn run_simulate(args: &SimulateArgs) -> Result<(), CliError> {
             path: args.scenario.clone(),
             source,
         })?;
-    match args.output {
-        SimOutput::Table => print!("{}", report::render_table(&rep)),
-        SimOutput::Markdown => print!("{}", report::render_markdown(&rep)),
-        SimOutput::Json => println!("{}", serde_json::to_string_pretty(&rep)?),
-    }
+    let text = match args.output {
+        SimOutput::Table => report::render_table(&rep),
+        SimOutput::Markdown => report::render_markdown(&rep),
+        SimOutput::Json => format!("{}\n", serde_json::to_string_pretty(&rep)?),
+    };
+    write_out(out, &text)?;
     if let Some(path) = &args.chart {
         chart::write_svg(&rep, path)?;
         eprintln!("note: chart written to {}", path.display());
@@ -203,8 +218,8 @@ pub fn run_simulate(args: &SimulateArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Runs `lanekeeper diff`.
-pub fn run_diff(args: &DiffArgs) -> Result<(), CliError> {
+/// Runs `lanekeeper diff`, writing the comparison to `out`.
+pub fn run_diff(args: &DiffArgs, out: &mut dyn Write) -> Result<(), CliError> {
     if args.scenario.is_empty() && args.signals.is_empty() {
         return Err(CliError::NothingToDiff);
     }
@@ -227,11 +242,12 @@ pub fn run_diff(args: &DiffArgs) -> Result<(), CliError> {
         diff: d,
     };
     let failures = diff::gate(&d.diff, &args.fail_on);
-    match args.output {
-        DiffOutput::Table => print!("{}", diff::render_text(&d, &failures)),
-        DiffOutput::Markdown => print!("{}", diff::render_markdown(&d, &failures)),
-        DiffOutput::Json => println!("{}", serde_json::to_string_pretty(&d)?),
-    }
+    let text = match args.output {
+        DiffOutput::Table => diff::render_text(&d, &failures),
+        DiffOutput::Markdown => diff::render_markdown(&d, &failures),
+        DiffOutput::Json => format!("{}\n", serde_json::to_string_pretty(&d)?),
+    };
+    write_out(out, &text)?;
     if failures.is_empty() {
         Ok(())
     } else {

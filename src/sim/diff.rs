@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use crate::api::common::format_number;
 use crate::plan;
-use crate::policy::{Approvals, Evaluation, ProfileDecision, World};
-use crate::snapshot::SignalsFile;
+use crate::policy::{Approvals, Evaluation, GatewayFlags, LaneDecision, ProfileDecision, World};
+use crate::snapshot::{SignalsFile, SignalsFileError};
 
 use super::engine::{SimError, Strategy};
 use super::report::LaneReport;
@@ -154,7 +154,9 @@ fn milli(v: f64) -> i64 {
     (v * 1000.0).round() as i64
 }
 
-/// What a decision says, compared at 0.001 units/s.
+/// What a decision says, compared at 0.001 units/s: every aspect that
+/// differs, in the base's and the head's words (never the same words for
+/// both).
 fn describe_differences(
     b: Option<&ProfileDecision>,
     h: Option<&ProfileDecision>,
@@ -165,33 +167,58 @@ fn describe_differences(
         (None, Some(_)) => return Some(("absent".into(), "present".into())),
         (Some(b), Some(h)) => (b, h),
     };
-    let mut bs = Vec::new();
-    let mut hs = Vec::new();
+    let mut diffs = Vec::new();
     if b.level != h.level || b.pending_approval_level != h.pending_approval_level {
-        bs.push(format!("level {} ({})", b.level, b.level_name));
-        hs.push(format!("level {} ({})", h.level, h.level_name));
+        diffs.push((level(b), level(h)));
     }
+    diffs.extend(lane_differences(b, h));
+    diffs.extend(gateway_differences(&b.gateway, &h.gateway));
+    if b.desired_replicas != h.desired_replicas {
+        diffs.push((
+            format!("replicas {:?}", b.desired_replicas),
+            format!("replicas {:?}", h.desired_replicas),
+        ));
+    }
+    if diffs.is_empty() {
+        return None;
+    }
+    let (bs, hs): (Vec<String>, Vec<String>) = diffs.into_iter().unzip();
+    Some((bs.join("; "), hs.join("; ")))
+}
+
+/// `level 3 (protect)`, with the level waiting for approval if any.
+fn level(d: &ProfileDecision) -> String {
+    let mut out = format!("level {} ({})", d.level, d.level_name);
+    if let Some(p) = d.pending_approval_level {
+        let _ = write!(out, ", level {p} awaiting approval");
+    }
+    out
+}
+
+/// Each lane whose state or admitted rate differs.
+fn lane_differences(b: &ProfileDecision, h: &ProfileDecision) -> Vec<(String, String)> {
     let lanes: BTreeSet<&str> = b
         .lanes
         .iter()
         .chain(&h.lanes)
         .map(|l| l.name.as_str())
         .collect();
+    let show = |l: Option<&LaneDecision>| {
+        l.map_or_else(
+            || "absent".to_owned(),
+            |l| {
+                format!(
+                    "{} {}",
+                    l.state.as_str(),
+                    format_number(l.admitted_units_per_second)
+                )
+            },
+        )
+    };
+    let mut out = Vec::new();
     for name in lanes {
         let bl = b.lanes.iter().find(|l| l.name == name);
         let hl = h.lanes.iter().find(|l| l.name == name);
-        let show = |l: Option<&crate::policy::LaneDecision>| {
-            l.map_or_else(
-                || "absent".to_owned(),
-                |l| {
-                    format!(
-                        "{} {}",
-                        l.state.as_str(),
-                        format_number(l.admitted_units_per_second)
-                    )
-                },
-            )
-        };
         let same = match (bl, hl) {
             (Some(x), Some(y)) => {
                 x.state == y.state
@@ -200,32 +227,58 @@ fn describe_differences(
             _ => false,
         };
         if !same {
-            bs.push(format!("{name} {}", show(bl)));
-            hs.push(format!("{name} {}", show(hl)));
+            out.push((
+                format!("{name} {}", show(bl)),
+                format!("{name} {}", show(hl)),
+            ));
         }
     }
-    if b.gateway != h.gateway {
-        bs.push(format!("gateway {:?}", flags(b)));
-        hs.push(format!("gateway {:?}", flags(h)));
-    }
-    if b.desired_replicas != h.desired_replicas {
-        bs.push(format!("replicas {:?}", b.desired_replicas));
-        hs.push(format!("replicas {:?}", h.desired_replicas));
-    }
-    (!bs.is_empty()).then(|| (bs.join("; "), hs.join("; ")))
+    out
 }
 
-fn flags(d: &ProfileDecision) -> Vec<&'static str> {
-    let g = &d.gateway;
-    [
-        (g.reject_optional_context, "rejectOptionalContext"),
-        (g.use_fallback_routes, "useFallbackRoutes"),
-        (g.read_only, "readOnly"),
-        (g.static_fallback, "staticFallback"),
-    ]
-    .into_iter()
-    .filter_map(|(on, n)| on.then_some(n))
-    .collect()
+/// Each gateway field that differs, as `gateway.inFlight.stopAt 1500` on
+/// both sides (`absent` where a side has none). Read from the serialized
+/// flags, so a field added to [`GatewayFlags`] shows without a change here.
+fn gateway_differences(b: &GatewayFlags, h: &GatewayFlags) -> Vec<(String, String)> {
+    if b == h {
+        return Vec::new();
+    }
+    let (bl, hl) = (leaves(b), leaves(h));
+    let keys: BTreeSet<&String> = bl.keys().chain(hl.keys()).collect();
+    let show = |m: &BTreeMap<String, String>, k: &str| {
+        let v = m.get(k).map_or("absent", String::as_str);
+        format!("gateway.{k} {v}")
+    };
+    keys.into_iter()
+        .filter(|k| bl.get(*k) != hl.get(*k))
+        .map(|k| (show(&bl, k), show(&hl, k)))
+        .collect()
+}
+
+/// The leaf values of `v` serialized, keyed by their dotted path; a null
+/// (an absent option) is no leaf.
+fn leaves(v: &impl Serialize) -> BTreeMap<String, String> {
+    fn walk(path: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+        match v {
+            serde_json::Value::Null => {}
+            serde_json::Value::Object(m) => {
+                for (k, c) in m {
+                    let sub = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    walk(&sub, c, out);
+                }
+            }
+            leaf => {
+                out.insert(path.to_owned(), leaf.to_string());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", &serde_json::to_value(v).unwrap_or_default(), &mut out);
+    out
 }
 
 /// First differing evaluation per profile, and how many steps differ.
@@ -297,35 +350,9 @@ pub enum DiffError {
         #[source]
         source: SimError,
     },
-    /// A signals file could not be read.
-    #[error("{}: {source}", .path.display())]
-    ReadSignals {
-        /// The signals file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A signals file is not valid YAML for the format.
-    #[error("{}: {at}: {source}", .path.display())]
-    ParseSignals {
-        /// The signals file.
-        path: PathBuf,
-        /// Where in the document.
-        at: serde_path_to_error::Path,
-        /// The YAML error.
-        #[source]
-        source: serde_yaml::Error,
-    },
-    /// A signals file's steps are unusable.
-    #[error("{}: {source}", .path.display())]
-    Timeline {
-        /// The signals file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: plan::TimelineError,
-    },
+    /// A signals file could not be read, parsed or used.
+    #[error(transparent)]
+    Signals(#[from] SignalsFileError),
 }
 
 /// Computes the diff.
@@ -404,21 +431,7 @@ pub fn diff(
         });
     }
     for path in signals {
-        let text = std::fs::read_to_string(path).map_err(|source| DiffError::ReadSignals {
-            path: path.clone(),
-            source,
-        })?;
-        let de = serde_yaml::Deserializer::from_str(&text);
-        let t: SignalsFile =
-            serde_path_to_error::deserialize(de).map_err(|e| DiffError::ParseSignals {
-                path: path.clone(),
-                at: e.path().clone(),
-                source: e.into_inner(),
-            })?;
-        plan::check_timeline(&t).map_err(|source| DiffError::Timeline {
-            path: path.clone(),
-            source,
-        })?;
+        let t = SignalsFile::load(path)?;
         let pb = plan::plan(base, &t, &Approvals::new());
         let ph = plan::plan(head, &t, &Approvals::new());
         warnings_of(&pb.steps, &mut wb);
@@ -662,4 +675,46 @@ pub fn render_text(d: &Labelled, failures: &[String]) -> String {
         let _ = writeln!(out, "FAILED: {f}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The INC-47 decision at its safe capacity.
+    fn decision() -> ProfileDecision {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let loaded = crate::manifest::load(&[root.join("examples/inc-47/inc-47.yaml")]).unwrap();
+        let timeline = plan::default_timeline(&loaded.world);
+        let p = plan::plan(&loaded.world, &timeline, &Approvals::new());
+        p.steps[0].profiles[0].clone()
+    }
+
+    #[test]
+    fn a_moved_watermark_is_named_with_both_values() {
+        let b = decision();
+        let mut h = b.clone();
+        h.gateway.in_flight.as_mut().unwrap().stop_at = 1400;
+        let (bs, hs) = describe_differences(Some(&b), Some(&h)).unwrap();
+        assert_eq!(bs, "gateway.inFlight.stopAt 1500");
+        assert_eq!(hs, "gateway.inFlight.stopAt 1400");
+        h.gateway.in_flight = None;
+        let (bs, hs) = describe_differences(Some(&b), Some(&h)).unwrap();
+        assert!(bs.contains("gateway.inFlight.conserveAt 1350"), "{bs}");
+        assert!(hs.contains("gateway.inFlight.conserveAt absent"), "{hs}");
+    }
+
+    #[test]
+    fn a_flag_and_a_pending_approval_show_what_differs() {
+        let b = decision();
+        let mut h = b.clone();
+        h.gateway.use_fallback_routes = !b.gateway.use_fallback_routes;
+        h.pending_approval_level = Some(3);
+        let (bs, hs) = describe_differences(Some(&b), Some(&h)).unwrap();
+        assert_ne!(bs, hs);
+        assert!(hs.contains("level 3 awaiting approval"), "{hs}");
+        assert!(hs.contains("gateway.useFallbackRoutes true"), "{hs}");
+        assert!(bs.contains("gateway.useFallbackRoutes false"), "{bs}");
+        assert_eq!(describe_differences(Some(&b), Some(&b.clone())), None);
+    }
 }

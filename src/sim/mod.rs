@@ -7,7 +7,9 @@ pub mod cli;
 pub mod diff;
 pub mod engine;
 pub mod report;
-pub mod scenario;
+/// The scenario file format (a module of its own, below `manifest`, which
+/// recognises scenarios kept beside the manifests).
+pub use crate::scenario;
 
 pub use engine::{Run, SimError, Strategy, Trace, TracedArrival, run, run_traced};
 pub use report::{SimReport, report};

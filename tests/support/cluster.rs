@@ -3,8 +3,10 @@
 //! kind on a user's machine (`e2e/run.sh`).
 //!
 //! Without `LANEKEEPER_E2E=1` a test prints a loud SKIPPED line and passes,
-//! unless `LANEKEEPER_REQUIRE_CLUSTER=1` (set by `.ci/run`) makes that a
-//! failure.
+//! unless `LANEKEEPER_REQUIRE_CLUSTER=1` (set by `e2e/with-cluster.sh`, so by
+//! `.ci/run`, and by `e2e/run.sh`) makes that a failure. The same variable
+//! makes a test that needs the local control plane's processes (restarts,
+//! the audit log) fail on another cluster instead of returning early.
 //!
 //! Each test works in a namespace of its own, so the tests of a file run in
 //! parallel. The controller under test runs out of cluster, as a child
@@ -51,13 +53,18 @@ pub struct Cluster {
     bin: Option<PathBuf>,
 }
 
+/// `LANEKEEPER_REQUIRE_CLUSTER=1`: no e2e test may skip.
+pub fn cluster_required() -> bool {
+    std::env::var("LANEKEEPER_REQUIRE_CLUSTER").as_deref() == Ok("1")
+}
+
 /// Connects to the e2e cluster, or prints a loud SKIPPED line and returns
 /// None (a panic with `LANEKEEPER_REQUIRE_CLUSTER=1`).
 pub async fn connect(test: &str) -> Option<Cluster> {
     let enabled = std::env::var("LANEKEEPER_E2E").as_deref() == Ok("1");
     let kubeconfig = std::env::var_os("KUBECONFIG").map(PathBuf::from);
     let (true, Some(kubeconfig)) = (enabled, kubeconfig) else {
-        if std::env::var("LANEKEEPER_REQUIRE_CLUSTER").as_deref() == Ok("1") {
+        if cluster_required() {
             panic!(
                 "{test}: LANEKEEPER_REQUIRE_CLUSTER=1 but no cluster: start one with \
                  `bash e2e/cluster.sh up` and set LANEKEEPER_E2E=1 KUBECONFIG=e2e/.cluster/kubeconfig"
@@ -360,12 +367,33 @@ impl Cluster {
         );
     }
 
-    /// The audit log entries of one user (local control plane only).
+    /// For a test that needs the local control plane's processes: true on
+    /// it. On another cluster a note and false (the caller returns), or a
+    /// panic with `LANEKEEPER_REQUIRE_CLUSTER=1` (then no test may skip;
+    /// `e2e/run.sh` leaves these tests out on kind by name).
+    pub fn has_local_processes(&self, test: &str, needs: &str) -> bool {
+        if self.local.is_some() {
+            return true;
+        }
+        assert!(
+            !cluster_required(),
+            "{test}: {needs}, and KUBECONFIG is not the local control plane of e2e/cluster.sh \
+             (LANEKEEPER_REQUIRE_CLUSTER=1: no test may skip)"
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n==== {test}: {needs}; not run on this cluster ====\n"
+        );
+        false
+    }
+
+    /// The audit log entries of one user (local control plane only). A
+    /// missing or unreadable log is a failure, not an empty log.
     pub fn audit(&self, user: &str) -> Vec<Value> {
         let state = self.local.as_ref().expect("the local control plane");
-        let Ok(f) = std::fs::File::open(state.join("audit.log")) else {
-            return Vec::new();
-        };
+        let path = state.join("audit.log");
+        let f = std::fs::File::open(&path)
+            .unwrap_or_else(|e| panic!("the audit log {}: {e}", path.display()));
         std::io::BufReader::new(f)
             .lines()
             .map_while(Result::ok)

@@ -158,17 +158,18 @@ pub fn start_with(
     let client = s.client();
     let m = metrics.clone();
     let task = tokio::spawn(async move {
-        controller::run(
+        let operator = controller::Operator {
             client,
             settings,
-            m,
-            Readiness::default(),
-            sources,
-            async move {
+            metrics: m,
+            readiness: Readiness::default(),
+            extra_sources: sources,
+        };
+        operator
+            .run(async move {
                 let _ = rx.await;
-            },
-        )
-        .await
+            })
+            .await
     });
     Running {
         stop: Some(tx),
