@@ -15,8 +15,8 @@ fn inc47(c: &mut Criterion) {
     let world = lanekeeper::manifest::load(&[root.join("examples/inc-47/inc-47.yaml")])
         .expect("example loads")
         .world;
-    let full =
-        sim::scenario::load(&root.join("examples/inc-47/scenario.yaml")).expect("scenario loads");
+    let full = lanekeeper::scenario::load(&root.join("examples/inc-47/scenario.yaml"))
+        .expect("scenario loads");
     // The 22-minute incident alone (t = 180..1500, ~800,000 requests).
     let mut incident = full.clone();
     incident.duration_seconds = 1500.0;

@@ -767,8 +767,7 @@ async fn simulate_and_the_gateway_admit_and_refuse_the_same_replayed_traffic() {
     // gateway (the admission core) did with it, per lane.
     let loaded =
         lanekeeper::manifest::load(&[root().join("examples/replay/manifests.yaml")]).unwrap();
-    let sc =
-        lanekeeper::sim::scenario::load(&root().join("examples/replay/scenario.yaml")).unwrap();
+    let sc = lanekeeper::scenario::load(&root().join("examples/replay/scenario.yaml")).unwrap();
     let run = lanekeeper::sim::run_traced(&loaded.world, &sc).unwrap();
     let trace = run.trace.as_ref().unwrap();
     let lanes: Vec<&str> = run.lanes.iter().map(|l| l.name.as_str()).collect();

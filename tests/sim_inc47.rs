@@ -15,7 +15,7 @@ const STABLE_FOR: i64 = 300;
 fn inc47() -> (World, Scenario) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let loaded = lanekeeper::manifest::load(&[root.join("examples/inc-47/inc-47.yaml")]).unwrap();
-    let sc = sim::scenario::load(&root.join("examples/inc-47/scenario.yaml")).unwrap();
+    let sc = lanekeeper::scenario::load(&root.join("examples/inc-47/scenario.yaml")).unwrap();
     (loaded.world, sc)
 }
 

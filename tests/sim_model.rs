@@ -43,7 +43,7 @@ spec:
 
 fn scenario(yaml: &str) -> Scenario {
     let s: Scenario = serde_yaml::from_str(yaml).expect("scenario parses");
-    sim::scenario::check(&s).expect("scenario is valid");
+    lanekeeper::scenario::check(&s).expect("scenario is valid");
     s
 }
 
@@ -349,7 +349,7 @@ fn the_engine_sees_originals_as_demand_and_retries_apart() {
 fn inc47() -> (World, Scenario) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let loaded = lanekeeper::manifest::load(&[root.join("examples/inc-47/inc-47.yaml")]).unwrap();
-    let mut sc = sim::scenario::load(&root.join("examples/inc-47/scenario.yaml")).unwrap();
+    let mut sc = lanekeeper::scenario::load(&root.join("examples/inc-47/scenario.yaml")).unwrap();
     // A shorter run keeps debug-mode tests quick; the incident is whole.
     sc.duration_seconds = 900.0;
     (loaded.world, sc)
@@ -440,7 +440,7 @@ fn the_p1_surge_is_measured_as_originals_and_retries_apart() {
     let world = lanekeeper::manifest::load(&[root.join("examples/p1-surge/manifests.yaml")])
         .unwrap()
         .world;
-    let sc = sim::scenario::load(&root.join("examples/p1-surge/scenario.yaml")).unwrap();
+    let sc = lanekeeper::scenario::load(&root.join("examples/p1-surge/scenario.yaml")).unwrap();
     let (run, rep) = sim::simulate(&world, &sc, Strategy::Lanekeeper).unwrap();
     let p = &rep.profiles[0];
     let p1 = p

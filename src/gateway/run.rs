@@ -1,6 +1,7 @@
 //! Starting and stopping: bind both listeners, start the config and replica
 //! sources and the driver, serve until SIGTERM or Ctrl-C.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -62,8 +63,12 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
     let local = listener.local_addr().unwrap_or(args.listen);
     let admin_local = admin.local_addr().unwrap_or(args.metrics_addr);
     tracing::info!(%local, metrics = %admin_local, "gateway listening");
-    // A line tests and scripts can wait for (port 0 picks a free port).
-    println!("listening on {local} metrics on {admin_local}");
+    // A line tests and scripts can wait for (port 0 picks a free port); a
+    // closed stdout is no reason to stop serving.
+    let _ = writeln!(
+        std::io::stdout(),
+        "listening on {local} metrics on {admin_local}"
+    );
 
     let mut tasks = start_sources(&gw, configmap, endpoints).await?;
     tasks.push(tokio::spawn(drive(gw.clone())));

@@ -15,8 +15,9 @@ use crate::policy::World;
 use super::chart::ChartError;
 use super::diff::{self, DiffError, FailOn};
 use super::engine::{SimError, Strategy};
-use super::scenario::ScenarioError;
-use super::{chart, report, scenario};
+use super::{chart, report};
+use crate::scenario;
+use crate::scenario::ScenarioError;
 
 /// The policy a simulation runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -15,7 +15,7 @@ use crate::snapshot::{SignalsFile, SignalsFileError};
 
 use super::engine::{SimError, Strategy};
 use super::report::LaneReport;
-use super::scenario;
+use crate::scenario;
 
 /// Conditions `--fail-on` can gate on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]

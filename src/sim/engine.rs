@@ -19,7 +19,7 @@ use crate::policy::{self, Approvals, EngineState, Evaluation, World, key};
 use crate::snapshot::{LaneSignals, ProfileSignals, Snapshot};
 use lanes::{Core, GatewayConfig, Outcome, Refusal, Resolution, Ticket, Verdict};
 
-use super::scenario::{ClientSpec, Scenario, Steps};
+use crate::scenario::{ClientSpec, Scenario, Steps};
 
 /// Which gateway runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -489,7 +489,7 @@ struct Inputs<'w, 's> {
     bound: policy::Bound<'w>,
     pkeys: Vec<String>,
     capacity: BTreeMap<String, Steps>,
-    lanes: BTreeMap<String, &'s super::scenario::LaneScenario>,
+    lanes: BTreeMap<String, &'s crate::scenario::LaneScenario>,
     warnings: Vec<String>,
 }
 
@@ -558,7 +558,7 @@ fn lane_setup(
             inputs
                 .warnings
                 .push(format!("lane {lk} has no traffic in the scenario"));
-            let service = super::scenario::ServiceSpec {
+            let service = crate::scenario::ServiceSpec {
                 p50_seconds: 1.0,
                 p95_seconds: 1.0,
             };

@@ -7,13 +7,10 @@ pub mod cli;
 pub mod diff;
 pub mod engine;
 pub mod report;
-/// The scenario file format (a module of its own, below `manifest`, which
-/// recognises scenarios kept beside the manifests).
-pub use crate::scenario;
 
+pub use crate::scenario::Scenario;
 pub use engine::{Run, SimError, Strategy, Trace, TracedArrival, run, run_traced};
 pub use report::{SimReport, report};
-pub use scenario::Scenario;
 
 /// Runs a scenario under a policy and reports it (the series at the
 /// controller's evaluation interval).
