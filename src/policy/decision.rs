@@ -25,7 +25,7 @@ pub enum Telemetry {
     Unknown,
 }
 
-/// A lane's admission state.
+/// A lane's allocation state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LaneState {
     /// Gets its whole demand.
@@ -176,7 +176,7 @@ pub struct LaneDecision {
     pub name: String,
     /// Priority.
     pub priority: i32,
-    /// Admission state.
+    /// Allocation state.
     pub state: LaneState,
     /// Requests per second used for demand.
     pub requests_per_second: f64,

@@ -9,7 +9,7 @@ use crate::api::{
 };
 use crate::snapshot::ProfileSignals;
 
-use super::admission::EPS;
+use super::allocation::EPS;
 use super::decision::{LevelTransition, ProfileState, round6};
 
 /// What the ladder reads in one evaluation.
@@ -68,7 +68,7 @@ pub struct LadderOutcome {
 
 /// A level's enter triggers in one evaluation.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Trigger {
+pub enum TriggerState {
     /// One holds, on known data: why.
     Holds(String),
     /// None holds, and every one was evaluated on known data.
@@ -78,7 +78,7 @@ pub enum Trigger {
 }
 
 /// Evaluates the enter triggers of `level` (1-based `k`).
-pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
+pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> TriggerState {
     let e: &EnterWhen = &level.enter_when;
     let s = i.signals;
     let mut unknown = false;
@@ -87,7 +87,7 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
             Some(c) if i.lanes_known => {
                 let d = i.demand_after.get((k - 1) as usize).copied().unwrap_or(0.0);
                 if d > c + EPS {
-                    return Trigger::Holds(format!(
+                    return TriggerState::Holds(format!(
                         "overCapacity: demand after lower levels {} > capacity {}",
                         round6(d),
                         round6(c)
@@ -101,7 +101,7 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
         match i.utilization {
             Some(u) if i.lanes_known => {
                 if u > f64::from(t) + EPS {
-                    return Trigger::Holds(format!(
+                    return TriggerState::Holds(format!(
                         "utilizationPercentAbove: {}% > {t}%",
                         round6(u)
                     ));
@@ -142,7 +142,7 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
         let Some(t) = thr else { continue };
         match v {
             Some(v) if v > t + EPS => {
-                return Trigger::Holds(format!("{name}: {} > {}", round6(v), round6(t)));
+                return TriggerState::Holds(format!("{name}: {} > {}", round6(v), round6(t)));
             }
             Some(_) => {}
             // Reported Unknown by its source: no evidence either way. A signal
@@ -155,7 +155,7 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
     if let Some(t) = e.retry_amplification_above.as_ref().map(|d| d.value()) {
         match i.retry_amplification {
             Some(a) if a > t + EPS => {
-                return Trigger::Holds(format!(
+                return TriggerState::Holds(format!(
                     "retryAmplificationAbove: {} > {}",
                     round6(a),
                     round6(t)
@@ -167,9 +167,9 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
         }
     }
     if unknown {
-        Trigger::Unknown
+        TriggerState::Unknown
     } else {
-        Trigger::Clear
+        TriggerState::Clear
     }
 }
 
@@ -265,20 +265,20 @@ pub fn step(
         return out;
     }
 
-    let states: Vec<Trigger> = levels
+    let states: Vec<TriggerState> = levels
         .iter()
         .enumerate()
         .map(|(idx, l)| trigger(l, idx as u32 + 1, i))
         .collect();
     for (idx, t) in states.iter().enumerate() {
-        if let Trigger::Holds(r) = t {
+        if let TriggerState::Holds(r) = t {
             out.triggers.push(format!("{}: {r}", idx + 1));
         }
     }
     // Sustained triggers: held on known data for forSeconds.
     let mut sustained = vec![false; levels.len()];
     for (idx, l) in levels.iter().enumerate() {
-        if let Trigger::Holds(_) = states[idx] {
+        if let TriggerState::Holds(_) = states[idx] {
             let k = idx as u32 + 1;
             let since = prev.trigger_since.get(&k).copied().unwrap_or(at);
             out.trigger_since.insert(k, since);
@@ -286,7 +286,7 @@ pub fn step(
         }
     }
     let reason = |k: u32| match &states[(k - 1) as usize] {
-        Trigger::Holds(r) => Some(r.clone()),
+        TriggerState::Holds(r) => Some(r.clone()),
         _ => None,
     };
 
@@ -369,8 +369,8 @@ pub fn step(
     // leave this one either.
     let exit_ok = |k: u32| {
         let idx = (k - 1) as usize;
-        states[idx] == Trigger::Clear
-            && states[idx..].iter().all(|t| *t != Trigger::Unknown)
+        states[idx] == TriggerState::Clear
+            && states[idx..].iter().all(|t| *t != TriggerState::Unknown)
             && i.lanes_known
             && exit_conditions_hold(levels[idx].exit_when.as_ref(), i)
     };

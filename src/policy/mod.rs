@@ -4,7 +4,7 @@
 //! state. Output: the decision per profile and the next state. The controller,
 //! `plan` and `simulate` all call this same code.
 
-pub mod admission;
+pub mod allocation;
 pub mod bind;
 pub mod decision;
 pub mod drain;
@@ -23,7 +23,7 @@ use crate::snapshot::{ProfileSignals, Snapshot};
 pub use bind::{BindProblem, Binding, Bound, World, bind, bind_profile};
 pub use decision::*;
 
-use admission::{AdmissionLane, EPS};
+use allocation::{EPS, LaneClaim};
 use evidence::{DemandSource, LaneDemand, lane_demand};
 use ladder::LevelInputs;
 
@@ -311,13 +311,13 @@ pub fn evaluate_profile(
         resume_after_stable_seconds: f.resume_after_stable_seconds,
     });
 
-    // Admission.
+    // Allocation.
     let index: BTreeMap<&str, usize> = lanes
         .iter()
         .enumerate()
         .map(|(i, l)| (l.name_str(), i))
         .collect();
-    let adm_lanes: Vec<AdmissionLane> = lanes
+    let claims: Vec<LaneClaim> = lanes
         .iter()
         .zip(&demands)
         .zip(&limits)
@@ -342,7 +342,7 @@ pub fn evaluate_profile(
                         .collect();
                     (lenders, bs.max_units_per_second.value())
                 });
-            AdmissionLane {
+            LaneClaim {
                 priority: l.spec.priority,
                 weight: f64::from(l.spec.weight.max(1)),
                 cap,
@@ -351,24 +351,24 @@ pub fn evaluate_profile(
             }
         })
         .collect();
-    let floors_total: f64 = adm_lanes.iter().map(|l| l.reserve).sum();
-    // Unknown capacity holds: admission runs against the last known capacity
+    let floors_total: f64 = claims.iter().map(|l| l.reserve).sum();
+    // Unknown capacity holds: allocation runs against the last known capacity
     // (or, never having known one, the declared safe capacity), so missing
     // data neither expands nor collapses what gateways admit. A held stale
     // calibration assumes no calibrated figure: the floors only.
     let held = calibration_held(profile, sig.as_ref());
-    let admission_capacity = capacity.or(prev.last_capacity).unwrap_or_else(|| {
+    let allocation_capacity = capacity.or(prev.last_capacity).unwrap_or_else(|| {
         if held {
             floors_total
         } else {
             profile.spec.capacity.safe_units_per_second.value()
         }
     });
-    let mut admissions = admission::admit(&adm_lanes, admission_capacity);
+    let mut allocations = allocation::allocate(&claims, allocation_capacity);
     // Unknown never relaxes: on incomplete evidence no lane gets more than
     // it was admitted in the previous step.
     if !complete {
-        for (l, a) in lanes.iter().zip(admissions.iter_mut()) {
+        for (l, a) in lanes.iter().zip(allocations.iter_mut()) {
             if let Some(&before) = prev.admitted.get(l.name_str()) {
                 a.hold_at(before);
             }
@@ -390,8 +390,8 @@ pub fn evaluate_profile(
             if let Some(r) = ramps.get(l.name_str())
                 && let Some(pct) = evidence::ramp_stage(r, spec, at)
             {
-                let full = admissions[i].admitted;
-                admissions[i].hold_at(evidence::ramped(full, r, pct));
+                let full = allocations[i].admitted;
+                allocations[i].hold_at(evidence::ramped(full, r, pct));
                 ramp_stages[i] = Some(pct);
             }
         }
@@ -408,9 +408,9 @@ pub fn evaluate_profile(
     let mut lane_decisions = Vec::with_capacity(lanes.len());
     for (i, l) in lanes.iter().enumerate() {
         let d = &demands[i];
-        let a = &admissions[i];
+        let a = &allocations[i];
         let lim = &limits[i];
-        let cap = adm_lanes[i].cap;
+        let cap = claims[i].cap;
         let ceiling = l.spec.ceiling_units_per_second.as_ref().map(|c| c.value());
         let ramp_note = ramp_stages[i].map(|p| format!("recovery {p}%"));
         let (state, limited_by) = if lim.paused {
@@ -458,7 +458,7 @@ pub fn evaluate_profile(
                 .collect(),
         });
     }
-    let admitted_total: f64 = admissions.iter().map(|a| a.admitted).sum();
+    let admitted_total: f64 = allocations.iter().map(|a| a.admitted).sum();
 
     // Pool size.
     let sizing = sizing::desired(
@@ -509,7 +509,7 @@ pub fn evaluate_profile(
         stepped_down: ladder.stepped_down,
         admitted: lanes
             .iter()
-            .zip(&admissions)
+            .zip(&allocations)
             .map(|(l, a)| (l.name_str().to_owned(), round6(a.admitted)))
             .collect(),
         lane_rates: lanes
