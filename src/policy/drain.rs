@@ -27,7 +27,7 @@ pub fn bound(spec: &DrainSpec, ready: u32) -> u32 {
 }
 
 /// What one step of the drain reads.
-struct Step<'a> {
+struct DrainStep<'a> {
     /// The profile's signals.
     sig: &'a ProfileSignals,
     /// The step's time.
@@ -60,7 +60,7 @@ pub fn decide(
     let (Some(spec), Some(sig)) = (spec, signals) else {
         return without_evidence(spec, prev);
     };
-    let step = Step {
+    let step = DrainStep {
         sig,
         at,
         threshold: spec.error_ratio_above.value(),
@@ -123,7 +123,7 @@ fn without_evidence(
     (drain, drained)
 }
 
-impl Step<'_> {
+impl DrainStep<'_> {
     /// A previously drained pod: what it is after this step (`None`: gone
     /// or undrained, with its action pushed).
     fn revisit(

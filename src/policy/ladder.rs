@@ -223,7 +223,7 @@ fn valid_approval(
 }
 
 /// What one step of the ladder reads.
-struct Step<'a> {
+struct LadderStep<'a> {
     policy: &'a DegradationPolicy,
     levels: &'a [LevelSpec],
     i: &'a LevelInputs<'a>,
@@ -263,7 +263,7 @@ pub fn step(
     };
     let levels = &policy.spec.levels;
     let prev_level = prev.level.min(levels.len() as u32);
-    let s = Step {
+    let s = LadderStep {
         policy,
         levels,
         i,
@@ -313,7 +313,7 @@ pub fn step(
     out
 }
 
-impl Step<'_> {
+impl LadderStep<'_> {
     /// Unknown telemetry: never step down; every clock (stable window,
     /// forSeconds, approval timeouts) restarts once telemetry is back.
     /// `onMissingTelemetry: EnterLevel` raises the level to its floor.
@@ -443,7 +443,7 @@ impl Step<'_> {
             && exit_conditions_hold(self.levels[idx].exit_when.as_ref(), self.i)
     }
 
-    /// The way down: the level may be left ([`Step::exit_ok`]) for the
+    /// The way down: the level may be left ([`LadderStep::exit_ok`]) for the
     /// stable window (or, for an episode's first step down, the cool-down),
     /// and no released lane is still ramping. One level per step.
     fn step_down(&self, states: &[TriggerState], out: &mut LadderOutcome) {
