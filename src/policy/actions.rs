@@ -8,7 +8,6 @@ use super::allocation::EPS;
 use super::decision::{
     ContractOverride, GatewayFlags, InFlightWatermarks, OverriddenAction, Warning,
 };
-use super::object_key;
 
 /// How the level actions touch one lane.
 #[derive(Clone, Debug, Default)]
@@ -43,7 +42,7 @@ pub(super) fn apply_actions(
     let Some(policy) = policy else {
         return (limits, warnings);
     };
-    let pname = object_key(policy);
+    let pname = policy.key();
     for (idx, level) in policy.spec.levels.iter().enumerate().take(upto as usize) {
         let n = idx + 1;
         for (li, lane) in lanes.iter().enumerate() {

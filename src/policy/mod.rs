@@ -16,26 +16,21 @@ pub mod sizing;
 
 use std::collections::BTreeMap;
 
-use crate::api::{
-    Approval, CapacityProfile, DegradationPolicy, LaneContract, ObjectKey, RecoverySpec,
-    StaleCalibrationMode,
-};
-use crate::snapshot::{ProfileSignals, Snapshot};
+use crate::api::{Approval, CapacityProfile, DegradationPolicy, ObjectKey};
+use crate::snapshot::Snapshot;
 
 pub use bind::{BindProblem, Binding, Bound, World, bind, bind_profile};
 pub use decision::*;
 
 pub use actions::contract_overrides;
+pub use evidence::{CAPACITY_SIGNAL, calibration_held};
 
 use actions::{apply_actions, lane_cap};
 use allocation::EPS;
-use evidence::{DemandSource, LaneDemand, lane_demand};
+use evidence::{DemandSource, Evidence, recovery_of};
 use ladder::{LadderOutcome, LevelInputs};
 use shares::Shares;
 use sizing::Sizing;
-
-/// The name of the measured-capacity signal.
-pub const CAPACITY_SIGNAL: &str = "availableUnitsPerSecond";
 
 /// Namespace/name key of an object.
 pub fn key(namespace: &str, name: &str) -> String {
@@ -75,130 +70,6 @@ pub fn evaluate(
         },
         next,
     )
-}
-
-/// Capacity from the signals: available capacity, else ready replicas ×
-/// units per replica, else ready pods × units per replica. With a stale
-/// calibration and `onStaleCalibration: Hold`, only the measured available
-/// capacity counts (the rest is derived from calibration numbers).
-fn capacity_of(
-    profile: &CapacityProfile,
-    sig: Option<&ProfileSignals>,
-) -> (Option<f64>, Option<String>, Option<u32>) {
-    let Some(sig) = sig else {
-        return (None, None, None);
-    };
-    let upr = profile.spec.capacity.units_per_replica.value();
-    let measured_capacity_missing =
-        sig.available_units_per_second.is_none() && sig.unknown.contains_key(CAPACITY_SIGNAL);
-    let ready_pods = sig.ready_pods();
-    let ready = sig.ready_replicas.or(if sig.pods.is_empty() {
-        None
-    } else {
-        Some(ready_pods)
-    });
-    if measured_capacity_missing {
-        return (None, None, ready);
-    }
-    if let Some(a) = sig.available_units_per_second {
-        return (Some(a), Some(CAPACITY_SIGNAL.into()), ready);
-    }
-    if calibration_held(profile, Some(sig)) {
-        return (None, None, ready);
-    }
-    if let Some(r) = sig.ready_replicas {
-        return (Some(r as f64 * upr), Some("readyReplicas".into()), ready);
-    }
-    if ready_pods > 0 {
-        return (
-            Some(ready_pods as f64 * upr),
-            Some("readyPods".into()),
-            ready,
-        );
-    }
-    (None, None, ready)
-}
-
-/// Whether the capacity derived from calibration numbers is Unknown in this
-/// step: the calibration is stale and the profile says `Hold`.
-pub fn calibration_held(profile: &CapacityProfile, sig: Option<&ProfileSignals>) -> bool {
-    sig.is_some_and(|s| s.calibration_stale.is_some())
-        && profile.spec.capacity.on_stale_calibration == StaleCalibrationMode::Hold
-}
-
-/// What one profile's step rests on: its signals, its capacity and each
-/// lane's demand, the lanes in priority order.
-struct Evidence<'a> {
-    /// The profile's signals, sanitized.
-    sig: Option<ProfileSignals>,
-    /// Capacity (None = unknown).
-    capacity: Option<f64>,
-    /// Where capacity came from.
-    capacity_source: Option<String>,
-    /// Ready replicas (or pods).
-    ready: Option<u32>,
-    /// Whether capacity is known.
-    telemetry: Telemetry,
-    /// Whether a stale calibration holds the calibrated capacity Unknown.
-    held: bool,
-    /// The lanes, by priority then name.
-    lanes: Vec<&'a LaneContract>,
-    /// Each lane's demand.
-    demands: Vec<LaneDemand>,
-    /// Whether every lane's rate is known (none held).
-    lanes_known: bool,
-    /// Evidence is complete when capacity and every lane's rate are known;
-    /// otherwise nothing relaxes in this step.
-    complete: bool,
-    /// Total demand in work units/s.
-    total_demand: f64,
-    /// Demand ÷ capacity in percent.
-    utilization: Option<f64>,
-}
-
-impl<'a> Evidence<'a> {
-    /// Reads the profile's signals and each lane's demand from the snapshot.
-    fn gather(b: &Binding<'a>, snapshot: &Snapshot, prev: &ProfileState) -> Self {
-        let profile = b.profile;
-        let sig = snapshot
-            .profiles
-            .get(&object_key(profile))
-            .map(ProfileSignals::sanitized);
-        let (capacity, capacity_source, ready) = capacity_of(profile, sig.as_ref());
-        let telemetry = if capacity.is_some() {
-            Telemetry::Known
-        } else {
-            Telemetry::Unknown
-        };
-        let held = calibration_held(profile, sig.as_ref());
-        let mut lanes: Vec<&LaneContract> = b.lanes.clone();
-        lanes.sort_by(|a, c| (a.spec.priority, a.name_str()).cmp(&(c.spec.priority, c.name_str())));
-        let demands: Vec<LaneDemand> = lanes
-            .iter()
-            .map(|l| lane_demand(l, snapshot, &prev.lane_rates))
-            .collect();
-        let lanes_known = demands.iter().all(|d| d.source != DemandSource::Held);
-        let total_demand: f64 = demands.iter().map(|d| d.units).sum();
-        Evidence {
-            sig,
-            capacity,
-            capacity_source,
-            ready,
-            telemetry,
-            held,
-            lanes,
-            demands,
-            lanes_known,
-            complete: capacity.is_some() && lanes_known,
-            total_demand,
-            utilization: capacity.and_then(|c| (c > EPS).then(|| total_demand / c * 100.0)),
-        }
-    }
-}
-
-/// The policy's staged recovery, if it has one.
-fn recovery_of(policy: Option<&DegradationPolicy>) -> Option<&RecoverySpec> {
-    policy.and_then(|p| p.spec.hysteresis.recovery.as_ref())
 }
 
 /// Evaluates one profile: the evidence, the ladder, the actions of its level,

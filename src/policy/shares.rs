@@ -9,10 +9,11 @@ use crate::api::{DegradationPolicy, LaneContract, ObjectKey, ProfileState, Ramp,
 
 use super::actions::{LaneLimits, apply_actions, lane_cap};
 use super::allocation::{self, Allocation, EPS, LaneClaim};
+use super::bind::Binding;
 use super::decision::{BorrowGrant, LaneDecision, LaneState, round6};
 use super::evidence::{self, LaneDemand};
+use super::evidence::{Evidence, recovery_of};
 use super::ladder::LadderOutcome;
-use super::{Binding, Evidence, recovery_of};
 
 /// Every lane's share in one step (each list in the order of the lanes).
 pub(super) struct Shares {
