@@ -71,67 +71,38 @@ fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeV
     g
 }
 
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+    labels: &[&str],
+) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("valid metric");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("registers once");
+    h
+}
+
+fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("registers once");
+    g
+}
+
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Self {
         let registry = Registry::new();
         let p = &["namespace", "profile"];
         let l = &["namespace", "profile", "lane"];
-        let reconcile_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "lanekeeper_reconcile_duration_seconds",
-                "Duration of one reconcile of a profile.",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-            ]),
-            &["namespace", "profile"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(reconcile_duration.clone()))
-            .expect("registers once");
-        let reconcile_errors = IntCounterVec::new(
-            Opts::new(
-                "lanekeeper_reconcile_errors_total",
-                "Failed reconciles by reason.",
-            ),
-            &["reason"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(reconcile_errors.clone()))
-            .expect("registers once");
-        let api_writes = IntCounterVec::new(
-            Opts::new(
-                "lanekeeper_api_writes_total",
-                "Writes to the Kubernetes API by object kind and verb.",
-            ),
-            &["kind", "verb"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(api_writes.clone()))
-            .expect("registers once");
-        let leader = IntGauge::new(
-            "lanekeeper_leader",
-            "1 while this instance holds the leader lease.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(leader.clone()))
-            .expect("registers once");
-        let signal_errors = IntCounterVec::new(
-            Opts::new(
-                "lanekeeper_signal_errors_total",
-                "Live signals found Unknown (stale, NaN, empty, HTTP error, timeout, malformed, ...), by reason.",
-            ),
-            &["profile", "signal", "reason"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(signal_errors.clone()))
-            .expect("registers once");
         Self {
             level: gauge(
                 &registry,
@@ -205,7 +176,12 @@ impl Metrics {
                 "Age of the newest sample of each live signal at the last evaluation.",
                 &["profile", "signal"],
             ),
-            signal_errors,
+            signal_errors: counter(
+                &registry,
+                "lanekeeper_signal_errors_total",
+                "Live signals found Unknown (stale, NaN, empty, HTTP error, timeout, malformed, ...), by reason.",
+                &["profile", "signal", "reason"],
+            ),
             drained_pods: gauge(
                 &registry,
                 "lanekeeper_drained_pods",
@@ -230,10 +206,32 @@ impl Metrics {
                 "Drain candidates the bound refused.",
                 p,
             ),
-            reconcile_duration,
-            reconcile_errors,
-            api_writes,
-            leader,
+            reconcile_duration: histogram(
+                &registry,
+                "lanekeeper_reconcile_duration_seconds",
+                "Duration of one reconcile of a profile.",
+                &[
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ],
+                p,
+            ),
+            reconcile_errors: counter(
+                &registry,
+                "lanekeeper_reconcile_errors_total",
+                "Failed reconciles by reason.",
+                &["reason"],
+            ),
+            api_writes: counter(
+                &registry,
+                "lanekeeper_api_writes_total",
+                "Writes to the Kubernetes API by object kind and verb.",
+                &["kind", "verb"],
+            ),
+            leader: int_gauge(
+                &registry,
+                "lanekeeper_leader",
+                "1 while this instance holds the leader lease.",
+            ),
             registry,
         }
     }
@@ -282,5 +280,81 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_registered_under_its_name_and_type() {
+        let m = Metrics::new();
+        let p = &["ns", "pool"];
+        let l = &["ns", "pool", "lane"];
+        for g in [
+            &m.level,
+            &m.capacity,
+            &m.demand,
+            &m.admitted,
+            &m.utilization,
+            &m.desired_replicas,
+            &m.ready_replicas,
+            &m.telemetry_known,
+            &m.drained_pods,
+        ] {
+            g.with_label_values(p).set(1.0);
+        }
+        for g in [
+            &m.lane_demand,
+            &m.lane_admitted,
+            &m.lane_retry_amplification,
+        ] {
+            g.with_label_values(l).set(1.0);
+        }
+        m.signal_age.with_label_values(&["ns/pool", "s"]).set(1.0);
+        m.signal_errors
+            .with_label_values(&["ns/pool", "s", "stale"])
+            .inc();
+        m.drains.with_label_values(&["ns", "pool", "r"]).inc();
+        m.undrains.with_label_values(&["ns", "pool", "r"]).inc();
+        m.drains_refused.with_label_values(p).inc();
+        m.reconcile_duration.with_label_values(p).observe(0.003);
+        m.reconcile_errors.with_label_values(&["r"]).inc();
+        m.write("Pod", "patch");
+        m.leader.set(1);
+        let text = m.render();
+        let want = [
+            ("level", "gauge"),
+            ("capacity_units_per_second", "gauge"),
+            ("demand_units_per_second", "gauge"),
+            ("admitted_units_per_second", "gauge"),
+            ("utilization_percent", "gauge"),
+            ("lane_demand_units_per_second", "gauge"),
+            ("lane_admitted_units_per_second", "gauge"),
+            ("lane_retry_amplification", "gauge"),
+            ("desired_replicas", "gauge"),
+            ("ready_replicas", "gauge"),
+            ("telemetry_known", "gauge"),
+            ("signal_age_seconds", "gauge"),
+            ("signal_errors_total", "counter"),
+            ("drained_pods", "gauge"),
+            ("drains_total", "counter"),
+            ("undrains_total", "counter"),
+            ("drains_refused_total", "counter"),
+            ("reconcile_duration_seconds", "histogram"),
+            ("reconcile_errors_total", "counter"),
+            ("api_writes_total", "counter"),
+            ("leader", "gauge"),
+        ];
+        for (name, kind) in want {
+            let line = format!("# TYPE lanekeeper_{name} {kind}\n");
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
+        assert_eq!(text.matches("# TYPE ").count(), want.len(), "{text}");
+        assert!(
+            text.contains("le=\"0.0025\"") && text.contains("le=\"5\""),
+            "{text}"
+        );
     }
 }

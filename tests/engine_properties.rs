@@ -708,7 +708,7 @@ fn drain_bound(d: &DrainGen, ready: u32) -> u32 {
         .max(0) as u32
 }
 
-fn check_admission(
+fn check_allocation(
     c: &Case,
     world: &World,
     d: &ProfileDecision,
@@ -1182,7 +1182,7 @@ fn check_case(c: &Case) -> Result<History, TestCaseError> {
         let prev = state.profiles.get(PKEY).unwrap_or(&empty);
         let nxt = &next.profiles[PKEY];
         prop_assert_eq!(nxt.level, d.level);
-        check_admission(c, &world, d, prev, snap.at)?;
+        check_allocation(c, &world, d, prev, snap.at)?;
         check_ladder(c, &snap, d, prev, &mut h)?;
         check_sizing(c, d, prev, snap.at, &mut h)?;
         check_drain(c, &snap, d, prev, nxt, &mut h)?;
@@ -1320,7 +1320,7 @@ fn check_unknown_never_relaxes(
     let d = &e.profiles[0];
     let empty = ProfileState::default();
     let prev = state.profiles.get(PKEY).unwrap_or(&empty);
-    // Capacity and lane rates are what admission, sizing and the drain
+    // Capacity and lane rates are what allocation, sizing and the drain
     // need; every signal may be what the current level's triggers need.
     let needed_by_all = matches!(signal, Signal::Capacity | Signal::LaneRate(_));
     if needed_by_all || d.level < prev.level {

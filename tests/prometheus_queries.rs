@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lanekeeper::api::LaneContract;
 use lanekeeper::api::profile::PrometheusSignals;
-use lanekeeper::signals::prometheus::{Evaluation, PromClient, Window, evaluate};
+use lanekeeper::signals::prometheus::{PromClient, QueryEvaluation, Window, evaluate};
 use prometheus_support::{Prom, Series, free_port, minute_now};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -36,7 +36,7 @@ async fn eval_at(
     queries: serde_json::Value,
     lanes: &[&LaneContract],
     at: i64,
-) -> Evaluation {
+) -> QueryEvaluation {
     let c = cfg(url, queries);
     let client = PromClient::new(url, Duration::from_secs(2), None, None).unwrap();
     evaluate(&client, &c, lanes, None, &Window::At(at))
@@ -265,7 +265,7 @@ async fn a_failing_lane_query_makes_every_lane_rate_unknown() {
     };
     let owned: Vec<LaneContract> = (0..3).map(|l| lane(&format!("lane-{l:04}"))).collect();
     let lanes: Vec<&LaneContract> = owned.iter().collect();
-    let every_lane = |e: &Evaluation, key: &str, what: &str| {
+    let every_lane = |e: &QueryEvaluation, key: &str, what: &str| {
         assert_eq!(e.output.lanes.len(), 3, "{:?}", e.output.lanes);
         for (k, l) in &e.output.lanes {
             assert_eq!(l.requests_per_second, None, "{k}");

@@ -143,7 +143,7 @@ pub struct LaneDecision {
     pub name: String,
     /// Priority.
     pub priority: i32,
-    /// Admission state.
+    /// Allocation state.
     pub state: LaneState,
     /// Requests per second used for demand.
     pub requests_per_second: f64,

@@ -26,6 +26,24 @@ pub fn bound(spec: &DrainSpec, ready: u32) -> u32 {
     spec.bound(ready)
 }
 
+/// What one step of the drain reads.
+struct DrainStep<'a> {
+    /// The profile's signals.
+    sig: &'a ProfileSignals,
+    /// The step's time.
+    at: i64,
+    /// A pod whose error ratio is above this is a candidate.
+    threshold: f64,
+    /// How long a drained pod must look healthy to be undrained.
+    healthy_for: i64,
+    /// The bound: most pods drained at once.
+    budget: u32,
+    /// Whether new drains may be made.
+    may_drain: bool,
+    /// Whether evidence is incomplete (no undrain for health).
+    hold: bool,
+}
+
 /// Decides drains for one step: the drain, and the drained pods after it
 /// (the engine's state). `may_drain` is false while telemetry is unknown or
 /// the pool is scaling down (no new drains then). `hold` is true while
@@ -40,74 +58,111 @@ pub fn decide(
     prev: &BTreeMap<String, DrainedPod>,
 ) -> (Drain, BTreeMap<String, DrainedPod>) {
     let (Some(spec), Some(sig)) = (spec, signals) else {
-        // No drain spec: nothing is drained (previous drains are released).
-        // No signals: nothing known about any pod; keep what is drained.
-        let drained = if spec.is_some() {
-            prev.clone()
-        } else {
-            BTreeMap::new()
-        };
-        let drain = Drain {
-            drained_pods: drained.len() as u32,
-            actions: if spec.is_some() {
-                Vec::new()
-            } else {
-                prev.keys()
-                    .map(|p| PodDrain {
-                        pod: p.clone(),
-                        action: DrainAction::Undrain,
-                        error_ratio: None,
-                        reason: DrainReason::Disabled,
-                    })
-                    .collect()
-            },
-            drain_budget: 0,
-        };
-        return (drain, drained);
+        return without_evidence(spec, prev);
     };
-    let threshold = spec.error_ratio_above.value();
-    let ready = sig.ready_pods();
-    let budget = bound(spec, ready);
-    let healthy_for = spec.healthy_for_seconds;
-
+    let step = DrainStep {
+        sig,
+        at,
+        threshold: spec.error_ratio_above.value(),
+        healthy_for: spec.healthy_for_seconds,
+        budget: bound(spec, sig.ready_pods()),
+        may_drain,
+        hold,
+    };
     let mut actions = Vec::new();
-    let mut drained: BTreeMap<String, DrainedPod> = BTreeMap::new();
     // 1. Previously drained pods: gone pods leave; healthy ones are undrained
     //    after the window.
-    for (name, d) in prev {
-        let Some(pod) = sig.pods.get(name) else {
-            continue;
-        };
+    let mut drained: BTreeMap<String, DrainedPod> = prev
+        .iter()
+        .filter_map(|(name, d)| {
+            step.revisit(name, d, &mut actions)
+                .map(|d| (name.clone(), d))
+        })
+        .collect();
+    // 2. Over the bound: the healthiest released; the rest kept.
+    step.release_over_bound(&mut drained, &mut actions);
+    step.keep(&drained, &mut actions);
+    // 3. New candidates within the bound.
+    step.drain_candidates(prev, &mut drained, &mut actions);
+    actions.sort_by(|a, b| a.pod.cmp(&b.pod));
+    let drain = Drain {
+        drained_pods: drained.len() as u32,
+        actions,
+        drain_budget: step.budget,
+    };
+    (drain, drained)
+}
+
+/// No drain spec: nothing is drained (previous drains are released). No
+/// signals: nothing known about any pod; keep what is drained.
+fn without_evidence(
+    spec: Option<&DrainSpec>,
+    prev: &BTreeMap<String, DrainedPod>,
+) -> (Drain, BTreeMap<String, DrainedPod>) {
+    let drained = if spec.is_some() {
+        prev.clone()
+    } else {
+        BTreeMap::new()
+    };
+    let drain = Drain {
+        drained_pods: drained.len() as u32,
+        actions: if spec.is_some() {
+            Vec::new()
+        } else {
+            prev.keys()
+                .map(|p| PodDrain {
+                    pod: p.clone(),
+                    action: DrainAction::Undrain,
+                    error_ratio: None,
+                    reason: DrainReason::Disabled,
+                })
+                .collect()
+        },
+        drain_budget: 0,
+    };
+    (drain, drained)
+}
+
+impl DrainStep<'_> {
+    /// A previously drained pod: what it is after this step (`None`: gone
+    /// or undrained, with its action pushed).
+    fn revisit(
+        &self,
+        name: &str,
+        d: &DrainedPod,
+        actions: &mut Vec<PodDrain>,
+    ) -> Option<DrainedPod> {
+        let pod = self.sig.pods.get(name)?;
+        let (at, threshold) = (self.at, self.threshold);
         let err = pod.error_ratio;
         let mut d = d.clone();
         let requested = pod.drain_requested == Some(true);
-        let outdated = sig.is_outdated(pod);
+        let outdated = self.sig.is_outdated(pod);
         if requested {
             // Stays drained while the request stands.
             d.healthy_since = None;
-            drained.insert(name.clone(), d);
-            continue;
+            return Some(d);
         }
         if !outdated
-            && !hold
+            && !self.hold
             && d.reason == DrainReason::Requested
             && err.is_none_or(|e| e <= threshold)
         {
             // The request was withdrawn and no evidence says the pod is bad.
             actions.push(PodDrain {
-                pod: name.clone(),
+                pod: name.to_owned(),
                 action: DrainAction::Undrain,
                 error_ratio: err,
                 reason: DrainReason::RequestWithdrawn,
             });
-            continue;
+            return None;
         }
         match err {
             Some(e) if e <= threshold => {
                 let since = d.healthy_since.unwrap_or(at);
-                if at - since >= healthy_for && !hold && !outdated {
+                if at - since >= self.healthy_for && !self.hold && !outdated {
                     actions.push(PodDrain {
-                        pod: name.clone(),
+                        pod: name.to_owned(),
                         action: DrainAction::Undrain,
                         error_ratio: err,
                         reason: DrainReason::Healthy {
@@ -115,27 +170,44 @@ pub fn decide(
                             seconds: at - since,
                         },
                     });
-                    continue;
+                    return None;
                 }
                 d.healthy_since = Some(since);
             }
             Some(_) => d.healthy_since = None,
             None => {} // no evidence: neither drained nor undrained
         }
-        drained.insert(name.clone(), d);
+        Some(d)
     }
-    // 2. Over the bound (pods left, readiness dropped): undrain the
-    //    healthiest first so the bound and minServing hold (pods of the
-    //    current revision before outdated ones).
-    let outdated = |n: &str| sig.pods.get(n).is_some_and(|p| sig.is_outdated(p));
-    if drained.len() as u32 > budget {
+
+    /// Whether the pod is of an older revision than the pool's current one.
+    fn outdated(&self, name: &str) -> bool {
+        self.sig
+            .pods
+            .get(name)
+            .is_some_and(|p| self.sig.is_outdated(p))
+    }
+
+    /// Over the bound (pods left, readiness dropped): undrains the
+    /// healthiest first so the bound and minServing hold (pods of the
+    /// current revision before outdated ones).
+    fn release_over_bound(
+        &self,
+        drained: &mut BTreeMap<String, DrainedPod>,
+        actions: &mut Vec<PodDrain>,
+    ) {
+        let budget = self.budget;
+        if drained.len() as u32 <= budget {
+            return;
+        }
         let mut order: Vec<(String, bool, f64)> = drained
             .keys()
             .map(|n| {
                 (
                     n.clone(),
-                    outdated(n),
-                    sig.pods
+                    self.outdated(n),
+                    self.sig
+                        .pods
                         .get(n)
                         .and_then(|p| p.error_ratio)
                         .unwrap_or(f64::INFINITY),
@@ -158,84 +230,105 @@ pub fn decide(
             });
         }
     }
-    for (name, d) in &drained {
-        actions.push(PodDrain {
-            pod: name.clone(),
-            action: DrainAction::Keep,
-            error_ratio: sig.pods.get(name).and_then(|p| p.error_ratio),
-            reason: if outdated(name) {
-                DrainReason::OutdatedRevision
-            } else {
-                d.reason.clone()
-            },
-        });
-    }
-    // 3. New candidates within the bound: requested drains first, then the
-    //    worst error ratios, ties by name.
-    let mut candidates: Vec<(&String, bool, f64)> = sig
-        .pods
-        .iter()
-        .filter(|(n, p)| p.is_ready() && !drained.contains_key(*n) && !prev.contains_key(*n))
-        .filter_map(|(n, p)| {
-            let requested = p.drain_requested == Some(true);
-            let bad = p.error_ratio.filter(|e| *e > threshold);
-            (requested || bad.is_some()).then(|| (n, requested, p.error_ratio.unwrap_or(0.0)))
-        })
-        .collect();
-    candidates.sort_by(|a, b| {
-        b.1.cmp(&a.1)
-            .then_with(|| b.2.total_cmp(&a.2))
-            .then_with(|| a.0.cmp(b.0))
-    });
-    for (name, requested, err) in candidates {
-        let err_known = sig.pods.get(name).and_then(|p| p.error_ratio);
-        let reason = if requested {
-            DrainReason::Requested
-        } else {
-            DrainReason::ErrorRatio {
-                ratio: err,
-                threshold,
-            }
-        };
-        let rollout = sig.rollout_in_progress == Some(true);
-        if may_drain && !rollout && (drained.len() as u32) < budget {
-            drained.insert(
-                name.clone(),
-                DrainedPod {
-                    since: at,
-                    reason: reason.clone(),
-                    healthy_since: None,
-                },
-            );
+
+    /// A `Keep` action for each pod that stays drained.
+    fn keep(&self, drained: &BTreeMap<String, DrainedPod>, actions: &mut Vec<PodDrain>) {
+        for (name, d) in drained {
             actions.push(PodDrain {
                 pod: name.clone(),
-                action: DrainAction::Drain,
-                error_ratio: err_known,
-                reason,
-            });
-        } else {
-            actions.push(PodDrain {
-                pod: name.clone(),
-                action: DrainAction::Refused,
-                error_ratio: err_known,
-                reason: if rollout {
-                    DrainReason::RolloutInProgress
-                } else if may_drain {
-                    DrainReason::BudgetExhausted {
-                        drained: drained.len() as u32,
-                        bound: budget,
-                    }
+                action: DrainAction::Keep,
+                error_ratio: self.sig.pods.get(name).and_then(|p| p.error_ratio),
+                reason: if self.outdated(name) {
+                    DrainReason::OutdatedRevision
                 } else {
-                    DrainReason::Held
+                    d.reason.clone()
                 },
             });
         }
     }
-    actions.sort_by(|a, b| a.pod.cmp(&b.pod));
-    let drain = Drain {
-        drained_pods: drained.len() as u32,
-        actions,
-        drain_budget: budget,
-    };
-    (drain, drained)
+
+    /// The new candidates: ready pods not drained before, with a drain
+    /// request or an error ratio above the threshold; requested drains
+    /// first, then the worst error ratios, ties by name.
+    fn candidates(
+        &self,
+        prev: &BTreeMap<String, DrainedPod>,
+        drained: &BTreeMap<String, DrainedPod>,
+    ) -> Vec<(String, bool, f64)> {
+        let mut candidates: Vec<(&String, bool, f64)> = self
+            .sig
+            .pods
+            .iter()
+            .filter(|(n, p)| p.is_ready() && !drained.contains_key(*n) && !prev.contains_key(*n))
+            .filter_map(|(n, p)| {
+                let requested = p.drain_requested == Some(true);
+                let bad = p.error_ratio.filter(|e| *e > self.threshold);
+                (requested || bad.is_some()).then(|| (n, requested, p.error_ratio.unwrap_or(0.0)))
+            })
+            .collect();
+        candidates.sort_by(|a, b| {
+            b.1.cmp(&a.1)
+                .then_with(|| b.2.total_cmp(&a.2))
+                .then_with(|| a.0.cmp(b.0))
+        });
+        candidates
+            .into_iter()
+            .map(|(n, requested, err)| (n.clone(), requested, err))
+            .collect()
+    }
+
+    /// Drains the candidates within the bound; refuses the rest (the bound
+    /// reached, a rollout under way, or no new drain allowed in this step).
+    fn drain_candidates(
+        &self,
+        prev: &BTreeMap<String, DrainedPod>,
+        drained: &mut BTreeMap<String, DrainedPod>,
+        actions: &mut Vec<PodDrain>,
+    ) {
+        let rollout = self.sig.rollout_in_progress == Some(true);
+        for (name, requested, err) in self.candidates(prev, drained) {
+            let err_known = self.sig.pods.get(&name).and_then(|p| p.error_ratio);
+            let reason = if requested {
+                DrainReason::Requested
+            } else {
+                DrainReason::ErrorRatio {
+                    ratio: err,
+                    threshold: self.threshold,
+                }
+            };
+            if self.may_drain && !rollout && (drained.len() as u32) < self.budget {
+                drained.insert(
+                    name.clone(),
+                    DrainedPod {
+                        since: self.at,
+                        reason: reason.clone(),
+                        healthy_since: None,
+                    },
+                );
+                actions.push(PodDrain {
+                    pod: name,
+                    action: DrainAction::Drain,
+                    error_ratio: err_known,
+                    reason,
+                });
+            } else {
+                let reason = if rollout {
+                    DrainReason::RolloutInProgress
+                } else if self.may_drain {
+                    DrainReason::BudgetExhausted {
+                        drained: drained.len() as u32,
+                        bound: self.budget,
+                    }
+                } else {
+                    DrainReason::Held
+                };
+                actions.push(PodDrain {
+                    pod: name,
+                    action: DrainAction::Refused,
+                    error_ratio: err_known,
+                    reason,
+                });
+            }
+        }
+    }
 }

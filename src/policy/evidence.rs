@@ -9,14 +9,27 @@
 //!   held) relaxes nothing: no admitted rate rises above the previous step's,
 //!   desired replicas do not fall, no pod is undrained for health, and the
 //!   ladder does not step down.
+//! - A profile's step rests on its capacity (measured, else derived from
+//!   calibration numbers unless a stale calibration holds them) and every
+//!   lane's demand (`Evidence`).
 //! - A lane released by a step down (a pause lifted, a cap removed or
 //!   raised) ramps: for each stage of `hysteresis.recovery` it may exceed its
 //!   pre-release rate by only that percentage of what it regains.
 
 use std::collections::BTreeMap;
 
-use crate::api::{LaneContract, ObjectKey, Ramp, RecoverySpec};
-use crate::snapshot::Snapshot;
+use crate::api::{
+    CapacityProfile, DegradationPolicy, LaneContract, ObjectKey, ProfileState, Ramp, RecoverySpec,
+    StaleCalibrationMode,
+};
+use crate::snapshot::{ProfileSignals, Snapshot};
+
+use super::allocation::EPS;
+use super::bind::Binding;
+use super::decision::Telemetry;
+
+/// The name of the measured-capacity signal.
+pub const CAPACITY_SIGNAL: &str = "availableUnitsPerSecond";
 
 /// Where a lane's rate came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +155,130 @@ pub fn ramped(full: f64, ramp: &Ramp, percent: i32) -> f64 {
         return full;
     }
     ramp.base + (full - ramp.base) * f64::from(percent) / 100.0
+}
+
+/// Capacity from the signals: available capacity, else ready replicas ×
+/// units per replica, else ready pods × units per replica. With a stale
+/// calibration and `onStaleCalibration: Hold`, only the measured available
+/// capacity counts (the rest is derived from calibration numbers).
+fn capacity_of(
+    profile: &CapacityProfile,
+    sig: Option<&ProfileSignals>,
+) -> (Option<f64>, Option<String>, Option<u32>) {
+    let Some(sig) = sig else {
+        return (None, None, None);
+    };
+    let upr = profile.spec.capacity.units_per_replica.value();
+    let measured_capacity_missing =
+        sig.available_units_per_second.is_none() && sig.unknown.contains_key(CAPACITY_SIGNAL);
+    let ready_pods = sig.ready_pods();
+    let ready = sig.ready_replicas.or(if sig.pods.is_empty() {
+        None
+    } else {
+        Some(ready_pods)
+    });
+    if measured_capacity_missing {
+        return (None, None, ready);
+    }
+    if let Some(a) = sig.available_units_per_second {
+        return (Some(a), Some(CAPACITY_SIGNAL.into()), ready);
+    }
+    if calibration_held(profile, Some(sig)) {
+        return (None, None, ready);
+    }
+    if let Some(r) = sig.ready_replicas {
+        return (Some(r as f64 * upr), Some("readyReplicas".into()), ready);
+    }
+    if ready_pods > 0 {
+        return (
+            Some(ready_pods as f64 * upr),
+            Some("readyPods".into()),
+            ready,
+        );
+    }
+    (None, None, ready)
+}
+
+/// Whether the capacity derived from calibration numbers is Unknown in this
+/// step: the calibration is stale and the profile says `Hold`.
+pub fn calibration_held(profile: &CapacityProfile, sig: Option<&ProfileSignals>) -> bool {
+    sig.is_some_and(|s| s.calibration_stale.is_some())
+        && profile.spec.capacity.on_stale_calibration == StaleCalibrationMode::Hold
+}
+
+/// What one profile's step rests on: its signals, its capacity and each
+/// lane's demand, the lanes in priority order.
+pub(super) struct Evidence<'a> {
+    /// The profile's signals, sanitized.
+    pub(super) sig: Option<ProfileSignals>,
+    /// Capacity (None = unknown).
+    pub(super) capacity: Option<f64>,
+    /// Where capacity came from.
+    pub(super) capacity_source: Option<String>,
+    /// Ready replicas (or pods).
+    pub(super) ready: Option<u32>,
+    /// Whether capacity is known.
+    pub(super) telemetry: Telemetry,
+    /// Whether a stale calibration holds the calibrated capacity Unknown.
+    pub(super) held: bool,
+    /// The lanes, by priority then name.
+    pub(super) lanes: Vec<&'a LaneContract>,
+    /// Each lane's demand.
+    pub(super) demands: Vec<LaneDemand>,
+    /// Whether every lane's rate is known (none held).
+    pub(super) lanes_known: bool,
+    /// Evidence is complete when capacity and every lane's rate are known;
+    /// otherwise nothing relaxes in this step.
+    pub(super) complete: bool,
+    /// Total demand in work units/s.
+    pub(super) total_demand: f64,
+    /// Demand ÷ capacity in percent.
+    pub(super) utilization: Option<f64>,
+}
+
+impl<'a> Evidence<'a> {
+    /// Reads the profile's signals and each lane's demand from the snapshot.
+    pub(super) fn gather(b: &Binding<'a>, snapshot: &Snapshot, prev: &ProfileState) -> Self {
+        let profile = b.profile;
+        let sig = snapshot
+            .profiles
+            .get(&profile.key())
+            .map(ProfileSignals::sanitized);
+        let (capacity, capacity_source, ready) = capacity_of(profile, sig.as_ref());
+        let telemetry = if capacity.is_some() {
+            Telemetry::Known
+        } else {
+            Telemetry::Unknown
+        };
+        let held = calibration_held(profile, sig.as_ref());
+        let mut lanes: Vec<&LaneContract> = b.lanes.clone();
+        lanes.sort_by(|a, c| (a.spec.priority, a.name_str()).cmp(&(c.spec.priority, c.name_str())));
+        let demands: Vec<LaneDemand> = lanes
+            .iter()
+            .map(|l| lane_demand(l, snapshot, &prev.lane_rates))
+            .collect();
+        let lanes_known = demands.iter().all(|d| d.source != DemandSource::Held);
+        let total_demand: f64 = demands.iter().map(|d| d.units).sum();
+        Evidence {
+            sig,
+            capacity,
+            capacity_source,
+            ready,
+            telemetry,
+            held,
+            lanes,
+            demands,
+            lanes_known,
+            complete: capacity.is_some() && lanes_known,
+            total_demand,
+            utilization: capacity.and_then(|c| (c > EPS).then(|| total_demand / c * 100.0)),
+        }
+    }
+}
+
+/// The policy's staged recovery, if it has one.
+pub(super) fn recovery_of(policy: Option<&DegradationPolicy>) -> Option<&RecoverySpec> {
+    policy.and_then(|p| p.spec.hysteresis.recovery.as_ref())
 }
 
 #[cfg(test)]

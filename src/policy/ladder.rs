@@ -9,7 +9,7 @@ use crate::api::{
 };
 use crate::snapshot::ProfileSignals;
 
-use super::admission::EPS;
+use super::allocation::EPS;
 use super::decision::{LevelTransition, ProfileState, round6};
 
 /// What the ladder reads in one evaluation.
@@ -68,7 +68,7 @@ pub struct LadderOutcome {
 
 /// A level's enter triggers in one evaluation.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Trigger {
+pub enum TriggerState {
     /// One holds, on known data: why.
     Holds(String),
     /// None holds, and every one was evaluated on known data.
@@ -78,7 +78,7 @@ pub enum Trigger {
 }
 
 /// Evaluates the enter triggers of `level` (1-based `k`).
-pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
+pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> TriggerState {
     let e: &EnterWhen = &level.enter_when;
     let s = i.signals;
     let mut unknown = false;
@@ -87,7 +87,7 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
             Some(c) if i.lanes_known => {
                 let d = i.demand_after.get((k - 1) as usize).copied().unwrap_or(0.0);
                 if d > c + EPS {
-                    return Trigger::Holds(format!(
+                    return TriggerState::Holds(format!(
                         "overCapacity: demand after lower levels {} > capacity {}",
                         round6(d),
                         round6(c)
@@ -101,7 +101,7 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
         match i.utilization {
             Some(u) if i.lanes_known => {
                 if u > f64::from(t) + EPS {
-                    return Trigger::Holds(format!(
+                    return TriggerState::Holds(format!(
                         "utilizationPercentAbove: {}% > {t}%",
                         round6(u)
                     ));
@@ -142,7 +142,7 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
         let Some(t) = thr else { continue };
         match v {
             Some(v) if v > t + EPS => {
-                return Trigger::Holds(format!("{name}: {} > {}", round6(v), round6(t)));
+                return TriggerState::Holds(format!("{name}: {} > {}", round6(v), round6(t)));
             }
             Some(_) => {}
             // Reported Unknown by its source: no evidence either way. A signal
@@ -155,7 +155,7 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
     if let Some(t) = e.retry_amplification_above.as_ref().map(|d| d.value()) {
         match i.retry_amplification {
             Some(a) if a > t + EPS => {
-                return Trigger::Holds(format!(
+                return TriggerState::Holds(format!(
                     "retryAmplificationAbove: {} > {}",
                     round6(a),
                     round6(t)
@@ -167,9 +167,9 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> Trigger {
         }
     }
     if unknown {
-        Trigger::Unknown
+        TriggerState::Unknown
     } else {
-        Trigger::Clear
+        TriggerState::Clear
     }
 }
 
@@ -222,6 +222,36 @@ fn valid_approval(
     }
 }
 
+/// What one step of the ladder reads.
+struct LadderStep<'a> {
+    policy: &'a DegradationPolicy,
+    levels: &'a [LevelSpec],
+    i: &'a LevelInputs<'a>,
+    prev: &'a ProfileState,
+    /// The previous level, clamped to the ladder (the policy may have lost
+    /// levels).
+    prev_level: u32,
+}
+
+/// Each level's enter triggers in one step.
+struct Triggers {
+    /// What each level's triggers say.
+    states: Vec<TriggerState>,
+    /// Whether each level's trigger has held on known data for its
+    /// `forSeconds`.
+    sustained: Vec<bool>,
+}
+
+impl Triggers {
+    /// Why level `k`'s trigger holds, if it does.
+    fn reason(&self, k: u32) -> Option<String> {
+        match &self.states[(k - 1) as usize] {
+            TriggerState::Holds(r) => Some(r.clone()),
+            _ => None,
+        }
+    }
+}
+
 /// Advances the ladder by one evaluation.
 pub fn step(
     policy: Option<&DegradationPolicy>,
@@ -232,10 +262,14 @@ pub fn step(
         return LadderOutcome::default();
     };
     let levels = &policy.spec.levels;
-    let n = levels.len() as u32;
-    let at = i.at;
-    // A previous level beyond the ladder (the policy lost levels) is clamped.
-    let prev_level = prev.level.min(n);
+    let prev_level = prev.level.min(levels.len() as u32);
+    let s = LadderStep {
+        policy,
+        levels,
+        i,
+        prev,
+        prev_level,
+    };
     let mut out = LadderOutcome {
         level: prev_level,
         level_since: prev.level_since,
@@ -245,175 +279,221 @@ pub fn step(
     };
     let (approval, lapsed) = valid_approval(levels, i, prev);
     out.approval_lapsed = lapsed;
-
     if i.capacity.is_none() {
-        // Unknown telemetry: never step down; every clock (stable window,
-        // forSeconds, approval timeouts) restarts once telemetry is back.
-        if policy.spec.on_missing_telemetry == MissingTelemetry::EnterLevel {
-            let floor = (policy.spec.missing_telemetry_level.unwrap_or(1).max(1) as u32).min(n);
-            if floor > prev_level {
-                out.level = floor;
-                out.level_since = Some(at);
-                out.episode_since = out.episode_since.or(Some(at));
-                out.transition = Some(LevelTransition {
-                    from: prev_level,
-                    to: floor,
-                    reason: "telemetry unknown (onMissingTelemetry: EnterLevel)".into(),
-                });
-            }
-        }
+        s.hold_unknown(&mut out);
         return out;
     }
-
-    let states: Vec<Trigger> = levels
-        .iter()
-        .enumerate()
-        .map(|(idx, l)| trigger(l, idx as u32 + 1, i))
-        .collect();
-    for (idx, t) in states.iter().enumerate() {
-        if let Trigger::Holds(r) = t {
-            out.triggers.push(format!("{}: {r}", idx + 1));
-        }
-    }
-    // Sustained triggers: held on known data for forSeconds.
-    let mut sustained = vec![false; levels.len()];
-    for (idx, l) in levels.iter().enumerate() {
-        if let Trigger::Holds(_) = states[idx] {
-            let k = idx as u32 + 1;
-            let since = prev.trigger_since.get(&k).copied().unwrap_or(at);
-            out.trigger_since.insert(k, since);
-            sustained[idx] = at - since >= l.enter_when.for_seconds;
-        }
-    }
-    let reason = |k: u32| match &states[(k - 1) as usize] {
-        Trigger::Holds(r) => Some(r.clone()),
-        _ => None,
-    };
-
+    let triggers = s.triggers(&mut out);
     // The highest level whose trigger holds and has held long enough: where
     // the ladder wants to be.
-    let wanted = (1..=n)
+    let wanted = (1..=levels.len() as u32)
         .rev()
-        .find(|&k| sustained[(k - 1) as usize])
+        .find(|&k| triggers.sustained[(k - 1) as usize])
         .unwrap_or(0);
-    // Approval gates. Levels are cumulative, so going to `wanted` passes
-    // through every level below it: a gated level that is not approved stops
-    // the ladder just below it, whichever higher trigger pulls it up. A gate's
-    // clock (for Confirm's timeout) runs while the ladder wants to pass it.
-    let mut blocked_at = None;
-    let mut used = false;
-    for (idx, l) in levels.iter().enumerate() {
-        let k = idx as u32 + 1;
-        let mode = l.approval_mode();
-        if mode == ApprovalMode::Automatic || k <= prev_level || k > wanted {
-            continue;
-        }
-        let since = prev.gate_since.get(&k).copied().unwrap_or(at);
-        out.gate_since.insert(k, since);
-        let approved = approval.is_some_and(|a| a.level >= k);
-        let timed_out = mode == ApprovalMode::Confirm
-            && at - since
-                >= l.approval
-                    .as_ref()
-                    .and_then(|a| a.timeout_seconds)
-                    .unwrap_or(0);
-        if blocked_at.is_none() {
-            if approved && !timed_out {
-                used = true;
-            }
-            if !(approved || timed_out) {
-                blocked_at = Some(k);
-            }
-        }
-    }
+    let (blocked_at, used) = s.gates(wanted, approval, &mut out);
     let target = match blocked_at {
         Some(g) => wanted.min(g - 1),
         None => wanted,
     };
     out.pending = blocked_at;
-    // The reason for entering `target`: its own trigger, else the higher
-    // trigger that pulls the ladder up to the gate.
-    let reason_for = |t: u32| {
-        reason(t)
-            .or_else(|| reason(wanted).map(|r| format!("{r} (level {wanted} waits for approval)")))
-            .unwrap_or_default()
-    };
-
     if target > prev_level {
+        // The reason for entering `target`: its own trigger, else the higher
+        // trigger that pulls the ladder up to the gate.
+        let reason = triggers
+            .reason(target)
+            .or_else(|| {
+                let r = triggers.reason(wanted)?;
+                Some(format!("{r} (level {wanted} waits for approval)"))
+            })
+            .unwrap_or_default();
+        s.step_up(target, reason, approval.filter(|_| used), &mut out);
+    } else if prev_level > 0 {
+        s.step_down(&triggers.states, &mut out);
+    }
+    out
+}
+
+impl LadderStep<'_> {
+    /// Unknown telemetry: never step down; every clock (stable window,
+    /// forSeconds, approval timeouts) restarts once telemetry is back.
+    /// `onMissingTelemetry: EnterLevel` raises the level to its floor.
+    fn hold_unknown(&self, out: &mut LadderOutcome) {
+        let spec = &self.policy.spec;
+        if spec.on_missing_telemetry != MissingTelemetry::EnterLevel {
+            return;
+        }
+        let n = self.levels.len() as u32;
+        let floor = (spec.missing_telemetry_level.unwrap_or(1).max(1) as u32).min(n);
+        if floor > self.prev_level {
+            let at = self.i.at;
+            out.level = floor;
+            out.level_since = Some(at);
+            out.episode_since = out.episode_since.or(Some(at));
+            out.transition = Some(LevelTransition {
+                from: self.prev_level,
+                to: floor,
+                reason: "telemetry unknown (onMissingTelemetry: EnterLevel)".into(),
+            });
+        }
+    }
+
+    /// Reads every level's triggers; records those that hold and since when
+    /// (the `forSeconds` clock).
+    fn triggers(&self, out: &mut LadderOutcome) -> Triggers {
+        let at = self.i.at;
+        let states: Vec<TriggerState> = self
+            .levels
+            .iter()
+            .enumerate()
+            .map(|(idx, l)| trigger(l, idx as u32 + 1, self.i))
+            .collect();
+        for (idx, t) in states.iter().enumerate() {
+            if let TriggerState::Holds(r) = t {
+                out.triggers.push(format!("{}: {r}", idx + 1));
+            }
+        }
+        // Sustained triggers: held on known data for forSeconds.
+        let mut sustained = vec![false; self.levels.len()];
+        for (idx, l) in self.levels.iter().enumerate() {
+            if let TriggerState::Holds(_) = states[idx] {
+                let k = idx as u32 + 1;
+                let since = self.prev.trigger_since.get(&k).copied().unwrap_or(at);
+                out.trigger_since.insert(k, since);
+                sustained[idx] = at - since >= l.enter_when.for_seconds;
+            }
+        }
+        Triggers { states, sustained }
+    }
+
+    /// Approval gates. Levels are cumulative, so going to `wanted` passes
+    /// through every level below it: a gated level that is not approved stops
+    /// the ladder just below it, whichever higher trigger pulls it up. A
+    /// gate's clock (for Confirm's timeout) runs while the ladder wants to
+    /// pass it. Returns the gate that stops the ladder, if any, and whether
+    /// the approval is used to pass one.
+    fn gates(
+        &self,
+        wanted: u32,
+        approval: Option<Approval>,
+        out: &mut LadderOutcome,
+    ) -> (Option<u32>, bool) {
+        let at = self.i.at;
+        let mut blocked_at = None;
+        let mut used = false;
+        for (idx, l) in self.levels.iter().enumerate() {
+            let k = idx as u32 + 1;
+            let mode = l.approval_mode();
+            if mode == ApprovalMode::Automatic || k <= self.prev_level || k > wanted {
+                continue;
+            }
+            let since = self.prev.gate_since.get(&k).copied().unwrap_or(at);
+            out.gate_since.insert(k, since);
+            let approved = approval.is_some_and(|a| a.level >= k);
+            let timed_out = mode == ApprovalMode::Confirm
+                && at - since
+                    >= l.approval
+                        .as_ref()
+                        .and_then(|a| a.timeout_seconds)
+                        .unwrap_or(0);
+            if blocked_at.is_none() {
+                if approved && !timed_out {
+                    used = true;
+                }
+                if !(approved || timed_out) {
+                    blocked_at = Some(k);
+                }
+            }
+        }
+        (blocked_at, used)
+    }
+
+    /// Enters `target`, consuming the approval used to pass a gate.
+    fn step_up(
+        &self,
+        target: u32,
+        reason: String,
+        consumed: Option<Approval>,
+        out: &mut LadderOutcome,
+    ) {
+        let at = self.i.at;
         out.level = target;
         out.level_since = Some(at);
         out.exit_since = None;
-        if prev_level == 0 {
+        if self.prev_level == 0 {
             out.episode_since = Some(at);
             out.stepped_down = false;
         }
-        if used {
-            out.approval_consumed = approval;
-        }
+        out.approval_consumed = consumed;
         out.transition = Some(LevelTransition {
-            from: prev_level,
+            from: self.prev_level,
             to: target,
-            reason: reason_for(target),
+            reason,
         });
-        return out;
-    }
-    if prev_level == 0 {
-        return out;
     }
 
-    // The way down: the level's triggers clear on known data, its exit
-    // conditions hold, every lane's rate is known, for the stable window (or,
-    // for an episode's first step down, the cool-down), and no released lane
-    // is still ramping.
-    // A higher level's trigger on unknown data might hold: no evidence to
-    // leave this one either.
-    let exit_ok = |k: u32| {
+    /// Whether level `k` may be left: its triggers clear on known data, no
+    /// higher level's trigger is on unknown data (it might hold: no evidence
+    /// to leave this one either), every lane's rate is known, and its exit
+    /// conditions hold.
+    fn exit_ok(&self, states: &[TriggerState], k: u32) -> bool {
         let idx = (k - 1) as usize;
-        states[idx] == Trigger::Clear
-            && states[idx..].iter().all(|t| *t != Trigger::Unknown)
-            && i.lanes_known
-            && exit_conditions_hold(levels[idx].exit_when.as_ref(), i)
-    };
-    if !exit_ok(prev_level) || i.ramping_until.is_some_and(|r| r > at) {
-        out.exit_since = None;
-        return out;
+        states[idx] == TriggerState::Clear
+            && states[idx..].iter().all(|t| *t != TriggerState::Unknown)
+            && self.i.lanes_known
+            && exit_conditions_hold(self.levels[idx].exit_when.as_ref(), self.i)
     }
-    let since = prev
-        .exit_since
-        .unwrap_or(at)
-        .max(i.ramping_until.unwrap_or(i64::MIN));
-    let h = &policy.spec.hysteresis;
-    let stable = h.stable_for_seconds;
-    let wait = if out.stepped_down {
-        stable
-    } else {
+
+    /// The way down: the level may be left ([`LadderStep::exit_ok`]) for the
+    /// stable window (or, for an episode's first step down, the cool-down),
+    /// and no released lane is still ramping. One level per step.
+    fn step_down(&self, states: &[TriggerState], out: &mut LadderOutcome) {
+        let (i, at, prev_level) = (self.i, self.i.at, self.prev_level);
+        if !self.exit_ok(states, prev_level) || i.ramping_until.is_some_and(|r| r > at) {
+            out.exit_since = None;
+            return;
+        }
+        let since = self
+            .prev
+            .exit_since
+            .unwrap_or(at)
+            .max(i.ramping_until.unwrap_or(i64::MIN));
+        if at - since < self.wait(since, out) {
+            out.exit_since = Some(since);
+            return;
+        }
+        let to = prev_level - 1;
+        out.level = to;
+        out.level_since = Some(at);
+        out.transition = Some(LevelTransition {
+            from: prev_level,
+            to,
+            reason: format!(
+                "level {prev_level} ({}) exit held for {}s",
+                self.levels[(prev_level - 1) as usize].name,
+                at - since
+            ),
+        });
+        if to == 0 {
+            out.episode_since = None;
+            out.stepped_down = false;
+        } else {
+            out.stepped_down = true;
+        }
+        // The window for the next level starts afresh now.
+        out.exit_since = (to > 0 && self.exit_ok(states, to)).then_some(at);
+    }
+
+    /// How long the exit must hold, from `since`: the stable window, or for
+    /// the episode's first step down the cool-down (`cooldownFactor` × the
+    /// time degraded) when longer.
+    fn wait(&self, since: i64, out: &LadderOutcome) -> i64 {
+        let h = &self.policy.spec.hysteresis;
+        let stable = h.stable_for_seconds;
+        if out.stepped_down {
+            return stable;
+        }
         let degraded = since - out.episode_since.unwrap_or(since);
         let cool = (h.cooldown_factor.value() * degraded as f64).ceil() as i64;
         stable.max(cool)
-    };
-    if at - since < wait {
-        out.exit_since = Some(since);
-        return out;
     }
-    let to = prev_level - 1;
-    out.level = to;
-    out.level_since = Some(at);
-    out.transition = Some(LevelTransition {
-        from: prev_level,
-        to,
-        reason: format!(
-            "level {prev_level} ({}) exit held for {}s",
-            levels[(prev_level - 1) as usize].name,
-            at - since
-        ),
-    });
-    if to == 0 {
-        out.episode_since = None;
-        out.stepped_down = false;
-    } else {
-        out.stepped_down = true;
-    }
-    // The window for the next level starts afresh now.
-    out.exit_since = (to > 0 && exit_ok(to)).then_some(at);
-    out
 }

@@ -4,32 +4,34 @@
 //! state. Output: the decision per profile and the next state. The controller,
 //! `plan` and `simulate` all call this same code.
 
-pub mod admission;
+mod actions;
+pub mod allocation;
 pub mod bind;
 pub mod decision;
 pub mod drain;
 pub mod evidence;
 pub mod gateway_config;
 pub mod ladder;
+mod shares;
 pub mod sizing;
 
 use std::collections::BTreeMap;
 
-use crate::api::{
-    Approval, CapacityProfile, DegradationPolicy, LaneContract, ObjectKey, Ramp, SheddingMode,
-    StaleCalibrationMode,
-};
-use crate::snapshot::{ProfileSignals, Snapshot};
+use crate::api::{Approval, CapacityProfile, DegradationPolicy, ObjectKey};
+use crate::snapshot::Snapshot;
 
 pub use bind::{BindProblem, Binding, Bound, World, bind, bind_profile};
 pub use decision::*;
 
-use admission::{AdmissionLane, EPS};
-use evidence::{DemandSource, LaneDemand, lane_demand};
-use ladder::LevelInputs;
+pub use actions::contract_overrides;
+pub use evidence::{CAPACITY_SIGNAL, calibration_held};
 
-/// The name of the measured-capacity signal.
-pub const CAPACITY_SIGNAL: &str = "availableUnitsPerSecond";
+use actions::{apply_actions, lane_cap};
+use allocation::EPS;
+use evidence::{DemandSource, Evidence, recovery_of};
+use ladder::{LadderOutcome, LevelInputs};
+use shares::Shares;
+use sizing::Sizing;
 
 /// Namespace/name key of an object.
 pub fn key(namespace: &str, name: &str) -> String {
@@ -71,479 +73,35 @@ pub fn evaluate(
     )
 }
 
-/// Capacity from the signals: available capacity, else ready replicas ×
-/// units per replica, else ready pods × units per replica. With a stale
-/// calibration and `onStaleCalibration: Hold`, only the measured available
-/// capacity counts (the rest is derived from calibration numbers).
-fn capacity_of(
-    profile: &CapacityProfile,
-    sig: Option<&ProfileSignals>,
-) -> (Option<f64>, Option<String>, Option<u32>) {
-    let Some(sig) = sig else {
-        return (None, None, None);
-    };
-    let upr = profile.spec.capacity.units_per_replica.value();
-    let measured_capacity_missing =
-        sig.available_units_per_second.is_none() && sig.unknown.contains_key(CAPACITY_SIGNAL);
-    let ready_pods = sig.ready_pods();
-    let ready = sig.ready_replicas.or(if sig.pods.is_empty() {
-        None
-    } else {
-        Some(ready_pods)
-    });
-    if measured_capacity_missing {
-        return (None, None, ready);
-    }
-    if let Some(a) = sig.available_units_per_second {
-        return (Some(a), Some(CAPACITY_SIGNAL.into()), ready);
-    }
-    if calibration_held(profile, Some(sig)) {
-        return (None, None, ready);
-    }
-    if let Some(r) = sig.ready_replicas {
-        return (Some(r as f64 * upr), Some("readyReplicas".into()), ready);
-    }
-    if ready_pods > 0 {
-        return (
-            Some(ready_pods as f64 * upr),
-            Some("readyPods".into()),
-            ready,
-        );
-    }
-    (None, None, ready)
-}
-
-/// Whether the capacity derived from calibration numbers is Unknown in this
-/// step: the calibration is stale and the profile says `Hold`.
-pub fn calibration_held(profile: &CapacityProfile, sig: Option<&ProfileSignals>) -> bool {
-    sig.is_some_and(|s| s.calibration_stale.is_some())
-        && profile.spec.capacity.on_stale_calibration == StaleCalibrationMode::Hold
-}
-
-/// How the level actions touch one lane.
-#[derive(Clone, Debug, Default)]
-struct LaneLimits {
-    paused: bool,
-    level_cap: Option<f64>,
-}
-
-/// Every action of the policy, at any level, that a lane contract overrides
-/// (for the policy's `Valid` condition): the rule the engine applies, run
-/// over the whole ladder.
-pub fn contract_overrides(policy: &DegradationPolicy, lanes: &[&LaneContract]) -> Vec<Warning> {
-    let (_, warnings) = apply_actions(Some(policy), policy.spec.levels.len() as u32, lanes);
-    let mut texts: Vec<(String, Warning)> =
-        warnings.into_iter().map(|w| (w.to_string(), w)).collect();
-    texts.sort_by(|a, b| a.0.cmp(&b.0));
-    texts.dedup_by(|a, b| a.0 == b.0);
-    texts.into_iter().map(|(_, w)| w).collect()
-}
-
-/// Applies the actions of `levels` (1-based levels 1..=n) to each lane,
-/// honouring contracts. Returns the limits and the overrides (warnings).
-fn apply_actions(
-    policy: Option<&DegradationPolicy>,
-    upto: u32,
-    lanes: &[&LaneContract],
-) -> (Vec<LaneLimits>, Vec<Warning>) {
-    let mut limits = vec![LaneLimits::default(); lanes.len()];
-    let mut warnings = Vec::new();
-    let Some(policy) = policy else {
-        return (limits, warnings);
-    };
-    let pname = object_key(policy);
-    for (idx, level) in policy.spec.levels.iter().enumerate().take(upto as usize) {
-        let n = idx + 1;
-        for (li, lane) in lanes.iter().enumerate() {
-            let lname = lane.name_str();
-            let selects = |p: Option<i32>, names: &[String]| {
-                p.is_some_and(|p| lane.spec.priority >= p) || names.iter().any(|x| x == lname)
-            };
-            for sel in &level.actions.pause {
-                if selects(sel.priority_at_least, &sel.lanes) {
-                    if lane.spec.shedding.mode == SheddingMode::Pause {
-                        limits[li].paused = true;
-                    } else {
-                        warnings.push(Warning::ContractOverride(ContractOverride {
-                            policy: pname.clone(),
-                            level: n,
-                            level_name: level.name.clone(),
-                            lane: lname.to_owned(),
-                            action: OverriddenAction::Pause {
-                                mode: lane.spec.shedding.mode,
-                            },
-                        }));
-                    }
-                }
-            }
-            for cap in &level.actions.cap {
-                if !selects(cap.priority_at_least, &cap.lanes) {
-                    continue;
-                }
-                let v = cap.units_per_second.value();
-                let refused = match lane.spec.shedding.mode {
-                    SheddingMode::Never => Some(None),
-                    SheddingMode::Defer => {
-                        let min = lane
-                            .spec
-                            .shedding
-                            .min_units_per_second
-                            .as_ref()
-                            .map_or(0.0, |d| d.value());
-                        (v + EPS < min).then_some(Some(min))
-                    }
-                    _ => None,
-                };
-                match refused {
-                    Some(below_min) => warnings.push(Warning::ContractOverride(ContractOverride {
-                        policy: pname.clone(),
-                        level: n,
-                        level_name: level.name.clone(),
-                        lane: lname.to_owned(),
-                        action: OverriddenAction::Cap {
-                            units: cap.units_per_second.clone(),
-                            below_min,
-                        },
-                    })),
-                    None => {
-                        let c = limits[li].level_cap.map_or(v, |c: f64| c.min(v));
-                        limits[li].level_cap = Some(c);
-                    }
-                }
-            }
-        }
-    }
-    (limits, warnings)
-}
-
-/// The lane's cap under the given limits: min(demand, ceiling, level cap), 0
-/// if paused.
-fn lane_cap(lane: &LaneContract, demand: f64, l: &LaneLimits) -> f64 {
-    if l.paused {
-        return 0.0;
-    }
-    let mut c = demand;
-    if let Some(ceil) = &lane.spec.ceiling_units_per_second {
-        c = c.min(ceil.value());
-    }
-    if let Some(lc) = l.level_cap {
-        c = c.min(lc);
-    }
-    c.max(0.0)
-}
-
-/// Evaluates one profile.
+/// Evaluates one profile: the evidence, the ladder, the actions of its level,
+/// each lane's share, the pool's size and drain; then the decision and the
+/// next state.
 pub fn evaluate_profile(
     b: &Binding<'_>,
     snapshot: &Snapshot,
     approval: Option<Approval>,
     prev: &ProfileState,
 ) -> (ProfileDecision, ProfileState) {
-    let profile = b.profile;
-    let policy = b.policy;
-    let at = snapshot.at;
-    let pkey = object_key(profile);
-    let sig = snapshot.profiles.get(&pkey).map(ProfileSignals::sanitized);
-    let (capacity, capacity_source, ready) = capacity_of(profile, sig.as_ref());
-    let telemetry = if capacity.is_some() {
-        Telemetry::Known
-    } else {
-        Telemetry::Unknown
-    };
-
-    let mut lanes: Vec<&LaneContract> = b.lanes.clone();
-    lanes.sort_by(|a, c| (a.spec.priority, a.name_str()).cmp(&(c.spec.priority, c.name_str())));
-    let demands: Vec<LaneDemand> = lanes
-        .iter()
-        .map(|l| lane_demand(l, snapshot, &prev.lane_rates))
-        .collect();
-    let lanes_known = demands.iter().all(|d| d.source != DemandSource::Held);
-    // Evidence is complete when capacity and every lane's rate are known;
-    // otherwise nothing relaxes in this step.
-    let complete = capacity.is_some() && lanes_known;
-    let total_demand: f64 = demands.iter().map(|d| d.units).sum();
-    let utilization = capacity.and_then(|c| (c > EPS).then(|| total_demand / c * 100.0));
-    let nlevels = policy.map_or(0, |p| p.spec.levels.len() as u32);
-
-    // Demand after the actions of levels 1..k-1, for k = 1..=N.
-    let demand_after: Vec<f64> = (0..nlevels.max(1))
-        .map(|k| {
-            let (limits, _) = apply_actions(policy, k, &lanes);
-            lanes
-                .iter()
-                .zip(&demands)
-                .zip(&limits)
-                .map(|((l, d), lim)| lane_cap(l, d.units, lim))
-                .sum()
-        })
-        .collect();
-
-    let recovery = policy.and_then(|p| p.spec.hysteresis.recovery.as_ref());
-    let inputs = LevelInputs {
-        at,
-        capacity,
-        utilization,
-        demand_after: &demand_after,
-        lanes_known,
-        retry_amplification: evidence::amplification(&demands),
-        retries_unknown: demands.iter().any(|d| d.retries_unknown),
-        signals: sig.as_ref(),
-        approval,
-        ramping_until: evidence::ramping_until(&prev.ramps, recovery),
-    };
-    let ladder = ladder::step(policy, &inputs, prev);
+    let (profile, policy, at) = (b.profile, b.policy, snapshot.at);
+    let ev = Evidence::gather(b, snapshot, prev);
+    let ladder = climb(policy, &ev, at, approval, prev);
     let level = ladder.level;
-
     // Actions of all levels up to the current one.
-    let (limits, mut warnings) = apply_actions(policy, level, &lanes);
-    let mut gateway = GatewayFlags::default();
-    if let Some(p) = policy {
-        for l in p.spec.levels.iter().take(level as usize) {
-            gateway.reject_optional_context |= l.actions.reject_optional_context;
-            gateway.use_fallback_routes |= l.actions.use_fallback_routes;
-            gateway.read_only |= l.actions.read_only;
-            gateway.static_fallback |= l.actions.static_fallback;
-        }
-    }
-    gateway.in_flight = profile.spec.in_flight.as_ref().map(|f| InFlightWatermarks {
-        conserve_at: f.conserve_at,
-        stop_at: f.stop_at,
-        resume_below: f.resume_below,
-        resume_after_stable_seconds: f.resume_after_stable_seconds,
-    });
-
-    // Admission.
-    let index: BTreeMap<&str, usize> = lanes
-        .iter()
-        .enumerate()
-        .map(|(i, l)| (l.name_str(), i))
-        .collect();
-    let adm_lanes: Vec<AdmissionLane> = lanes
-        .iter()
-        .zip(&demands)
-        .zip(&limits)
-        .map(|((l, d), lim)| {
-            let cap = lane_cap(l, d.units, lim);
-            let floor = l
-                .spec
-                .floor_units_per_second
-                .as_ref()
-                .map_or(0.0, |f| f.value());
-            let reserve = lane_cap(l, floor, lim);
-            let borrowing = l
-                .spec
-                .borrowing
-                .as_ref()
-                .filter(|_| l.spec.checkpointable)
-                .map(|bs| {
-                    let lenders = bs
-                        .from
-                        .iter()
-                        .filter_map(|n| index.get(n.as_str()).copied())
-                        .collect();
-                    (lenders, bs.max_units_per_second.value())
-                });
-            AdmissionLane {
-                priority: l.spec.priority,
-                weight: f64::from(l.spec.weight.max(1)),
-                cap,
-                reserve,
-                borrowing,
-            }
-        })
-        .collect();
-    let floors_total: f64 = adm_lanes.iter().map(|l| l.reserve).sum();
-    // Unknown capacity holds: admission runs against the last known capacity
-    // (or, never having known one, the declared safe capacity), so missing
-    // data neither expands nor collapses what gateways admit. A held stale
-    // calibration assumes no calibrated figure: the floors only.
-    let held = calibration_held(profile, sig.as_ref());
-    let admission_capacity = capacity.or(prev.last_capacity).unwrap_or_else(|| {
-        if held {
-            floors_total
-        } else {
-            profile.spec.capacity.safe_units_per_second.value()
-        }
-    });
-    let mut admissions = admission::admit(&adm_lanes, admission_capacity);
-    // Unknown never relaxes: on incomplete evidence no lane gets more than
-    // it was admitted in the previous step.
-    if !complete {
-        for (l, a) in lanes.iter().zip(admissions.iter_mut()) {
-            if let Some(&before) = prev.admitted.get(l.name_str()) {
-                a.hold_at(before);
-            }
-        }
-    }
-    // Staged recovery of lanes released by a step down.
-    let ramps = ramps_after(
-        policy,
-        &ladder,
-        prev,
-        &lanes,
-        &apply_actions(policy, prev.level, &lanes).0,
-        &limits,
-        at,
-    );
-    let mut ramp_stages: Vec<Option<i32>> = vec![None; lanes.len()];
-    if let Some(spec) = recovery {
-        for (i, l) in lanes.iter().enumerate() {
-            if let Some(r) = ramps.get(l.name_str())
-                && let Some(pct) = evidence::ramp_stage(r, spec, at)
-            {
-                let full = admissions[i].admitted;
-                admissions[i].hold_at(evidence::ramped(full, r, pct));
-                ramp_stages[i] = Some(pct);
-            }
-        }
-    }
-    if let Some(c) = capacity
-        && floors_total > c + EPS
-    {
-        warnings.push(Warning::Overcommitted {
-            floors: round6(floors_total),
-            capacity: round6(c),
-        });
-    }
-
-    let mut lane_decisions = Vec::with_capacity(lanes.len());
-    for (i, l) in lanes.iter().enumerate() {
-        let d = &demands[i];
-        let a = &admissions[i];
-        let lim = &limits[i];
-        let cap = adm_lanes[i].cap;
-        let ceiling = l.spec.ceiling_units_per_second.as_ref().map(|c| c.value());
-        let ramp_note = ramp_stages[i].map(|p| format!("recovery {p}%"));
-        let (state, limited_by) = if lim.paused {
-            (LaneState::Paused, Some("pause"))
-        } else if ramp_note.is_some() && a.admitted + 1e-6 < d.units {
-            (LaneState::Recovering, ramp_note.as_deref())
-        } else if a.admitted + 1e-6 >= d.units {
-            (LaneState::Admitted, None)
-        } else if a.admitted + 1e-6 >= cap {
-            let by_level = lim
-                .level_cap
-                .is_some_and(|c| c + EPS < d.units && ceiling.is_none_or(|ce| c <= ce));
-            (
-                LaneState::Capped,
-                Some(if by_level { "level" } else { "ceiling" }),
-            )
-        } else {
-            (LaneState::Throttled, Some("capacity"))
-        };
-        let wpr = l.spec.work_units_per_request.value();
-        let lease = l.spec.borrowing.as_ref().map_or(0, |bs| bs.lease_seconds);
-        lane_decisions.push(LaneDecision {
-            namespace: l.namespace_str().to_owned(),
-            name: l.name_str().to_owned(),
-            priority: l.spec.priority,
-            state,
-            requests_per_second: round6(d.rps),
-            demand_source: d.source.as_str().to_owned(),
-            retry_amplification: d.amplification().map(round6),
-            demand_units_per_second: round6(d.units),
-            admitted_units_per_second: round6(a.admitted),
-            admitted_requests_per_second: round6(if wpr > 0.0 { a.admitted / wpr } else { 0.0 }),
-            borrowed_units_per_second: round6(a.borrowed_total()),
-            reserved_units_per_second: round6(a.reserved),
-            level_cap_units_per_second: lim.level_cap.map(round6),
-            limited_by: limited_by.map(str::to_owned),
-            borrowing: a
-                .borrowed
-                .iter()
-                .map(|(lender, units)| BorrowGrant {
-                    from: lanes[*lender].name_str().to_owned(),
-                    units_per_second: round6(*units),
-                    expires_at: at + lease,
-                })
-                .collect(),
-        });
-    }
-    let admitted_total: f64 = admissions.iter().map(|a| a.admitted).sum();
-
-    // Pool size.
-    let sizing = sizing::desired(
-        profile,
-        total_demand,
-        ready,
-        level,
-        if complete {
-            telemetry
-        } else {
-            Telemetry::Unknown
-        },
-        at,
-        prev,
-    );
-    let scaling_down = match (sizing.desired, ready) {
-        (Some(d), Some(r)) => (d as i64) < i64::from(r),
-        _ => false,
-    };
-
-    // Drain.
-    let (drain, drained) = drain::decide(
-        profile.spec.drain.as_ref(),
-        sig.as_ref(),
-        at,
-        telemetry == Telemetry::Known && !scaling_down && complete,
-        !complete,
-        &prev.drained,
-    );
-
-    let level_name = match (policy, level) {
-        (_, 0) | (None, _) => "normal".to_owned(),
-        (Some(p), n) => p.spec.levels[(n - 1) as usize].name.clone(),
-    };
-
-    let next = ProfileState {
-        level,
-        level_since: ladder.level_since,
-        exit_since: ladder.exit_since,
-        gate_since: ladder.gate_since,
-        desired_replicas: sizing.desired,
-        scale_down_since: sizing.scale_down_since,
-        scale_down_want: sizing.scale_down_want,
-        drained,
-        last_capacity: capacity.or(prev.last_capacity),
-        trigger_since: ladder.trigger_since,
-        episode_since: ladder.episode_since,
-        stepped_down: ladder.stepped_down,
-        admitted: lanes
-            .iter()
-            .zip(&admissions)
-            .map(|(l, a)| (l.name_str().to_owned(), round6(a.admitted)))
-            .collect(),
-        lane_rates: lanes
-            .iter()
-            .zip(&demands)
-            .filter(|(_, d)| d.source == DemandSource::Observed)
-            .map(|(l, d)| (l.name_str().to_owned(), d.rps))
-            .chain(
-                prev.lane_rates
-                    .iter()
-                    .filter(|(k, _)| {
-                        lanes.iter().zip(&demands).any(|(l, d)| {
-                            l.name_str() == k.as_str() && d.source == DemandSource::Held
-                        })
-                    })
-                    .map(|(k, v)| (k.clone(), *v)),
-            )
-            .collect(),
-        ramps: ramps
-            .into_iter()
-            .filter(|(_, r)| {
-                recovery.is_some_and(|spec| evidence::ramp_stage(r, spec, at).is_some())
-            })
-            .collect(),
-        approval_used: ladder.approval_consumed.or(prev.approval_used),
-    };
+    let (limits, mut warnings) = apply_actions(policy, level, &ev.lanes);
+    let shares = shares::share(b, &ev, &ladder, &limits, prev, at);
+    warnings.extend(overcommitted(ev.capacity, shares.floors_total));
+    warnings.extend(b.warnings.iter().cloned().map(Warning::Binding));
+    let lanes = shares::decisions(&ev, &shares, &limits, at);
+    let admitted_total = shares.admitted_total();
+    let (sizing, drain, drained) = pool_step(profile, &ev, level, at, prev);
+    let next = next_state(&ev, &ladder, &sizing, drained, shares, prev);
     let decision = ProfileDecision {
         namespace: profile.namespace_str().to_owned(),
         name: profile.metadata.name.clone().unwrap_or_default(),
         policy: policy.map(object_key),
-        telemetry,
+        telemetry: ev.telemetry,
         level,
-        level_name,
+        level_name: level_name(policy, level),
         pending_approval_level: ladder.pending,
         approval_consumed: ladder.approval_consumed.map(|a| a.level),
         approval_lapsed: ladder.approval_lapsed.map(|a| a.level),
@@ -551,68 +109,165 @@ pub fn evaluate_profile(
         exit_holding_since: ladder.exit_since,
         transition: ladder.transition,
         triggers: ladder.triggers,
-        capacity_units_per_second: capacity.map(round6),
-        capacity_source,
-        calibration_stale: sig.as_ref().and_then(|s| s.calibration_stale),
-        calibration_held: held,
-        demand_units_per_second: round6(total_demand),
+        capacity_units_per_second: ev.capacity.map(round6),
+        capacity_source: ev.capacity_source,
+        calibration_stale: ev.sig.as_ref().and_then(|s| s.calibration_stale),
+        calibration_held: ev.held,
+        demand_units_per_second: round6(ev.total_demand),
         admitted_units_per_second: round6(admitted_total),
-        utilization_percent: utilization.map(round6),
-        ready_replicas: ready,
+        utilization_percent: ev.utilization.map(round6),
+        ready_replicas: ev.ready,
         desired_replicas: sizing.desired,
         drain,
-        warnings: {
-            warnings.extend(b.warnings.iter().cloned().map(Warning::Binding));
-            warnings
-        },
-        gateway,
-        lanes: lane_decisions,
+        warnings,
+        gateway: actions::gateway_flags(profile, policy, level),
+        lanes,
     };
     (decision, next)
 }
 
-/// The ramps after this step: a step up ends them all (that level's caps
-/// apply); a step down starts one for each lane it releases (a pause lifted,
-/// a cap removed or raised), from the lane's admitted rate before; running
-/// ramps carry on.
-fn ramps_after(
+/// The ladder's step: the demand after the actions of each level below, the
+/// level inputs of this step, then `ladder::step`.
+fn climb(
     policy: Option<&DegradationPolicy>,
-    ladder: &ladder::LadderOutcome,
-    prev: &ProfileState,
-    lanes: &[&LaneContract],
-    before: &[LaneLimits],
-    after: &[LaneLimits],
+    ev: &Evidence<'_>,
     at: i64,
-) -> BTreeMap<String, Ramp> {
-    if policy
-        .and_then(|p| p.spec.hysteresis.recovery.as_ref())
-        .is_none()
-    {
-        return BTreeMap::new();
-    }
-    let Some(t) = &ladder.transition else {
-        return prev.ramps.clone();
+    approval: Option<Approval>,
+    prev: &ProfileState,
+) -> LadderOutcome {
+    let nlevels = policy.map_or(0, |p| p.spec.levels.len() as u32);
+    // Demand after the actions of levels 1..k-1, for k = 1..=N.
+    let demand_after: Vec<f64> = (0..nlevels.max(1))
+        .map(|k| {
+            let (limits, _) = apply_actions(policy, k, &ev.lanes);
+            ev.lanes
+                .iter()
+                .zip(&ev.demands)
+                .zip(&limits)
+                .map(|((l, d), lim)| lane_cap(l, d.units, lim))
+                .sum()
+        })
+        .collect();
+    let inputs = LevelInputs {
+        at,
+        capacity: ev.capacity,
+        utilization: ev.utilization,
+        demand_after: &demand_after,
+        lanes_known: ev.lanes_known,
+        retry_amplification: evidence::amplification(&ev.demands),
+        retries_unknown: ev.demands.iter().any(|d| d.retries_unknown),
+        signals: ev.sig.as_ref(),
+        approval,
+        ramping_until: evidence::ramping_until(&prev.ramps, recovery_of(policy)),
     };
-    if t.to > t.from {
-        return BTreeMap::new();
+    ladder::step(policy, &inputs, prev)
+}
+
+/// The `Overcommitted` warning when the floors add up to more than a known
+/// capacity.
+fn overcommitted(capacity: Option<f64>, floors_total: f64) -> Option<Warning> {
+    let c = capacity?;
+    (floors_total > c + EPS).then(|| Warning::Overcommitted {
+        floors: round6(floors_total),
+        capacity: round6(c),
+    })
+}
+
+/// The pool's size and drain in this step: sizing relaxes only on complete
+/// evidence, and no pod is drained while the pool scales down.
+fn pool_step(
+    profile: &CapacityProfile,
+    ev: &Evidence<'_>,
+    level: u32,
+    at: i64,
+    prev: &ProfileState,
+) -> (Sizing, Drain, BTreeMap<String, DrainedPod>) {
+    let telemetry = if ev.complete {
+        ev.telemetry
+    } else {
+        Telemetry::Unknown
+    };
+    let sizing = sizing::desired(
+        profile,
+        ev.total_demand,
+        ev.ready,
+        level,
+        telemetry,
+        at,
+        prev,
+    );
+    let scaling_down = match (sizing.desired, ev.ready) {
+        (Some(d), Some(r)) => (d as i64) < i64::from(r),
+        _ => false,
+    };
+    let (drain, drained) = drain::decide(
+        profile.spec.drain.as_ref(),
+        ev.sig.as_ref(),
+        at,
+        ev.telemetry == Telemetry::Known && !scaling_down && ev.complete,
+        !ev.complete,
+        &prev.drained,
+    );
+    (sizing, drain, drained)
+}
+
+/// The name of the level (`normal` at 0).
+fn level_name(policy: Option<&DegradationPolicy>, level: u32) -> String {
+    match (policy, level) {
+        (_, 0) | (None, _) => "normal".to_owned(),
+        (Some(p), n) => p.spec.levels[(n - 1) as usize].name.clone(),
     }
-    let mut ramps = prev.ramps.clone();
-    for ((l, b), a) in lanes.iter().zip(before).zip(after) {
-        let unpaused = b.paused && !a.paused;
-        let raised = match (b.level_cap, a.level_cap) {
-            (Some(_), None) => true,
-            (Some(x), Some(y)) => y > x + EPS,
-            _ => false,
-        };
-        if unpaused || raised {
-            ramps.insert(
-                l.name_str().to_owned(),
-                Ramp {
-                    since: at,
-                    base: prev.admitted.get(l.name_str()).copied().unwrap_or(0.0),
-                },
-            );
-        }
+}
+
+/// The engine's state after this step.
+fn next_state(
+    ev: &Evidence<'_>,
+    ladder: &LadderOutcome,
+    sizing: &Sizing,
+    drained: BTreeMap<String, DrainedPod>,
+    shares: Shares,
+    prev: &ProfileState,
+) -> ProfileState {
+    ProfileState {
+        level: ladder.level,
+        level_since: ladder.level_since,
+        exit_since: ladder.exit_since,
+        gate_since: ladder.gate_since.clone(),
+        desired_replicas: sizing.desired,
+        scale_down_since: sizing.scale_down_since,
+        scale_down_want: sizing.scale_down_want,
+        drained,
+        last_capacity: ev.capacity.or(prev.last_capacity),
+        trigger_since: ladder.trigger_since.clone(),
+        episode_since: ladder.episode_since,
+        stepped_down: ladder.stepped_down,
+        admitted: ev
+            .lanes
+            .iter()
+            .zip(&shares.allocations)
+            .map(|(l, a)| (l.name_str().to_owned(), round6(a.admitted)))
+            .collect(),
+        lane_rates: lane_rates(ev, prev),
+        ramps: shares.ramps,
+        approval_used: ladder.approval_consumed.or(prev.approval_used),
     }
-    ramps
+}
+
+/// The lane rates to remember: the observed ones, and the last known rate of
+/// each lane whose rate is held.
+fn lane_rates(ev: &Evidence<'_>, prev: &ProfileState) -> BTreeMap<String, f64> {
+    let lanes = || ev.lanes.iter().zip(&ev.demands);
+    lanes()
+        .filter(|(_, d)| d.source == DemandSource::Observed)
+        .map(|(l, d)| (l.name_str().to_owned(), d.rps))
+        .chain(
+            prev.lane_rates
+                .iter()
+                .filter(|(k, _)| {
+                    lanes()
+                        .any(|(l, d)| l.name_str() == k.as_str() && d.source == DemandSource::Held)
+                })
+                .map(|(k, v)| (k.clone(), *v)),
+        )
+        .collect()
 }

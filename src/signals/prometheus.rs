@@ -442,7 +442,7 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 /// reasons) plus the age of every known signal and the reason label of
 /// every unknown one.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Evaluation {
+pub struct QueryEvaluation {
     /// Evaluation time (Unix seconds).
     pub at: i64,
     /// Signals and unknown reasons, as a source returns them.
@@ -481,7 +481,7 @@ fn age(p: &Point, at: i64) -> f64 {
     (at as f64 - p.sampled_at).max(0.0)
 }
 
-fn set_unknown(e: &mut Evaluation, signal: &str, reason: &str, text: String) {
+fn set_unknown(e: &mut QueryEvaluation, signal: &str, reason: &str, text: String) {
     e.output.unknown.insert(signal.to_owned(), text);
     e.reasons.insert(signal.to_owned(), reason.to_owned());
 }
@@ -507,7 +507,7 @@ pub async fn evaluate(
     lanes: &[&LaneContract],
     pods: Option<&[String]>,
     window: &Window,
-) -> Vec<Evaluation> {
+) -> Vec<QueryEvaluation> {
     let q = &cfg.queries;
     let configured = configured(q);
     let results: Vec<Result<Points, Problem>> = join_all(
@@ -520,7 +520,7 @@ pub async fn evaluate(
     let staleness = cfg.staleness_seconds;
     let mut evals = Vec::with_capacity(times.len());
     for &at in &times {
-        let mut e = Evaluation {
+        let mut e = QueryEvaluation {
             at,
             ..Default::default()
         };
@@ -585,7 +585,7 @@ pub async fn evaluate(
 /// the lane's own name for it (`requestsPerSecond`, `retryRequestsPerSecond`):
 /// a configured rate source that fails is Unknown, never silently absent.
 /// Does nothing for other signals.
-fn lanes_unknown(e: &mut Evaluation, lanes: &[&LaneContract], signal: &str, why: &str) {
+fn lanes_unknown(e: &mut QueryEvaluation, lanes: &[&LaneContract], signal: &str, why: &str) {
     let Some(rate) = LaneRate::of(signal) else {
         return;
     };
@@ -604,7 +604,7 @@ fn lanes_unknown(e: &mut Evaluation, lanes: &[&LaneContract], signal: &str, why:
 /// is its name; a lane without a usable series is Unknown (in the lane's
 /// `unknown`, and named under the query signal in the profile's).
 fn lane_values(
-    e: &mut Evaluation,
+    e: &mut QueryEvaluation,
     cfg: &PrometheusSignals,
     lanes: &[&LaneContract],
     pts: &[Point],
@@ -661,7 +661,7 @@ fn lane_values(
 }
 
 fn pod_values(
-    e: &mut Evaluation,
+    e: &mut QueryEvaluation,
     cfg: &PrometheusSignals,
     pods: Option<&[String]>,
     pts: &[Point],
@@ -948,7 +948,7 @@ impl Inner {
                 e
             }
             Err(p) => {
-                let mut e = Evaluation::default();
+                let mut e = QueryEvaluation::default();
                 for (s, _) in configured(&cfg.queries) {
                     set_unknown(&mut e, s, p.reason(), p.to_string());
                     lanes_unknown(&mut e, lanes, s, &p.to_string());
@@ -1069,7 +1069,7 @@ fn unix_now() -> i64 {
 }
 
 /// Reports an evaluation's ages and unknown reasons as metrics.
-pub fn record(m: &Metrics, profile: &str, e: &Evaluation) {
+pub fn record(m: &Metrics, profile: &str, e: &QueryEvaluation) {
     for (s, a) in &e.ages {
         m.signal_age.with_label_values(&[profile, s]).set(*a);
     }

@@ -146,6 +146,68 @@ fn policy_events(p: &super::report::PolicyReport, out: &mut Vec<Note>) {
     }
 }
 
+/// A Warning for each pod drained, a Normal event for each undrained.
+fn drain_events(effects: &Effects, out: &mut Vec<Note>) {
+    for a in effects.drain.iter().flat_map(|d| &d.actions) {
+        let (type_, reason, verb, text) = match a.action {
+            DrainAction::Drain => (
+                EventType::Warning,
+                "PodDrained",
+                "Drain",
+                "taken out of rotation",
+            ),
+            DrainAction::Undrain => (
+                EventType::Normal,
+                "PodUndrained",
+                "Undrain",
+                "back in rotation",
+            ),
+            _ => continue,
+        };
+        out.push(Note {
+            action: format!("{verb}{}", a.pod),
+            ..note(
+                Target::Profile,
+                type_,
+                reason,
+                format!("pod {} {text}: {}", a.pod, a.reason),
+            )
+        });
+    }
+}
+
+/// `TelemetryUnknown` when telemetry turns Unknown (saying why), and
+/// `TelemetryRestored` when it is known again; `known_before` is the
+/// `TelemetryKnown` condition's status before.
+fn telemetry_events(
+    decision: &ProfileDecision,
+    known_before: Option<&str>,
+    unknown: &BTreeMap<String, String>,
+    out: &mut Vec<Note>,
+) {
+    if decision.telemetry == Telemetry::Unknown && known_before != Some("False") {
+        let why = unknown
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        out.push(note(
+            Target::Profile,
+            EventType::Warning,
+            "TelemetryUnknown",
+            format!("holding level {}: {why}", decision.level),
+        ));
+    }
+    if decision.telemetry == Telemetry::Known && known_before == Some("False") {
+        out.push(note(
+            Target::Profile,
+            EventType::Normal,
+            "TelemetryRestored",
+            "capacity is known again".into(),
+        ));
+    }
+}
+
 fn profile_events(
     reported: &Reported,
     decision: &ProfileDecision,
@@ -180,53 +242,8 @@ fn profile_events(
             ..note(Target::Profile, EventType::Normal, "Scaled", s.to_string())
         });
     }
-    for a in effects.drain.iter().flat_map(|d| &d.actions) {
-        let (type_, reason, verb, text) = match a.action {
-            DrainAction::Drain => (
-                EventType::Warning,
-                "PodDrained",
-                "Drain",
-                "taken out of rotation",
-            ),
-            DrainAction::Undrain => (
-                EventType::Normal,
-                "PodUndrained",
-                "Undrain",
-                "back in rotation",
-            ),
-            _ => continue,
-        };
-        out.push(Note {
-            action: format!("{verb}{}", a.pod),
-            ..note(
-                Target::Profile,
-                type_,
-                reason,
-                format!("pod {} {text}: {}", a.pod, a.reason),
-            )
-        });
-    }
-    if decision.telemetry == Telemetry::Unknown && was("TelemetryKnown") != Some("False") {
-        let why = unknown
-            .iter()
-            .map(|(k, v)| format!("{k}: {v}"))
-            .collect::<Vec<_>>()
-            .join("; ");
-        out.push(note(
-            Target::Profile,
-            EventType::Warning,
-            "TelemetryUnknown",
-            format!("holding level {}: {why}", decision.level),
-        ));
-    }
-    if decision.telemetry == Telemetry::Known && was("TelemetryKnown") == Some("False") {
-        out.push(note(
-            Target::Profile,
-            EventType::Normal,
-            "TelemetryRestored",
-            "capacity is known again".into(),
-        ));
-    }
+    drain_events(effects, out);
+    telemetry_events(decision, was("TelemetryKnown"), unknown, out);
     if let Some(c) = &effects.scaling_conflict
         && was("ScalingConflict") != Some("True")
     {

@@ -12,6 +12,7 @@ use kube::ResourceExt;
 
 use super::super::context::{APPROVE_ANNOTATION, Context};
 use super::super::error::Error;
+use super::super::index::TargetView;
 use super::super::pods::{self, DRAIN_REASON_ANNOTATION, DRAINED_AT_ANNOTATION};
 use super::super::scale::TargetState;
 use super::pool::{self as pool_view, PoolView, WorkloadKind};
@@ -185,19 +186,17 @@ pub fn drained_from_cluster(
         .collect()
 }
 
-/// Reads everything the decision needs. Fails only on API errors worth a
-/// retry; what can't be had (pods not synced, no scale target, a signal
-/// source down) is recorded as unknown and the engine holds.
-pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observation, Error> {
-    let now = now();
-    let profile = ctx.writes.freshen(profile);
-
-    // Bind from the watch caches, then keep the freshest copy of each bound
-    // object.
+/// The objects bound to the profile (through `policy::bind_profile`, from
+/// the watch caches), each the freshest copy: its lanes, and the policies
+/// naming it. Whether a policy governs it (then the first one).
+fn bound_objects(
+    ctx: &Context,
+    profile: &CapacityProfile,
+) -> (Vec<LaneContract>, Vec<DegradationPolicy>, bool) {
     let lane_objs = ctx.lanes.state();
     let policy_objs = ctx.policies.state();
     let binding = policy::bind_profile(
-        &profile,
+        profile,
         lane_objs.iter().filter_map(|g| g.0.as_ref().ok()),
         policy_objs.iter().filter_map(|g| g.0.as_ref().ok()),
     );
@@ -212,7 +211,55 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
         .chain(binding.ignored.iter().copied())
         .map(|p| ctx.writes.freshen(p))
         .collect();
-    let governing = binding.policy.map(|_| &policies[0]);
+    (lanes, policies, binding.policy.is_some())
+}
+
+/// The scale target and its ReplicaSets, from their watch caches, or why
+/// they could not be had. Fails only on an API error worth a retry.
+async fn scale_target(
+    ctx: &Context,
+    profile: &CapacityProfile,
+) -> Result<(Option<TargetView>, Option<String>), Error> {
+    let target_ref = &profile.spec.pool.scale_target_ref;
+    match ctx.index.target(&ctx.resolver, profile).await {
+        Ok(Some(v)) => Ok((Some(v), None)),
+        Ok(None) => Ok((
+            None,
+            Some(format!(
+                "the watch of {} {} has not synced yet",
+                target_ref.kind, target_ref.name
+            )),
+        )),
+        Err(Error::Kube { source, context }) if !matches!(&source, kube::Error::Api(s) if s.code == 404) => {
+            Err(Error::Kube { context, source })
+        }
+        Err(e) => Ok((None, Some(e.to_string()))),
+    }
+}
+
+/// The engine's last state, from status, with the drained set read from the
+/// cluster (when the pods are known).
+fn engine_state(profile: &CapacityProfile, pods: Option<&[Arc<Pod>]>, now: i64) -> ProfileState {
+    let mut prev: ProfileState = profile
+        .status
+        .as_ref()
+        .and_then(|s| s.engine.clone())
+        .unwrap_or_default();
+    if let Some(ps) = pods {
+        prev.drained = drained_from_cluster(ps, &prev.drained, now);
+    }
+    prev
+}
+
+/// Reads everything the decision needs. Fails only on API errors worth a
+/// retry; what can't be had (pods not synced, no scale target, a signal
+/// source down) is recorded as unknown and the engine holds.
+pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observation, Error> {
+    let now = now();
+    let profile = ctx.writes.freshen(profile);
+
+    let (lanes, policies, governed) = bound_objects(ctx, &profile);
+    let governing = policies.first().filter(|_| governed);
     let mode = governing.map_or(PolicyMode::Enforce, |p| p.spec.mode);
     let approved = governing.and_then(|p| approval(p, now));
 
@@ -229,23 +276,8 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
     let pool_pods: Option<Vec<crate::signals::PoolPod>> = raw_pods
         .as_ref()
         .map(|ps| ps.iter().map(|p| pods::pool_pod(p)).collect());
-    // The scale target and its ReplicaSets, from their watch caches.
     let target_ref = &profile.spec.pool.scale_target_ref;
-    let (view, scale_problem) = match ctx.index.target(&ctx.resolver, &profile).await {
-        Ok(Some(v)) => (Some(v), None),
-        Ok(None) => (
-            None,
-            Some(format!(
-                "the watch of {} {} has not synced yet",
-                target_ref.kind, target_ref.name
-            )),
-        ),
-        Err(Error::Kube { source, context }) if !matches!(&source, kube::Error::Api(s) if s.code == 404) =>
-        {
-            return Err(Error::Kube { context, source });
-        }
-        Err(e) => (None, Some(e.to_string())),
-    };
+    let (view, scale_problem) = scale_target(ctx, &profile).await?;
     let pool = view.as_ref().and_then(|v| {
         v.state
             .workload
@@ -295,15 +327,7 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
     snapshot.profiles.insert(profile.key(), profile_signals);
     snapshot.lanes = out.lanes;
 
-    // The engine's state, with the drained set read from the cluster.
-    let mut prev: ProfileState = profile
-        .status
-        .as_ref()
-        .and_then(|s| s.engine.clone())
-        .unwrap_or_default();
-    if let Some(ps) = &raw_pods {
-        prev.drained = drained_from_cluster(ps, &prev.drained, now);
-    }
+    let prev = engine_state(&profile, raw_pods.as_deref(), now);
     Ok(Observation {
         now,
         profile,

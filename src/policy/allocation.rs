@@ -1,4 +1,4 @@
-//! Admission: who gets how much of the pool's capacity.
+//! Allocation: who gets how much of the pool's capacity.
 //!
 //! Floors are reserved first in priority order; the rest of capacity is filled
 //! in strict priority order up to each lane's cap; lanes of equal priority
@@ -8,9 +8,9 @@
 /// Tolerance for comparisons of work-unit rates.
 pub const EPS: f64 = 1e-9;
 
-/// One lane as admission sees it.
+/// One lane's claim on capacity, as allocation sees it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AdmissionLane {
+pub struct LaneClaim {
     /// Priority, 0 most critical.
     pub priority: i32,
     /// Share among equal priorities (>= 1).
@@ -26,9 +26,9 @@ pub struct AdmissionLane {
     pub borrowing: Option<(Vec<usize>, f64)>,
 }
 
-/// What admission gives one lane.
+/// What allocation gives one lane.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Admission {
+pub struct Allocation {
     /// Admitted work units per second (borrowed included).
     pub admitted: f64,
     /// Capacity reserved for the lane's floor.
@@ -37,7 +37,7 @@ pub struct Admission {
     pub borrowed: Vec<(usize, f64)>,
 }
 
-impl Admission {
+impl Allocation {
     /// Total borrowed.
     pub fn borrowed_total(&self) -> f64 {
         self.borrowed.iter().map(|(_, b)| b).sum()
@@ -99,7 +99,7 @@ pub fn weighted_share(wants: &[f64], weights: &[f64], amount: f64) -> Vec<f64> {
 
 /// Groups lane indices by priority, most critical first, in input order
 /// within a priority.
-fn priority_groups(lanes: &[AdmissionLane]) -> Vec<Vec<usize>> {
+fn priority_groups(lanes: &[LaneClaim]) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..lanes.len()).collect();
     order.sort_by_key(|&i| (lanes[i].priority, i));
     let mut groups: Vec<Vec<usize>> = Vec::new();
@@ -113,12 +113,7 @@ fn priority_groups(lanes: &[AdmissionLane]) -> Vec<Vec<usize>> {
 }
 
 /// Fills `avail` into the groups in order, each group sharing by weight.
-fn fill(
-    lanes: &[AdmissionLane],
-    groups: &[Vec<usize>],
-    wants: &[f64],
-    avail: &mut f64,
-) -> Vec<f64> {
+fn fill(lanes: &[LaneClaim], groups: &[Vec<usize>], wants: &[f64], avail: &mut f64) -> Vec<f64> {
     let mut got = vec![0.0; lanes.len()];
     for group in groups {
         let w: Vec<f64> = group.iter().map(|&i| wants[i]).collect();
@@ -132,18 +127,19 @@ fn fill(
     got
 }
 
-/// Admits lanes within `capacity`. The admitted total never exceeds capacity.
-pub fn admit(lanes: &[AdmissionLane], capacity: f64) -> Vec<Admission> {
+/// Allocates `capacity` among the lanes. The admitted total never exceeds
+/// capacity.
+pub fn allocate(lanes: &[LaneClaim], capacity: f64) -> Vec<Allocation> {
     let groups = priority_groups(lanes);
     let mut avail = capacity.max(0.0);
 
     // 1. Reserve floors in priority order.
     let reserves: Vec<f64> = lanes.iter().map(|l| l.reserve.max(0.0)).collect();
     let reserved = fill(lanes, &groups, &reserves, &mut avail);
-    let mut out: Vec<Admission> = reserved
+    let mut out: Vec<Allocation> = reserved
         .iter()
         .zip(lanes)
-        .map(|(&r, l)| Admission {
+        .map(|(&r, l)| Allocation {
             admitted: l.cap.min(r).max(0.0),
             reserved: r,
             borrowed: Vec::new(),
@@ -194,8 +190,8 @@ pub fn admit(lanes: &[AdmissionLane], capacity: f64) -> Vec<Admission> {
 mod tests {
     use super::*;
 
-    fn lane(priority: i32, cap: f64, reserve: f64) -> AdmissionLane {
-        AdmissionLane {
+    fn lane(priority: i32, cap: f64, reserve: f64) -> LaneClaim {
+        LaneClaim {
             priority,
             weight: 1.0,
             cap,
@@ -228,7 +224,7 @@ mod tests {
             lane(3, 60.0, 0.0),
             lane(4, 0.0, 0.0),
         ];
-        let a = admit(&lanes, 420.0);
+        let a = allocate(&lanes, 420.0);
         let got: Vec<f64> = a.iter().map(|x| x.admitted).collect();
         let want = [93.6, 180.0, 66.5, 60.0, 0.0];
         for (g, w) in got.iter().zip(want) {
@@ -243,14 +239,14 @@ mod tests {
             lane(1, 100.0, 0.0),
             lane(2, 100.0, 0.0),
         ];
-        let got: Vec<f64> = admit(&lanes, 150.0).iter().map(|x| x.admitted).collect();
+        let got: Vec<f64> = allocate(&lanes, 150.0).iter().map(|x| x.admitted).collect();
         assert_eq!(got, vec![100.0, 50.0, 0.0]);
     }
 
     #[test]
     fn floor_of_lower_priority_is_reserved_before_higher_fill() {
         let lanes = vec![lane(0, 200.0, 0.0), lane(1, 100.0, 40.0)];
-        let got: Vec<f64> = admit(&lanes, 150.0).iter().map(|x| x.admitted).collect();
+        let got: Vec<f64> = allocate(&lanes, 150.0).iter().map(|x| x.admitted).collect();
         assert_eq!(got, vec![110.0, 40.0]);
     }
 
@@ -261,7 +257,7 @@ mod tests {
         let mut borrower = lane(3, 99.0, 0.0);
         borrower.borrowing = Some((vec![0], 60.0));
         let lanes = vec![lane(0, 50.0, 93.6), lane(1, 400.0, 0.0), borrower];
-        let a = admit(&lanes, 420.0);
+        let a = allocate(&lanes, 420.0);
         assert!((a[0].admitted - 50.0).abs() < 1e-9);
         assert!((a[1].admitted - (420.0 - 93.6)).abs() < 1e-9);
         assert!((a[2].admitted - 43.6).abs() < 1e-9);
@@ -273,7 +269,7 @@ mod tests {
     #[test]
     fn floors_exceeding_capacity_go_by_priority() {
         let lanes = vec![lane(0, 300.0, 300.0), lane(1, 300.0, 300.0)];
-        let got: Vec<f64> = admit(&lanes, 400.0).iter().map(|x| x.admitted).collect();
+        let got: Vec<f64> = allocate(&lanes, 400.0).iter().map(|x| x.admitted).collect();
         assert_eq!(got, vec![300.0, 100.0]);
     }
 }
