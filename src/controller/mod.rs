@@ -135,6 +135,36 @@ impl Operator {
     }
 }
 
+/// A watch into a store (managed fields dropped: nothing reads them), and
+/// the stream of the objects it touches, to trigger reconciles with.
+fn reflected<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (store, writer) = kube::runtime::reflector::store();
+    let stream = kube::runtime::reflector(
+        writer,
+        watcher(api, config)
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None),
+    )
+    .touched_objects();
+    (store, stream)
+}
+
 /// The controller of one namespace (or all): the profile controller with the
 /// lane, policy, ConfigMap and pod triggers, the resync ticker, the sweep and
 /// the readiness flag, until `shutdown` resolves.
@@ -165,18 +195,8 @@ async fn run_namespace(
         let p = p.0.ok()?;
         Some(ObjectRef::new(&p.spec.profile).within(&p.namespace()?))
     };
-    let (lane_store, lane_writer) = kube::runtime::reflector::store();
-    let lane_stream = kube::runtime::reflector(
-        lane_writer,
-        watcher(lanes, watch_config()).default_backoff(),
-    )
-    .touched_objects();
-    let (policy_store, policy_writer) = kube::runtime::reflector::store();
-    let policy_stream = kube::runtime::reflector(
-        policy_writer,
-        watcher(policies, watch_config()).default_backoff(),
-    )
-    .touched_objects();
+    let (lane_store, lane_stream) = reflected(lanes, watch_config());
+    let (policy_store, policy_stream) = reflected(policies, watch_config());
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -188,30 +208,16 @@ async fn run_namespace(
     sources.extend(extra_sources.iter().cloned());
     // The owned ConfigMaps and the HPAs, into caches that reconciles read
     // and whose changes trigger the profiles they concern.
-    let (cm_store, cm_writer) = kube::runtime::reflector::store();
-    let cm_stream = kube::runtime::reflector(
-        cm_writer,
-        watcher(
-            scoped_api::<ConfigMap>(&client, &ns),
-            watcher::Config::default()
-                .labels("app.kubernetes.io/managed-by=lanekeeper")
-                .any_semantic(),
-        )
-        .default_backoff()
-        .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None),
-    )
-    .touched_objects();
-    let (hpa_store, hpa_writer) = kube::runtime::reflector::store();
-    let hpa_stream = kube::runtime::reflector(
-        hpa_writer,
-        watcher(
-            scoped_api::<HorizontalPodAutoscaler>(&client, &ns),
-            watch_config(),
-        )
-        .default_backoff()
-        .modify(|h: &mut HorizontalPodAutoscaler| h.metadata.managed_fields = None),
-    )
-    .touched_objects();
+    let (cm_store, cm_stream) = reflected(
+        scoped_api::<ConfigMap>(&client, &ns),
+        watcher::Config::default()
+            .labels("app.kubernetes.io/managed-by=lanekeeper")
+            .any_semantic(),
+    );
+    let (hpa_store, hpa_stream) = reflected(
+        scoped_api::<HorizontalPodAutoscaler>(&client, &ns),
+        watch_config(),
+    );
     for source in &sources {
         source.attach(&ns, trigger_tx.clone());
     }
