@@ -8,6 +8,7 @@
 //! tick, within the pool's per-tick budget of work units.
 
 use std::cmp::Ordering;
+use std::fmt::Write as _;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use rand::{Rng, SeedableRng};
@@ -476,6 +477,8 @@ struct Sim<'a> {
     next_id: u64,
     trace: Option<Trace>,
     pending_refusals: Vec<(Attempt, Refusal)>,
+    /// The request id of the attempt being admitted.
+    id_buf: String,
 }
 
 fn stream(seed: u64, s: u64) -> ChaCha8Rng {
@@ -748,6 +751,7 @@ impl<'a> Sim<'a> {
             next_id: 0,
             trace: None,
             pending_refusals: Vec::new(),
+            id_buf: String::new(),
             lanes,
         })
     }
@@ -1235,13 +1239,15 @@ impl<'a> Sim<'a> {
             );
             return;
         };
-        let id = a.id.to_string();
+        // The request id as a client sends it, written into one buffer.
+        self.id_buf.clear();
+        let _ = write!(self.id_buf, "{}", a.id);
         let verdict = core.admit(
             &lanes::Request {
                 lane: &self.lanes[li].name,
                 tenant: None,
                 attempt: Some(u32::from(a.n)),
-                request_id: Some(&id),
+                request_id: Some(&self.id_buf),
             },
             now,
         );

@@ -197,31 +197,23 @@ impl Core {
 /// lane's deadline.
 fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, now: f64) -> Arrival {
     let key = req.request_id.map(|id| lane.seen.key(id));
-    let seen = key.and_then(|k| lane.seen.get(k).copied());
     let header = req.attempt;
-    let (attempt, first_arrival) = match seen {
-        Some(s) if s.deferred => (Attempt::Returning, s.first_arrival),
-        Some(_) => (Attempt::Retry, now),
-        None if header.unwrap_or(1) > 1 => (Attempt::Retry, now),
-        None => (Attempt::Original, now),
+    let deadline = lane.cfg.deadline_seconds as f64;
+    let mut counted = None;
+    let mut classify = |seen: Option<&Seen>| {
+        let c = classify(seen, header, now);
+        counted = Some(c);
+        Seen::new(c.1, deadline, c.2, c.0 == Attempt::Returning)
     };
-    let attempts = match (attempt, seen) {
-        (Attempt::Retry, Some(s)) => (s.attempts + 1).max(header.unwrap_or(0)),
-        (Attempt::Retry, None) => header.unwrap_or(2),
-        (_, Some(s)) => s.attempts,
-        (_, None) => 1,
-    };
-    if let Some(k) = key {
-        lane.seen.touch(
-            k,
-            Seen {
-                first_arrival,
-                attempts,
-                deferred: attempt == Attempt::Returning,
-                forget_at: first_arrival + lane.cfg.deadline_seconds as f64,
-            },
-        );
+    match key {
+        Some(k) => {
+            lane.seen.record(k, classify);
+        }
+        None => {
+            classify(None);
+        }
     }
+    let (attempt, first_arrival, attempts) = counted.expect("classified");
     Arrival {
         lane: li,
         attempt,
@@ -229,6 +221,25 @@ fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, now: f64) -> Arr
         first_arrival,
         key,
     }
+}
+
+/// (how it counts, where its deadline starts, attempts so far) of a request
+/// whose id was `seen` before (or not) and whose attempt header says
+/// `header`.
+fn classify(seen: Option<&Seen>, header: Option<u32>, now: f64) -> (Attempt, f64, u32) {
+    let (attempt, first_arrival) = match seen {
+        Some(s) if s.deferred => (Attempt::Returning, s.first_arrival),
+        Some(_) => (Attempt::Retry, now),
+        None if header.unwrap_or(1) > 1 => (Attempt::Retry, now),
+        None => (Attempt::Original, now),
+    };
+    let attempts = match (attempt, seen) {
+        (Attempt::Retry, Some(s)) => (s.attempts() + 1).max(header.unwrap_or(0)),
+        (Attempt::Retry, None) => header.unwrap_or(2),
+        (_, Some(s)) => s.attempts(),
+        (_, None) => 1,
+    };
+    (attempt, first_arrival, attempts)
 }
 
 /// Retries: `retry.maxAttempts`, then the budget over the recent originals.

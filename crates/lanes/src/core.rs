@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxBuildHasher;
+
 use crate::config::{GatewayConfig, LaneConfig, Mode};
 use crate::fair_queue::{Key, TenantId};
 use crate::lane::{Lane, effective_rate};
@@ -24,7 +26,9 @@ pub struct Core {
     share: f64,
     pub(crate) lanes: Vec<Lane>,
     pub(crate) spare: Spare,
-    by_name: HashMap<String, usize>,
+    /// Lane names are the config's own (no client inserts here), so a
+    /// cheap hasher will do.
+    by_name: HashMap<String, usize, FxBuildHasher>,
     pub(crate) pressure: PressureGauge,
     pub(crate) next_ticket: u64,
     /// Ticket → (lane, tenant, key) of every waiting request.
@@ -48,7 +52,7 @@ impl Core {
         if !(share > 0.0 && share <= 1.0) {
             return Err(ConfigError::Share(share));
         }
-        let by_name: HashMap<String, usize> = cfg
+        let by_name: HashMap<String, usize, FxBuildHasher> = cfg
             .lanes
             .iter()
             .enumerate()
@@ -97,6 +101,13 @@ impl Core {
         unix_now: f64,
     ) -> Result<Vec<(Ticket, Resolution)>, ConfigError> {
         let mut next = Core::new(cfg, share, now, unix_now)?;
+        // The same lanes in the same order: every ticket stays where it is.
+        let same_order = self.lanes.len() == next.lanes.len()
+            && self
+                .lanes
+                .iter()
+                .zip(&next.lanes)
+                .all(|(a, b)| a.cfg.name == b.cfg.name);
         let mut refused = Vec::new();
         for (old_idx, mut old) in std::mem::take(&mut self.lanes).into_iter().enumerate() {
             let rate = old.bucket.rate;
@@ -114,7 +125,11 @@ impl Core {
                 }
             }
         }
-        next.tickets = next.index_tickets();
+        next.tickets = if same_order {
+            std::mem::take(&mut self.tickets)
+        } else {
+            next.index_tickets()
+        };
         self.spare.refill(now);
         next.spare.tokens = self.spare.tokens.min(next.spare.cap);
         let gauge = std::mem::replace(&mut self.pressure, PressureGauge::new(None, 1.0, now));

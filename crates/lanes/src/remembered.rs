@@ -2,6 +2,7 @@
 //! a deferred request's first arrival), and the originals and retries of
 //! the last seconds (the retry budget).
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 
@@ -12,20 +13,48 @@ pub const MAX_REMEMBERED_IDS: usize = 1_000_000;
 /// Retries are counted against originals over this sliding window.
 pub const RETRY_WINDOW_SECONDS: usize = 10;
 
-/// What is remembered of a request id.
+/// Deadlines are remembered in an `f32`, exact for whole seconds up to
+/// this (194 days); a longer deadline is remembered this long.
+const MAX_REMEMBERED_DEADLINE: f64 = 16_777_216.0;
+
+/// What is remembered of a request id: 16 bytes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Seen {
     pub(crate) first_arrival: f64,
-    pub(crate) forget_at: f64,
-    pub(crate) attempts: u32,
+    /// The lane's deadline when it was seen (whole seconds).
+    deadline: f32,
+    attempts: u16,
     pub(crate) deferred: bool,
 }
 
+impl Seen {
+    /// An id seen at `first_arrival` in a lane with `deadline` seconds.
+    pub(crate) fn new(first_arrival: f64, deadline: f64, attempts: u32, deferred: bool) -> Seen {
+        Seen {
+            first_arrival,
+            deadline: deadline.min(MAX_REMEMBERED_DEADLINE) as f32,
+            attempts: attempts.min(u32::from(u16::MAX)) as u16,
+            deferred,
+        }
+    }
+
+    /// When it is forgotten: its deadline after its first arrival.
+    pub(crate) fn forget_at(&self) -> f64 {
+        self.first_arrival + f64::from(self.deadline)
+    }
+
+    /// Attempts counted so far.
+    pub(crate) fn attempts(&self) -> u32 {
+        u32::from(self.attempts)
+    }
+}
+
 /// Request ids by a keyed 64-bit hash of the id: a million ids cost about
-/// 40 bytes each and no string compare (a collision, about one in 10^7
-/// among a million ids, would count one request as another's retry). The
-/// key is random per lane, so clients cannot aim collisions, and the map
-/// hashes the already-random key cheaply.
+/// 40 bytes each (a 24-byte table slot and a 16-byte expiry entry) and no
+/// string compare (a collision, about one in 10^7 among a million ids,
+/// would count one request as another's retry). The key is random per
+/// lane, so clients cannot aim collisions, and the map hashes the
+/// already-random key cheaply.
 #[derive(Debug, Default)]
 pub(crate) struct Remembered {
     keys: RandomState,
@@ -38,10 +67,6 @@ impl Remembered {
     /// The key of an id.
     pub(crate) fn key(&self, id: &str) -> u64 {
         self.keys.hash_one(id)
-    }
-
-    pub(crate) fn get(&self, key: u64) -> Option<&Seen> {
-        self.ids.get(&key)
     }
 
     /// Marks a remembered id as deferred (its return keeps its place).
@@ -59,36 +84,51 @@ impl Remembered {
                 break;
             }
             self.expiry.pop_front();
-            // An id seen again later has a later forget_at (and a later
+            // An id seen again later has a later forget time (and a later
             // entry): keep it.
-            if self.ids.get(&k).is_some_and(|s| s.forget_at <= at) {
+            if self.ids.get(&k).is_some_and(|s| s.forget_at() <= at) {
                 self.ids.remove(&k);
             }
         }
     }
 
-    /// Remembers an id; one expiry entry per forget time (a return after a
+    /// Looks an id up and remembers what `update` makes of it (given what
+    /// was remembered, if anything), in one lookup; returns what was
+    /// remembered before. One expiry entry per forget time (a return after a
     /// deferral keeps its first arrival, so it adds none).
-    pub(crate) fn touch(&mut self, key: u64, seen: Seen) {
-        match self.ids.get_mut(&key) {
-            Some(s) => {
-                let later = seen.forget_at > s.forget_at;
-                *s = seen;
-                if later {
-                    self.expiry.push_back((seen.forget_at, key));
-                }
+    pub(crate) fn record(
+        &mut self,
+        key: u64,
+        update: impl FnOnce(Option<&Seen>) -> Seen,
+    ) -> Option<Seen> {
+        let (before, forget_at, later) = match self.ids.entry(key) {
+            Entry::Occupied(mut e) => {
+                let before = *e.get();
+                let seen = update(Some(&before));
+                e.insert(seen);
+                (Some(before), seen.forget_at(), seen.forget_at() > before.forget_at())
             }
-            None => {
-                self.ids.insert(key, seen);
-                self.expiry.push_back((seen.forget_at, key));
+            Entry::Vacant(e) => {
+                let seen = update(None);
+                e.insert(seen);
+                (None, seen.forget_at(), true)
             }
+        };
+        if later {
+            self.expiry.push_back((forget_at, key));
         }
+        before
     }
 
     /// Ids remembered now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.ids.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn get(&self, key: u64) -> Option<&Seen> {
+        self.ids.get(&key)
     }
 }
 
@@ -132,21 +172,17 @@ mod tests {
     use super::*;
 
     fn seen(at: f64, deadline: f64) -> Seen {
-        Seen {
-            first_arrival: at,
-            forget_at: at + deadline,
-            attempts: 1,
-            deferred: false,
-        }
+        Seen::new(at, deadline, 1, false)
     }
 
     #[test]
     fn ids_are_forgotten_after_their_deadline_unless_seen_again() {
         let mut r = Remembered::default();
         let (a, b) = (r.key("a"), r.key("b"));
-        r.touch(a, seen(0.0, 10.0));
-        r.touch(b, seen(0.0, 10.0));
-        r.touch(b, seen(5.0, 10.0));
+        assert!(r.record(a, |_| seen(0.0, 10.0)).is_none());
+        r.record(b, |_| seen(0.0, 10.0));
+        let before = r.record(b, |_| seen(5.0, 10.0));
+        assert_eq!(before.map(|s| s.first_arrival), Some(0.0));
         r.sweep(12.0);
         assert!(r.get(a).is_none());
         assert!(r.get(b).is_some(), "seen again at 5 s: kept until 15 s");
@@ -162,5 +198,15 @@ mod tests {
         assert_eq!(w.totals(9.9), (1, 1));
         assert_eq!(w.totals(10.0), (0, 1));
         assert_eq!(w.totals(13.0), (0, 0));
+    }
+
+    #[test]
+    fn a_seen_id_takes_16_bytes_and_keeps_whole_second_deadlines_exactly() {
+        assert_eq!(std::mem::size_of::<Seen>(), 16);
+        let s = Seen::new(1234.567, 86_400.0, 70_000, true);
+        assert_eq!(s.forget_at(), 1234.567 + 86_400.0);
+        assert_eq!(s.attempts(), u32::from(u16::MAX));
+        let long = Seen::new(0.0, 1e12, 1, false);
+        assert_eq!(long.forget_at(), MAX_REMEMBERED_DEADLINE);
     }
 }
