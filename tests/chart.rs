@@ -62,3 +62,32 @@ fn example_manifests_carry_the_inc47_objects() {
         "manifests/examples/inc-47.yaml differs from examples/inc-47/inc-47.yaml: copy the objects over"
     );
 }
+
+/// The example's calibration describes the Deployment shipped beside it: a
+/// first install is `Calibrated=True` until the measurement's 90 days pass.
+#[test]
+fn the_example_calibration_hashes_the_shipped_deployment() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .args([
+            "calibration-hash",
+            "-f",
+            "manifests/examples/vllm-agent-assist.yaml",
+        ])
+        .current_dir(root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hash = String::from_utf8(out.stdout).unwrap();
+    let hash = hash.trim();
+    assert!(hash.starts_with("sha256:") && hash.len() == 71, "{hash}");
+    let example = std::fs::read_to_string(root.join("examples/inc-47/inc-47.yaml")).unwrap();
+    assert!(
+        example.contains(&format!("configHash: \"{hash}\"")),
+        "examples/inc-47/inc-47.yaml: set capacity.calibration.configHash to {hash} (and measuredAt to the day of the load test)"
+    );
+}

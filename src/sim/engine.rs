@@ -8,8 +8,8 @@
 //! tick, within the pool's per-tick budget of work units.
 
 use std::cmp::Ordering;
-use std::fmt::Write as _;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::fmt::Write as _;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

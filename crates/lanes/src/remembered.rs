@@ -106,7 +106,11 @@ impl Remembered {
                 let before = *e.get();
                 let seen = update(Some(&before));
                 e.insert(seen);
-                (Some(before), seen.forget_at(), seen.forget_at() > before.forget_at())
+                (
+                    Some(before),
+                    seen.forget_at(),
+                    seen.forget_at() > before.forget_at(),
+                )
             }
             Entry::Vacant(e) => {
                 let seen = update(None);
