@@ -80,7 +80,7 @@ pub struct Context {
     /// watch lag after our own writes).
     pub writes: Writes,
     /// What the sweep needs to remember between passes.
-    pub seen: Seen,
+    pub seen: SweepMemory,
     /// Failures in a row per object, for backoff.
     pub failures: Mutex<HashMap<String, u32>>,
 }
@@ -100,7 +100,7 @@ pub struct Reconciled {
 /// own: the profiles it reconciled (uid → names, for clean-up when they go)
 /// and the invalid objects it already reported (uid → generation).
 #[derive(Default)]
-pub struct Seen {
+pub struct SweepMemory {
     /// Profiles reconciled, per uid.
     pub reconciled: Mutex<HashMap<String, Reconciled>>,
     /// Invalid objects already reported (uid → generation).

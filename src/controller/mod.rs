@@ -233,7 +233,7 @@ async fn run_namespace(
         index: index::Index::new(client.clone(), trigger_tx, cm_store, hpa_store),
         resolver: scale::Resolver::default(),
         writes: Writes::new(client.clone(), metrics.clone()),
-        seen: context::Seen::default(),
+        seen: context::SweepMemory::default(),
         failures: Mutex::new(HashMap::new()),
     });
     let profile_store = controller.store();
