@@ -28,7 +28,10 @@
 //!    `LANEKEEPER_SCALE_AUDIT_LOG` names it; and from the API server's
 //!    `apiserver_request_total`, as the difference between a window with
 //!    the controller and one without it;
-//! 5. reads the controller's resident memory (VmRSS);
+//! 5. reads the controller's memory from /proc/PID/status: VmRSS sampled
+//!    every 20 ms from its start until every status is written (through
+//!    the initial lists), VmHWM (the peak) then, at steady state and at the
+//!    end, VmRSS at each; a failed read stops the bench;
 //! 6. reaction to cluster signals: `CHANGES` times (default 100) turns a
 //!    pool pod's ContainersReady False (then True again, as a kubelet
 //!    would) and times the patch to the ConfigMap whose capacity reflects
@@ -39,7 +42,11 @@
 //!
 //! Environment: `LANEKEEPER_SCALE_PODS` (2000), `LANEKEEPER_SCALE_CHANGES`
 //! (100), `LANEKEEPER_SCALE_STEADY_SECONDS` (60),
-//! `LANEKEEPER_SCALE_KEEP=1` to leave the objects behind.
+//! `LANEKEEPER_SCALE_KEEP=1` to leave the objects behind (a later run
+//! reuses them: it deletes the gateway ConfigMaps and clears the profiles'
+//! statuses before the controller starts), `LANEKEEPER_SCALE_BIN` for
+//! another build of `lanekeeper` than this one (to compare two builds on
+//! one world).
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::{Child, Command, Stdio};
@@ -322,17 +329,89 @@ async fn controller_kubeconfig(client: &Client) -> std::path::PathBuf {
     path
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
+/// A field of the controller's /proc/PID/status in MiB: `VmRSS` (resident
+/// now) or `VmHWM` (the peak resident set so far). A failed read is an
+/// error, never 0.
+fn memory_mib(pid: u32, field: &str) -> Result<f64, String> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    let kib: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| format!("{path}: no {field} line"))?;
+    Ok(kib / 1024.0)
+}
+
+fn mib(pid: u32, field: &str) -> f64 {
+    memory_mib(pid, field).unwrap_or_else(|e| panic!("reading the controller's memory: {e}"))
+}
+
+/// Samples the controller's VmRSS every 20 ms from its start until
+/// stopped: what its memory does through the initial lists.
+struct Sampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: std::thread::JoinHandle<Result<Vec<(Duration, f64)>, String>>,
+}
+
+impl Sampler {
+    fn start(pid: u32) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let mut samples = Vec::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                samples.push((t0.elapsed(), memory_mib(pid, "VmRSS")?));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(samples)
+        });
+        Self { stop, task }
+    }
+
+    /// The samples taken.
+    fn finish(self) -> Vec<(Duration, f64)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task
+            .join()
+            .expect("the sampler thread")
+            .unwrap_or_else(|e| panic!("sampling the controller's memory: {e}"))
+    }
+}
+
+/// Removes what an earlier run's controller wrote (the gateway ConfigMaps,
+/// the profiles' statuses), so that a kept world (`LANEKEEPER_SCALE_KEEP`)
+/// times a start from nothing written again.
+async fn clear_outputs(client: &Client, names: &[(String, String)]) {
+    for (ns, profile) in names {
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        for name in [
+            format!("{profile}-lanes"),
+            format!("{profile}-lanes-observe"),
+        ] {
+            match cms.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => panic!("delete ConfigMap {ns}/{name}: {e}"),
+            }
+        }
+        let api = Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            ns,
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("lanekeeper.dev", "v1alpha1", "CapacityProfile"),
+                "capacityprofiles",
+            ),
+        );
+        api.patch_status(
+            profile,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": null})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("clear the status of {ns}/{profile}: {e}"));
+    }
 }
 
 /// `apiserver_request_total` summed by (verb, resource[/subresource]).
@@ -588,13 +667,17 @@ async fn main() {
     let base = diff(&base0, &apiserver_requests(&client).await);
 
     // 3. Start the controller.
+    clear_outputs(&client, &names).await;
     let seen = watch_configmaps(&client);
     let kc = controller_kubeconfig(&client).await;
     let audit_start = audit
         .as_deref()
         .map_or(0, |p| std::fs::metadata(p).map_or(0, |m| m.len()));
     let started = Instant::now();
-    let mut ctl: Child = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+    let bin = std::env::var("LANEKEEPER_SCALE_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_lanekeeper").to_owned());
+    println!("controller: {bin}");
+    let mut ctl: Child = Command::new(&bin)
         .args([
             "run",
             "--metrics-addr",
@@ -613,6 +696,7 @@ async fn main() {
         .spawn()
         .expect("the lanekeeper binary");
     let pid = ctl.id();
+    let sampler = Sampler::start(pid);
     let cms = wait_for("every gateway ConfigMap", Duration::from_secs(600), || {
         let s = seen.lock().unwrap();
         names.iter().all(|(ns, p)| {
@@ -643,11 +727,39 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let rss_converged = rss_mib(pid);
+    let samples = sampler.finish();
+    let rss_converged = mib(pid, "VmRSS");
+    let hwm_converged = mib(pid, "VmHWM");
     println!(
-        "start → all {profiles} ConfigMaps: {:.2} s; all {profiles} profile statuses: {:.2} s; RSS {rss_converged:.1} MiB",
+        "start → all {profiles} ConfigMaps: {:.2} s; all {profiles} profile statuses: {:.2} s",
         cms.as_secs_f64(),
         statuses.as_secs_f64()
+    );
+    let (peak_at, peak) = samples
+        .iter()
+        .copied()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("at least one sample");
+    println!(
+        "controller memory through start-up: peak (VmHWM) {hwm_converged:.1} MiB; \
+         VmRSS sampled every 20 ms ({} samples): highest {peak:.1} MiB at {:.2} s; \
+         VmRSS once converged {rss_converged:.1} MiB",
+        samples.len(),
+        peak_at.as_secs_f64()
+    );
+    let at = |t: f64| {
+        samples
+            .iter()
+            .take_while(|(d, _)| d.as_secs_f64() <= t)
+            .last()
+            .map_or(f64::NAN, |s| s.1)
+    };
+    println!(
+        "  VmRSS at 0.25 / 0.5 / 1 / 2 s: {:.1} / {:.1} / {:.1} / {:.1} MiB",
+        at(0.25),
+        at(0.5),
+        at(1.0),
+        at(2.0)
     );
 
     // 4. Steady state.
@@ -686,8 +798,11 @@ async fn main() {
             println!("  {k}: {a:.1} − {b:.1} = {:+.1}", a - b);
         }
     }
-    let rss_steady = rss_mib(pid);
-    println!("controller RSS at steady state: {rss_steady:.1} MiB");
+    println!(
+        "controller memory at steady state: VmRSS {:.1} MiB, VmHWM {:.1} MiB",
+        mib(pid, "VmRSS"),
+        mib(pid, "VmHWM")
+    );
 
     // 6. Reaction to a pod's readiness.
     let mut cluster_ms = Vec::new();
@@ -744,7 +859,7 @@ async fn main() {
         let at = seen.lock().unwrap()[&key].1;
         prom_ms.push((at - t0).as_secs_f64() * 1000.0);
     }
-    let rss_end = rss_mib(pid);
+    let (rss_end, hwm_end) = (mib(pid, "VmRSS"), mib(pid, "VmHWM"));
     println!(
         "reaction to a pod's readiness ({} changes): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         cluster_ms.len(),
@@ -759,7 +874,7 @@ async fn main() {
         percentile(&mut prom_ms, 99.0),
         percentile(&mut prom_ms, 100.0)
     );
-    println!("controller RSS after the changes: {rss_end:.1} MiB");
+    println!("controller memory after the changes: VmRSS {rss_end:.1} MiB, VmHWM {hwm_end:.1} MiB");
 
     let _ = ctl.kill();
     let _ = ctl.wait();

@@ -198,3 +198,44 @@ async fn converges_through_injected_faults() {
     );
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telemetry_is_judged_only_once_the_pools_watches_have_synced() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    // The pool's first lists come late. A decision taken before them would
+    // read a pod index and a scale target not yet listed as unknown
+    // capacity: a TelemetryUnknown event, then TelemetryRestored.
+    for what in ["/pods", "/deployments"] {
+        s.inject(
+            Fault::delay(Duration::from_millis(1500))
+                .method("GET")
+                .path(what)
+                .watch_only(false),
+        );
+    }
+    let c = start(&s, settings(false, "a"));
+    assert!(
+        s.wait_until(T, |s| lanes_json(s, "agent-assist-lanes")
+            .is_some_and(|c| c["level"] == 1)
+            && profile_status(s)["level"] == 1)
+            .await
+    );
+    assert!(s.pending_faults().is_empty(), "both first lists were slow");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for reason in ["TelemetryUnknown", "TelemetryRestored"] {
+        assert_eq!(events(&s, reason), Vec::<Value>::new(), "{reason}");
+    }
+    let judged_unknown: Vec<Value> = s
+        .history(LK, "capacityprofiles", Some(NS), "agent-assist")
+        .into_iter()
+        .filter_map(|w| {
+            let conditions = w.object["status"]["conditions"].as_array()?.clone();
+            conditions
+                .into_iter()
+                .find(|c| c["type"] == "TelemetryKnown" && c["status"] == "False")
+        })
+        .collect();
+    assert_eq!(judged_unknown, Vec::<Value>::new());
+    c.stop().await;
+}

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::autoscaling::v1::Scale;
@@ -318,6 +319,17 @@ impl Index {
             replicasets,
             scale: None,
         }
+    }
+
+    /// While the scale target's watches (the workload, a Deployment's
+    /// ReplicaSets) are on their first list, within the grace: how long
+    /// is left (see [`Watch::first_sync_left`]).
+    pub fn first_sync_left(&self, profile: &CapacityProfile) -> Option<Duration> {
+        let targets = self.targets.lock().expect("not poisoned");
+        let e = targets.get(&ObjectRef::from_obj(profile))?;
+        let workload = e.workload.first_sync_left();
+        let replicasets = e.replicasets.as_ref().and_then(Watch::first_sync_left);
+        workload.max(replicasets)
     }
 
     /// Stops the watches of a deleted profile.

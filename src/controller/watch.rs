@@ -5,6 +5,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::Resource;
@@ -24,8 +25,14 @@ where
 {
     store: Store<K>,
     synced: Arc<AtomicBool>,
+    started: Instant,
     task: JoinHandle<()>,
 }
+
+/// How long a reconcile waits for the first list of a profile's watch
+/// (pods, scale target) before it decides without it (what it could not
+/// read is then Unknown, as it really is).
+pub const FIRST_SYNC_GRACE: Duration = Duration::from_secs(30);
 
 impl<K> Watch<K>
 where
@@ -72,6 +79,7 @@ where
         Self {
             store,
             synced,
+            started: Instant::now(),
             task,
         }
     }
@@ -81,6 +89,19 @@ where
         self.synced
             .load(Ordering::Acquire)
             .then(|| self.store.state())
+    }
+
+    /// While the first list has not come in and the watch started less
+    /// than [`FIRST_SYNC_GRACE`] ago: how much of the grace is left. A
+    /// decision waits for it rather than read an empty cache as missing
+    /// data.
+    pub fn first_sync_left(&self) -> Option<Duration> {
+        if self.synced.load(Ordering::Acquire) {
+            return None;
+        }
+        FIRST_SYNC_GRACE
+            .checked_sub(self.started.elapsed())
+            .filter(|left| !left.is_zero())
     }
 }
 

@@ -3,6 +3,7 @@
 //! as typed [`Effects`]. Each write is skipped when nothing changed.
 
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt;
@@ -287,12 +288,14 @@ async fn bounded_drain(
     let selector = selector_of(profile).map_err(|e| Error::Invalid(e.to_string()))?;
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
     let metrics = &ctx.metrics;
+    // The drain reads pods listed afresh and cached ones alike, as `Pod`s.
+    let cached: Vec<Arc<Pod>> = cached.iter().map(|p| Arc::new(p.to_pod())).collect();
     let done = drain::actuate(
         &api,
         &selector,
         spec,
         &decision.drain,
-        cached,
+        &cached,
         !obs.observe_only(),
         obs.now,
         |kind| metrics.write(kind, "patch"),

@@ -69,12 +69,17 @@ pub async fn reconcile(
             .expect("not poisoned")
             .remove(&profile.key());
     }
-    result.map(|()| Action::requeue(ctx.settings.resync))
+    result
 }
 
-/// Observe → decide → actuate → report → events.
-async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(), Error> {
-    let obs = observe::observe(ctx, profile).await?;
+/// Observe → decide → actuate → report → events; when a watch of the pool
+/// is still on its first list, nothing (its first list triggers the next
+/// reconcile, and the grace's end one at the latest).
+async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<Action, Error> {
+    let obs = match observe::observe(ctx, profile).await? {
+        observe::Observed::Ready(obs) => obs,
+        observe::Observed::FirstSync(left) => return Ok(Action::requeue(left)),
+    };
     let (decision, next) =
         policy::evaluate_profile(&obs.binding(), &obs.snapshot, obs.approved, &obs.prev);
     let effects = actuate::actuate(ctx, &obs, &decision).await?;
@@ -86,7 +91,7 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<(
             Target::Ignored(i) => events::publish(ctx, &obs.policies[i + 1], &n).await,
         }
     }
-    Ok(())
+    Ok(Action::requeue(ctx.settings.resync))
 }
 
 /// Backoff per object: 1 s doubling up to 5 minutes.

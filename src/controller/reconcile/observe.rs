@@ -5,15 +5,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::super::context::{APPROVE_ANNOTATION, Context};
 use super::super::error::Error;
 use super::super::index::TargetView;
-use super::super::pods::{self, DRAIN_REASON_ANNOTATION, DRAINED_AT_ANNOTATION};
+use super::super::pods::{self, CachedPod};
 use super::super::scale::TargetState;
 use super::pool::{self as pool_view, PoolView, WorkloadKind};
 use crate::api::calibration::CalibrationCheck;
@@ -49,7 +48,7 @@ pub struct Observation {
     /// when the controller first saw it (kept in the policy's status).
     pub approved: Option<Approval>,
     /// The pool's pods, once the pod index has synced.
-    pub pods: Option<Vec<Arc<Pod>>>,
+    pub pods: Option<Vec<Arc<CachedPod>>>,
     /// The scale target, when it could be read.
     pub target: Option<TargetState>,
     /// Why the scale target could not be read.
@@ -111,7 +110,7 @@ pub fn pool_signals(
     profile: &CapacityProfile,
     pool: Option<&PoolView>,
     calibration: &CalibrationCheck,
-    raw_pods: Option<&[Arc<Pod>]>,
+    raw_pods: Option<&[Arc<CachedPod>]>,
     signals: &mut ProfileSignals,
     unknown: &mut BTreeMap<String, String>,
 ) {
@@ -136,12 +135,10 @@ pub fn pool_signals(
     if let Some(problem) = &pool.revision_problem {
         unknown.insert("currentRevision".to_owned(), problem.clone());
     }
-    let label = WorkloadKind::of(&profile.spec.pool.scale_target_ref).revision_label();
-    if let (Some(label), Some(raw)) = (label, raw_pods) {
-        for p in raw {
-            if let Some(s) = signals.pods.get_mut(&p.name_any()) {
-                s.revision = p.labels().get(label).cloned();
-            }
+    let kind = WorkloadKind::of(&profile.spec.pool.scale_target_ref);
+    for p in raw_pods.unwrap_or_default() {
+        if let Some(s) = signals.pods.get_mut(&p.name_any()) {
+            s.revision = p.revision(kind).map(str::to_owned);
         }
     }
 }
@@ -153,25 +150,25 @@ pub const CALIBRATED_CAPACITY: &str = "calibratedCapacity";
 /// reason from their annotations and the healthy window from the engine's
 /// last state. Who is drained is read from the cluster, never from memory.
 pub fn drained_from_cluster(
-    pods: &[Arc<Pod>],
+    pods: &[Arc<CachedPod>],
     engine: &BTreeMap<String, DrainedPod>,
     now: i64,
 ) -> BTreeMap<String, DrainedPod> {
     pods.iter()
-        .filter(|p| pods::pool_pod(p).drained)
+        .filter(|p| p.drained)
         .map(|p| {
             let name = p.name_any();
             let prev = engine.get(&name);
             let since = p
-                .annotations()
-                .get(DRAINED_AT_ANNOTATION)
-                .and_then(|t| crate::api::common::parse_rfc3339(t))
+                .drained_at
+                .as_deref()
+                .and_then(crate::api::common::parse_rfc3339)
                 .or(prev.map(|d| d.since))
                 .unwrap_or(now);
             let reason = p
-                .annotations()
-                .get(DRAIN_REASON_ANNOTATION)
-                .map(|r| DrainReason::from(r.as_str()))
+                .drain_reason
+                .as_deref()
+                .map(DrainReason::from)
                 .or(prev.map(|d| d.reason.clone()))
                 .unwrap_or(DrainReason::LabelledByHand);
             (
@@ -184,6 +181,16 @@ pub fn drained_from_cluster(
             )
         })
         .collect()
+}
+
+/// What observe found.
+pub enum Observed {
+    /// Everything one decision needs.
+    Ready(Box<Observation>),
+    /// A watch of the pool (its pods, its scale target) is on its first
+    /// list, for at most this long more: nothing is decided on a cache not
+    /// yet listed; the first list triggers the reconcile again.
+    FirstSync(Duration),
 }
 
 /// The objects bound to the profile (through `policy::bind_profile`, from
@@ -239,7 +246,11 @@ async fn scale_target(
 
 /// The engine's last state, from status, with the drained set read from the
 /// cluster (when the pods are known).
-fn engine_state(profile: &CapacityProfile, pods: Option<&[Arc<Pod>]>, now: i64) -> ProfileState {
+fn engine_state(
+    profile: &CapacityProfile,
+    pods: Option<&[Arc<CachedPod>]>,
+    now: i64,
+) -> ProfileState {
     let mut prev: ProfileState = profile
         .status
         .as_ref()
@@ -252,9 +263,10 @@ fn engine_state(profile: &CapacityProfile, pods: Option<&[Arc<Pod>]>, now: i64) 
 }
 
 /// Reads everything the decision needs. Fails only on API errors worth a
-/// retry; what can't be had (pods not synced, no scale target, a signal
-/// source down) is recorded as unknown and the engine holds.
-pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observation, Error> {
+/// retry; waits for the pool's watches' first lists (within their grace);
+/// what can't be had (pods not synced after the grace, no scale target, a
+/// signal source down) is recorded as unknown and the engine holds.
+pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observed, Error> {
     let now = now();
     let profile = ctx.writes.freshen(profile);
 
@@ -275,9 +287,13 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
     let unschedulable = raw_pods.as_deref().and_then(pods::unschedulable);
     let pool_pods: Option<Vec<crate::signals::PoolPod>> = raw_pods
         .as_ref()
-        .map(|ps| ps.iter().map(|p| pods::pool_pod(p)).collect());
+        .map(|ps| ps.iter().map(|p| p.pool_pod()).collect());
     let target_ref = &profile.spec.pool.scale_target_ref;
     let (view, scale_problem) = scale_target(ctx, &profile).await?;
+    let first_sync = ctx.pods.first_sync_left(&profile);
+    if let Some(left) = first_sync.max(ctx.index.first_sync_left(&profile)) {
+        return Ok(Observed::FirstSync(left));
+    }
     let pool = view.as_ref().and_then(|v| {
         v.state
             .workload
@@ -328,7 +344,7 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
     snapshot.lanes = out.lanes;
 
     let prev = engine_state(&profile, raw_pods.as_deref(), now);
-    Ok(Observation {
+    Ok(Observed::Ready(Box::new(Observation {
         now,
         profile,
         lanes,
@@ -345,5 +361,5 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observa
         unschedulable,
         pool,
         calibration,
-    })
+    })))
 }
