@@ -2,7 +2,7 @@
 //! invalid input.
 //!
 //! Golden files live in tests/golden/; after an intended change regenerate
-//! them with `UPDATE_GOLDEN=1 cargo test --test plan_cli` and review the diff.
+//! them with `UPDATE_GOLDEN=1 cargo test --test it -- plan_cli::` and review the diff.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

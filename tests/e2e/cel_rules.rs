@@ -3,7 +3,7 @@
 //! rejected with the rule's own message, the good ones must pass, and every
 //! rule in the generated schemas must be exercised by at least one bad case.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

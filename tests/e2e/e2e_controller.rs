@@ -12,10 +12,8 @@
 //! injected 500s, 409s, delays and dropped watches, objects that the real
 //! server's validation would never let in, and starting without the CRDs.
 
-mod prometheus_support;
-mod support;
-#[path = "support/world.rs"]
-mod world;
+use crate::support;
+use crate::world;
 
 use std::time::{Duration, Instant};
 

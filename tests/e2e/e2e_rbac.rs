@@ -14,10 +14,8 @@
 //! Roles in `manifests/install.yaml` (the chart rendered with default
 //! values): nothing refused, nothing granted that no scenario used.
 
-mod prometheus_support;
-mod support;
-#[path = "support/world.rs"]
-mod world;
+use crate::support;
+use crate::world;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! plugged into the controller's signals trait (the Prometheus and scrape
 //! sources fill the same field in production).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

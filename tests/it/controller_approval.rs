@@ -2,7 +2,7 @@
 //! watch. The approval flow itself (pending → granted → consumed) runs on a
 //! real API server: tests/e2e_controller.rs.
 
-mod support;
+use crate::support;
 
 use serde_json::json;
 use support::operator::*;

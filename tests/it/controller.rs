@@ -4,7 +4,7 @@
 //! Everything else runs on a real server (tests/e2e.rs,
 //! tests/e2e_controller.rs).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
