@@ -318,7 +318,8 @@ async fn the_charts_rules_are_exactly_what_the_controller_calls() {
     ) {
         return;
     }
-    let _shared = CLUSTER.read().await;
+    // Alone: it deletes and takes the leader Lease the failover test uses.
+    let _alone = CLUSTER.write().await;
     let kc = controller_kubeconfig(&c).await;
     // The controller creates its Lease (another test's may be left).
     c.kubectl_ok(&[

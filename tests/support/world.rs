@@ -35,7 +35,7 @@ pub const T: Duration = Duration::from_secs(90);
 
 /// GPU pods: one test at a time on the two GPU nodes.
 pub static GPU: AsyncMutex<()> = AsyncMutex::const_new(());
-/// Held shared by every test, alone by the restart test.
+/// Held shared by every test, alone by the restart test and the RBAC test.
 pub static CLUSTER: RwLock<()> = RwLock::const_new(());
 
 // ---- the INC-47 world, in a namespace of its own ---------------------------
