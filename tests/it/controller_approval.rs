@@ -1,6 +1,6 @@
 //! Approval state in a profile's status stays readable by the controller's
 //! watch. The approval flow itself (pending → granted → consumed) runs on a
-//! real API server: tests/e2e_controller.rs.
+//! real API server: tests/e2e/e2e_controller.rs.
 
 use crate::support;
 
