@@ -3,7 +3,7 @@
 # cargo, and prometheus and promtool (Debian's `prometheus`: each test runs a
 # real Prometheus). Creates the cluster (e2e/kind-config.yaml), gives the two
 # GPU nodes an nvidia.com/gpu extended resource, builds and loads the image,
-# runs the e2e suite (tests/e2e.rs and the server half of tests/cel_rules.rs:
+# runs the e2e suite (the test binary tests/e2e/, the server half of cel_rules included:
 # the same suite CI runs on the local control plane of e2e/cluster.sh, less
 # the three tests that need its processes), collects logs and events on
 # failure, and deletes the cluster.
@@ -92,7 +92,7 @@ LANEKEEPER_E2E=1 \
 LANEKEEPER_REQUIRE_CLUSTER=1 \
 LANEKEEPER_REQUIRE_PROMETHEUS=1 \
 LANEKEEPER_E2E_IMAGE="${IMAGE}" \
-  cargo test --locked --test e2e --test e2e_controller --test e2e_rbac --test cel_rules -- \
+  cargo test --locked --test e2e -- \
     --skip apiserver_and_etcd_restarts_mid_incident \
     --skip steady_state_makes_no_api_calls \
     --skip the_charts_rules_are_exactly_what_the_controller_calls

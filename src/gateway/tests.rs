@@ -1,6 +1,6 @@
 //! The request path in-process: the real router (`proxy_router`) and state
 //! driven with tower's `oneshot`, no sockets. Forwarding to a live upstream
-//! is covered by tests/gateway.rs with the real binary.
+//! is covered by tests/it/gateway.rs with the real binary.
 
 use std::sync::Arc;
 

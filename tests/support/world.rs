@@ -1,6 +1,6 @@
 //! The INC-47 world on a real cluster, shared by the e2e test files
-//! (`#[path = "support/world.rs"] mod world;` next to `mod support;` and
-//! `mod prometheus_support;`): a namespace of its own with the INC-47
+//! (declared once in `tests/e2e/main.rs`, next to `support` and
+//! `prometheus_support`): a namespace of its own with the INC-47
 //! objects, a vLLM-shaped pool Deployment on the kwok GPU nodes, a real
 //! Prometheus scraping a small exporter the test drives, and readers for
 //! what the controller wrote.
@@ -35,7 +35,7 @@ pub const T: Duration = Duration::from_secs(90);
 
 /// GPU pods: one test at a time on the two GPU nodes.
 pub static GPU: AsyncMutex<()> = AsyncMutex::const_new(());
-/// Held shared by every test, alone by the restart test.
+/// Held shared by every test, alone by the restart test and the RBAC test.
 pub static CLUSTER: RwLock<()> = RwLock::const_new(());
 
 // ---- the INC-47 world, in a namespace of its own ---------------------------
@@ -53,7 +53,7 @@ pub fn inc47_objects(ns: &str, prom: &str) -> Vec<Value> {
                 v["spec"]["hysteresis"]["stableForSeconds"] = json!(STABLE_FOR);
                 // Test time: the example's cool-down and five-minute ramp
                 // stages would outlast every wait (the rules themselves are
-                // tested in tests/engine_evidence.rs).
+                // tested in tests/it/engine_evidence.rs).
                 v["spec"]["hysteresis"]["cooldownFactor"] = json!("0");
                 v["spec"]["hysteresis"]["recovery"] = json!({"stepsPercent": [1, 10], "stepSeconds": 1});
             }

@@ -58,7 +58,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/*
 The rules of the controller's namespaced work: exactly the calls in
-src/controller (tests/e2e_rbac.rs compares them with a real API server's
+src/controller (tests/e2e/e2e_rbac.rs compares them with a real API server's
 audit log).
 */}}
 {{- define "lanekeeper.rules" -}}

@@ -2,7 +2,7 @@
 //!
 //! `ApiServer::start().await` serves plain HTTP on 127.0.0.1; `server.client()` is a real
 //! `kube::Client` for it, so kube's `Api`, `watcher`, `reflector`, `Recorder` and
-//! `kube-lease-manager` talk to it unchanged. See `tests/apiserver_double.rs` for usage.
+//! `kube-lease-manager` talk to it unchanged. See `tests/it/apiserver_double.rs` for usage.
 //!
 //! Faithful where a controller depends on it: list/watch with resourceVersions, label and field
 //! selectors, pagination, 410 on expired history, create/replace/patch (merge, strategic, JSON,

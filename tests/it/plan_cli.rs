@@ -2,7 +2,7 @@
 //! invalid input.
 //!
 //! Golden files live in tests/golden/; after an intended change regenerate
-//! them with `UPDATE_GOLDEN=1 cargo test --test plan_cli` and review the diff.
+//! them with `UPDATE_GOLDEN=1 cargo test --test it -- plan_cli::` and review the diff.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -260,7 +260,7 @@ fn invalid_priority_type_exit_2() {
 
 /// kubectl validates strictly by default and the API server refuses a field
 /// the CRD does not declare; so does plan, naming it (the same case runs on
-/// a real server in tests/e2e.rs).
+/// a real server in tests/e2e/e2e.rs).
 #[test]
 fn undeclared_fields_exit_2_naming_the_field() {
     let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();

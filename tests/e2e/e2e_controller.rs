@@ -1,5 +1,5 @@
 //! The controller's behaviours on a real API server (`LANEKEEPER_E2E=1`,
-//! see tests/e2e.rs and docs/development.md): approvals, a Prometheus
+//! see tests/e2e/e2e.rs and docs/development.md): approvals, a Prometheus
 //! outage, steady state, restarts, observe mode, an HPA on the pool,
 //! unbound and duplicate objects, manual drain requests and unready pods.
 //! Each test has a namespace, a Prometheus and a controller process of its
@@ -8,14 +8,12 @@
 //! rates by the ready endpoints of its Service (`--endpoints-service`), and
 //! the chart's gateway with its RBAC.
 //!
-//! What stays on the API double (tests/controller.rs, tests/drain.rs):
+//! What stays on the API double (tests/it/controller.rs, tests/it/drain.rs):
 //! injected 500s, 409s, delays and dropped watches, objects that the real
 //! server's validation would never let in, and starting without the CRDs.
 
-mod prometheus_support;
-mod support;
-#[path = "support/world.rs"]
-mod world;
+use crate::support;
+use crate::world;
 
 use std::time::{Duration, Instant};
 

@@ -176,13 +176,13 @@ fn the_doc_examples_are_what_build_produces() {
     assert_eq!(
         doc_example(&doc, "example: inc-47 at 420"),
         serde_json::to_value(&s[0]).unwrap(),
-        "regenerate with `cargo test --test gateway_doc -- --ignored --nocapture`"
+        "regenerate with `cargo test --test it -- gateway_doc:: --ignored --nocapture`"
     );
     // The same config ships as a file, for `lanekeeper gateway --config`.
     assert_eq!(
         std::fs::read_to_string(root().join("examples/inc-47/lanes-420.json")).unwrap(),
         lanes::to_json(&s[0]),
-        "examples/inc-47/lanes-420.json is the INC-47 config at 420 units/s (print it with `cargo test --test gateway_doc -- --ignored --nocapture`)"
+        "examples/inc-47/lanes-420.json is the INC-47 config at 420 units/s (print it with `cargo test --test it -- gateway_doc:: --ignored --nocapture`)"
     );
     let lane = s[1]
         .lanes
@@ -192,7 +192,7 @@ fn the_doc_examples_are_what_build_produces() {
     assert_eq!(
         doc_example(&doc, "example: borrowing"),
         serde_json::to_value(lane).unwrap(),
-        "regenerate with `cargo test --test gateway_doc -- --ignored --nocapture`"
+        "regenerate with `cargo test --test it -- gateway_doc:: --ignored --nocapture`"
     );
 }
 

@@ -2,12 +2,12 @@
 //! controller, for what needs the double: random churn of pods, readiness
 //! and errors with controller restarts and injected API faults.
 //! The drain on a real server (bound, worst first, the serving gate and pod
-//! readiness, undrain, manual requests, unready pods) is in tests/e2e.rs and
-//! tests/e2e_controller.rs. Per-pod error ratios come from a test signal source
+//! readiness, undrain, manual requests, unready pods) is in tests/e2e/e2e.rs
+//! and tests/e2e/e2e_controller.rs. Per-pod error ratios come from a test signal source
 //! plugged into the controller's signals trait (the Prometheus and scrape
 //! sources fill the same field in production).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,6 @@
 //! Tests of the API server double, all through kube's real client and kube-runtime.
 
-mod support;
+use crate::support;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;

@@ -1,7 +1,7 @@
 //! The decide-on-evidence rules at their edges: unknown never relaxes,
 //! sustained triggers, the cool-down, staged recovery, human gates and
 //! approvals, retries apart from demand. (The property over random timelines
-//! is `unknown_never_relaxes` in tests/engine_properties.rs.)
+//! is `unknown_never_relaxes` in tests/it/engine_properties.rs.)
 
 use std::path::Path;
 

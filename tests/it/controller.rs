@@ -1,10 +1,10 @@
 //! The real controller against the in-process API double, for what a real
 //! API server cannot be made to do: start without the CRDs, hold objects its
 //! validation would refuse, inject 500s, 409s, delays and dropped watches.
-//! Everything else runs on a real server (tests/e2e.rs,
-//! tests/e2e_controller.rs).
+//! Everything else runs on a real server (tests/e2e/e2e.rs,
+//! tests/e2e/e2e_controller.rs).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

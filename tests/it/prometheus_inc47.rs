@@ -1,7 +1,7 @@
 //! INC-47 read from a real Prometheus gives the same decisions as the
 //! example's signals file; the example's OpenMetrics series file is current.
 
-mod prometheus_support;
+use crate::prometheus_support;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -41,7 +41,7 @@ fn example_series_file_is_current() {
     let have = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         have == want,
-        "{} is stale: run LANEKEEPER_UPDATE_EXAMPLES=1 cargo test --test prometheus_inc47",
+        "{} is stale: run LANEKEEPER_UPDATE_EXAMPLES=1 cargo test --test it -- prometheus_inc47::",
         path.display()
     );
 }

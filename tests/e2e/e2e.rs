@@ -12,10 +12,8 @@
 //! GPU lock (two kwok GPU nodes, 16 GPUs); the restart test takes the
 //! cluster lock alone, so no other test sees the API server go away.
 
-mod prometheus_support;
-mod support;
-#[path = "support/world.rs"]
-mod world;
+use crate::support;
+use crate::world;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! Scrapes of model-server pages (vLLM names) from fake pod endpoints on
 //! loopback addresses, including a pod that times out.
 
-mod prometheus_support;
+use crate::prometheus_support;
 
 use std::path::PathBuf;
 use std::sync::Arc;

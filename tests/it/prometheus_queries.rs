@@ -1,7 +1,7 @@
 //! The Prometheus source's queries against a real Prometheus (and a few fake
 //! servers): every failure is Unknown with a reason, never zero.
 
-mod prometheus_support;
+use crate::prometheus_support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

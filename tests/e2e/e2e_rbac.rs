@@ -14,10 +14,8 @@
 //! Roles in `manifests/install.yaml` (the chart rendered with default
 //! values): nothing refused, nothing granted that no scenario used.
 
-mod prometheus_support;
-mod support;
-#[path = "support/world.rs"]
-mod world;
+use crate::support;
+use crate::world;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -320,7 +318,8 @@ async fn the_charts_rules_are_exactly_what_the_controller_calls() {
     ) {
         return;
     }
-    let _shared = CLUSTER.read().await;
+    // Alone: it deletes and takes the leader Lease the failover test uses.
+    let _alone = CLUSTER.write().await;
     let kc = controller_kubeconfig(&c).await;
     // The controller creates its Lease (another test's may be left).
     c.kubectl_ok(&[

@@ -1,8 +1,8 @@
 //! Approval state in a profile's status stays readable by the controller's
 //! watch. The approval flow itself (pending → granted → consumed) runs on a
-//! real API server: tests/e2e_controller.rs.
+//! real API server: tests/e2e/e2e_controller.rs.
 
-mod support;
+use crate::support;
 
 use serde_json::json;
 use support::operator::*;

@@ -18,7 +18,7 @@ use lanekeeper::snapshot::{LaneSignals, PodSignals, ProfileSignals, SignalsFile,
 // Helpers
 // ---------------------------------------------------------------------------
 
-const INC47: &str = include_str!("../examples/inc-47/inc-47.yaml");
+const INC47: &str = include_str!("../../examples/inc-47/inc-47.yaml");
 const INC47_PROFILE: &str = "ai-platform/agent-assist";
 
 /// The synthetic profile most tests use: namespace `t`, name `pool`.
@@ -1891,7 +1891,7 @@ fn inc47_at_420() {
 
 #[test]
 fn inc47_timeline() {
-    let text = include_str!("../examples/inc-47/signals.yaml");
+    let text = include_str!("../../examples/inc-47/signals.yaml");
     let timeline: SignalsFile = serde_yaml::from_str(text).expect("signals parse");
     let mut run = Run::new(INC47);
     let mut prev_exit: Option<i64> = None;

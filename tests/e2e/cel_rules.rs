@@ -3,7 +3,7 @@
 //! rejected with the rule's own message, the good ones must pass, and every
 //! rule in the generated schemas must be exercised by at least one bad case.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 
@@ -976,6 +976,7 @@ async fn the_real_api_server_agrees_with_the_offline_evaluator() {
     else {
         return;
     };
+    let _shared = crate::world::CLUSTER.read().await; // not during the restart test
     c.operator_release(); // installs the CRDs with the chart
     let ns = c.namespace("cel").await;
     let mut cases: Vec<(String, Value, Option<&'static str>)> = [profile(), lane(), policy()]

@@ -1,0 +1,39 @@
+//! The integration tests of the `lanekeeper` package that need no cluster,
+//! in one test binary: each file here is a module, so the library and its
+//! dependencies are linked once instead of once per file. The real-cluster
+//! suite is the other binary, `tests/e2e/`.
+//!
+//! `cargo test --test it` runs them all; `cargo test --test it -- plan_cli::`
+//! runs one file's tests. The shared helpers are declared once, here:
+//! `support` (the API double and the controller against it) and
+//! `prometheus_support` (a real Prometheus).
+
+#[path = "../prometheus_support/mod.rs"]
+mod prometheus_support;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod apiserver_double;
+mod architecture;
+mod calibration_cli;
+mod chart;
+mod cli_output;
+mod controller;
+mod controller_approval;
+mod crds;
+mod docs;
+mod drain;
+mod engine_calibration_rollout;
+mod engine_evidence;
+mod engine_properties;
+mod engine_rules;
+mod fake_model;
+mod gateway;
+mod gateway_doc;
+mod plan_cli;
+mod prometheus_inc47;
+mod prometheus_queries;
+mod prometheus_scrape;
+mod sim_cli;
+mod sim_inc47;
+mod sim_model;
