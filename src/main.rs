@@ -15,6 +15,13 @@ use lanekeeper::signals::prometheus::PrometheusError;
 use lanekeeper::sim;
 use lanekeeper::snapshot::SignalsFile;
 
+/// mimalloc rather than the system allocator: measured faster for the
+/// gateway's per-request allocations (docs/performance.md, "The gateway
+/// under load"); `--no-default-features` builds with the system one.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Why a command failed; [`CliError::exit_code`] is the process' exit code
 /// and the Display text follows `error: ` on stderr.
 #[derive(Debug, thiserror::Error)]
