@@ -8,8 +8,8 @@
 //!   busy with the previous answer then (so a slow server is not hidden by
 //!   the generator waiting for it, and the generator's own timer lateness is
 //!   not counted against the server). Requests planned in the window but
-//!   never sent (`unsent`) and requests sent over a millisecond behind their
-//!   plan (`late`: the open loop falling behind) are counted.
+//!   never sent (`unsent`) and requests whose connection was still busy at
+//!   their planned time (`late`: the open loop falling behind) are counted.
 //! - `max`: closed loop, every connection sending its next request as soon as
 //!   the previous answer ends; the achieved rate is the highest sustained one.
 //! - `hold`: many connections, each with its own lane and a new tenant per
@@ -57,6 +57,10 @@ struct Window {
     /// Seconds sent but not measured.
     #[arg(long, default_value_t = 2.0)]
     warmup: f64,
+    /// Tenants the requests are spread over (one per request, drawn by a
+    /// hash of the connection and the request's number).
+    #[arg(long, default_value_t = 1000)]
+    tenants: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -110,10 +114,6 @@ struct Target {
     /// The lane (the lane header's value) for `rate` and `max`.
     #[arg(long, default_value = "p1-agent-assist")]
     lane: String,
-    /// Tenants the `rate` and `max` requests are spread over (one per
-    /// request, drawn by a hash of the connection and the request's number).
-    #[arg(long, default_value_t = 1000)]
-    tenants: u64,
     /// The body's `model` (the lane when not given).
     #[arg(long)]
     model: Option<String>,
@@ -140,14 +140,14 @@ struct Identity {
 }
 
 impl Identity {
-    fn new(target: &Target) -> Identity {
+    fn new(target: &Target, tenants: u64) -> Identity {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         Identity {
             prefix: format!("{nanos:x}-{}", std::process::id()),
             tenant_header: target.tenant_header.clone(),
-            tenants: target.tenants.max(1),
+            tenants: tenants.max(1),
         }
     }
 
@@ -291,8 +291,9 @@ struct Tally {
     measured: u64,
     /// Planned but not sent before the end of the window (`rate`).
     unsent: u64,
-    /// Planned inside the window and sent over a millisecond after the plan
-    /// (`rate`: the open loop behind its schedule).
+    /// Planned inside the window while the connection was still busy with
+    /// the previous answer (`rate`: the open loop behind its schedule, timed
+    /// from the plan).
     late: u64,
     /// Answered (2xx) inside the window, whenever planned (`rate`).
     done_in_window: u64,
@@ -329,9 +330,6 @@ impl Tally {
 
 /// A request of `rate` or `max` that takes longer than this is an error.
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A `rate` request sent more than this after its plan is `late`.
-const LATE: Duration = Duration::from_millis(1);
 
 async fn timed(call: impl Future<Output = Result<u16, String>>) -> Result<u16, String> {
     tokio::time::timeout(TIMEOUT, call)
@@ -396,11 +394,12 @@ async fn open_loop(target: Target, rate: f64, window: Window) {
         connections,
         duration,
         warmup,
+        tenants,
     } = window;
     let endpoint = Endpoint::parse(&target.url);
     let body = body(target.model.as_deref().unwrap_or(&target.lane));
     let headers = headers(&target);
-    let identity = Identity::new(&target);
+    let identity = Identity::new(&target, tenants);
     // Connect first, so the schedule does not start with connection set-up.
     let mut conns = Vec::new();
     for _ in 0..connections {
@@ -437,10 +436,11 @@ async fn open_loop(target: Target, rate: f64, window: Window) {
                     let done = Instant::now();
                     // Late because the previous answer was late: from the
                     // plan; otherwise from the send.
-                    let from = if prev_done > planned { planned } else { sent };
+                    let behind = prev_done > planned;
+                    let from = if behind { planned } else { sent };
                     prev_done = done;
                     let in_window = planned >= measure_from;
-                    if in_window && sent > planned + LATE {
+                    if in_window && behind {
                         tally.late += 1;
                     }
                     tally.record(&result, in_window.then(|| micros(done - from)));
@@ -469,11 +469,12 @@ async fn closed_loop(target: Target, window: Window) {
         connections,
         duration,
         warmup,
+        tenants,
     } = window;
     let endpoint = Endpoint::parse(&target.url);
     let body = body(target.model.as_deref().unwrap_or(&target.lane));
     let headers = headers(&target);
-    let identity = Identity::new(&target);
+    let identity = Identity::new(&target, tenants);
     let t0 = Instant::now();
     let measure_from = t0 + Duration::from_secs_f64(warmup);
     let end = measure_from + Duration::from_secs_f64(duration);

@@ -469,7 +469,7 @@ table() {
 		| "",
 		"At \($rate) req/s open loop over \($conns) connections, and closed loop with \($conns) clients (medians of \($rounds | length) rounds; LiteLLM \($litellm)); \($threads) thread(s) or worker(s) per proxy, \($placement); every request with a unique x-request-id and one of \($tenants) tenants:",
 		"",
-		"| path | achieved req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | p99 ms at max | unsent (rate) | late > 1 ms (rate) | connect errors | non-2xx or errors |",
+		"| path | achieved req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | p99 ms at max | unsent (rate) | late (rate) | connect errors | non-2xx or errors |",
 		"|---|---|---|---|---|---|---|---|---|---|---|---|",
 		($rows[] | "| \(.target) | \(.achieved | r(1)) | \(.p50 | r(1000)) | \(.p99 | r(1000)) | \(if .target == "direct" then "-" else (.add50 | r(1000)) end) | \(if .target == "direct" then "-" else (.add99 | r(1000)) end) | \(.max | r(1)) | \(.maxp99 | r(100)) | \(.unsent) | \(.late) | \(.connect) | \(.errors) |"),
 		"",
