@@ -2,7 +2,7 @@
 # The load test of `lanekeeper gateway` (docs/performance.md, "The gateway
 # under load"): lanekeeper-fake-model on loopback with no service time, and
 # the same load sent to it directly, through `lanekeeper gateway` (with the
-# allocator it ships, and built with the system allocator for comparison),
+# system allocator it ships with, and built with mimalloc for comparison),
 # through nginx (Debian's package, limit_req keyed by the lane header) and
 # through the LiteLLM proxy (PyPI, a per-lane rpm limit), all in one run:
 #
@@ -22,8 +22,8 @@
 # threads = nginx's worker processes = LiteLLM's workers), PIN [1] (with 2
 # or more cores: the proxy under test on PROXY_CPUS [1], the load generator
 # and the fake model on LOAD_CPUS [0], with taskset; 0 leaves placement to
-# the kernel), SYSTEM_ALLOC [1] (also measure lanekeeper built with the
-# system allocator, `--no-default-features`), LANEKEEPER_CACHE
+# the kernel), MIMALLOC [1] (also measure lanekeeper built with
+# mimalloc, `--features mimalloc`), LANEKEEPER_CACHE
 # [~/.cache/lanekeeper] (LiteLLM's virtualenv), LITELLM_VERSION [1.108.7],
 # KEEP (a directory to copy the raw results and logs into), SKIP_BUILD (use
 # the binaries already built).
@@ -58,7 +58,7 @@ PROXY_THREADS=${PROXY_THREADS:-1}
 PIN=${PIN:-1}
 PROXY_CPUS=${PROXY_CPUS:-1}
 LOAD_CPUS=${LOAD_CPUS:-0}
-SYSTEM_ALLOC=${SYSTEM_ALLOC:-1}
+MIMALLOC=${MIMALLOC:-1}
 LITELLM_VERSION=${LITELLM_VERSION:-1.108.7}
 CACHE=${LANEKEEPER_CACHE:-$HOME/.cache/lanekeeper}
 MEM_LANES=100
@@ -99,11 +99,11 @@ fi
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | jq -r .target_directory)
 if [ -z "${SKIP_BUILD:-}" ]; then
 	log "building the release binaries and the load generator"
-	if [ "$SYSTEM_ALLOC" = 1 ] && [ "$WHAT" != memory ]; then
-		# The system allocator's build first, kept under its own name: the
+	if [ "$MIMALLOC" = 1 ] && [ "$WHAT" != memory ]; then
+		# The mimalloc build first, kept under its own name: the
 		# default build below overwrites target/release/lanekeeper.
-		cargo build --release --bin lanekeeper --no-default-features --quiet
-		cp "$TARGET_DIR/release/lanekeeper" "$TARGET_DIR/release/lanekeeper-system-alloc"
+		cargo build --release --bin lanekeeper --features mimalloc --quiet
+		cp "$TARGET_DIR/release/lanekeeper" "$TARGET_DIR/release/lanekeeper-mimalloc"
 	fi
 	cargo build --release --bins --quiet
 	GEN=$(cargo bench --bench gateway_load --no-run --message-format=json --quiet |
@@ -120,9 +120,9 @@ fi
 	exit 1
 }
 LANEKEEPER=$TARGET_DIR/release/lanekeeper
-LANEKEEPER_SYSTEM_ALLOC=$TARGET_DIR/release/lanekeeper-system-alloc
-if [ "$SYSTEM_ALLOC" = 1 ] && [ "$WHAT" != memory ] && [ ! -x "$LANEKEEPER_SYSTEM_ALLOC" ]; then
-	echo "no $LANEKEEPER_SYSTEM_ALLOC: build without SKIP_BUILD, or SYSTEM_ALLOC=0" >&2
+LANEKEEPER_MIMALLOC=$TARGET_DIR/release/lanekeeper-mimalloc
+if [ "$MIMALLOC" = 1 ] && [ "$WHAT" != memory ] && [ ! -x "$LANEKEEPER_MIMALLOC" ]; then
+	echo "no $LANEKEEPER_MIMALLOC: build without SKIP_BUILD, or MIMALLOC=0" >&2
 	exit 1
 fi
 
@@ -271,9 +271,9 @@ latency() {
 		examples/inc-47/lanes-420.json >"$WORK/lanes.json"
 	start_gateway lanekeeper "$WORK/lanes.json"
 	local lk_pid=$GW_PID lk_url=$GW
-	if [ "$SYSTEM_ALLOC" = 1 ]; then
-		start_gateway lanekeeper-system-alloc "$WORK/lanes.json" "$LANEKEEPER_SYSTEM_ALLOC"
-		SYSALLOC_URL=http://$GW/v1/chat/completions
+	if [ "$MIMALLOC" = 1 ]; then
+		start_gateway lanekeeper-mimalloc "$WORK/lanes.json" "$LANEKEEPER_MIMALLOC"
+		MIMALLOC_URL=http://$GW/v1/chat/completions
 	fi
 	GW_PID=$lk_pid GW=$lk_url
 
@@ -370,9 +370,9 @@ EOF
 		[litellm]="$LITELLM_URL/v1/chat/completions"
 	)
 	local targets=(direct lanekeeper nginx litellm) target
-	if [ "$SYSTEM_ALLOC" = 1 ]; then
-		URLS[lanekeeper-system-alloc]=$SYSALLOC_URL
-		targets=(direct lanekeeper lanekeeper-system-alloc nginx litellm)
+	if [ "$MIMALLOC" = 1 ]; then
+		URLS[lanekeeper-mimalloc]=$MIMALLOC_URL
+		targets=(direct lanekeeper lanekeeper-mimalloc nginx litellm)
 	fi
 	# Every path answers before measuring (and the lanes are known).
 	for target in "${targets[@]}"; do
@@ -442,7 +442,7 @@ table() {
 		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
 		. as $all
 		| ($all | map(.target) | unique) as $present
-		| ["direct", "lanekeeper", "lanekeeper-system-alloc", "nginx", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
+		| ["direct", "lanekeeper", "lanekeeper-mimalloc", "nginx", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
 		| ($all | map(select(.mode == "rate" and .target == "direct")) | map({key: (.round | tostring), value: .}) | from_entries) as $direct
 		| def added($x; f): minus($x | f; $direct[$x.round | tostring] | f);
 		def row($t):
@@ -486,8 +486,8 @@ table() {
 			+ " | \(ratio(in_round("lanekeeper"; $n; "rate") | added(.; .p99_ms); in_round("nginx"; $n; "rate") | added(.; .p99_ms)) | r(100)) | \(ratio(in_round("lanekeeper"; $n; "max") | .rate; in_round("nginx"; $n; "max") | .rate) | r(100)) |"),
 		"",
 		"medians, lanekeeper / nginx: added p99 \(ratio($by.lanekeeper.add99; $by.nginx.add99) | r(100))× (aim: at most 1), max rate \(ratio($by.lanekeeper.max; $by.nginx.max) | r(100))× (aim: at least 1); lanekeeper / litellm max rate \(ratio($by.lanekeeper.max; $by.litellm.max) | r(100))×",
-		(if $by["lanekeeper-system-alloc"] then
-			"allocator, the shipped build / the system allocator: max rate \(ratio($by.lanekeeper.max; $by["lanekeeper-system-alloc"].max) | r(100))×, added p99 \($by.lanekeeper.add99 | r(1000)) against \($by["lanekeeper-system-alloc"].add99 | r(1000)) ms"
+		(if $by["lanekeeper-mimalloc"] then
+			"allocator, mimalloc / the system allocator (shipped): max rate \(ratio($by["lanekeeper-mimalloc"].max; $by.lanekeeper.max) | r(100))×, added p99 \($by["lanekeeper-mimalloc"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms"
 		  else empty end),
 		(($all | map(select(.target == "litellm-own"))) as $o
 		| if ($o | length) > 0 then

@@ -15,9 +15,10 @@ use lanekeeper::signals::prometheus::PrometheusError;
 use lanekeeper::sim;
 use lanekeeper::snapshot::SignalsFile;
 
-/// mimalloc rather than the system allocator: measured faster for the
-/// gateway's per-request allocations (docs/performance.md, "The gateway
-/// under load"); `--no-default-features` builds with the system one.
+/// mimalloc with `--features mimalloc`, for `benches/gateway_load.sh`'s
+/// comparison; the system allocator by default (docs/performance.md, "The
+/// gateway under load": mimalloc saved ~8 % of the gateway's CPU per
+/// request but took ~1.5× the resident memory).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
