@@ -438,7 +438,7 @@ table() {
 		--arg threads "$PROXY_THREADS" --arg placement "$PLACEMENT" --arg tenants "$TENANTS" '
 		def median: map(select(. != null)) | sort | if length == 0 then null else .[length / 2 | floor] end;
 		def minus(a; b): if a == null or b == null then null else a - b end;
-		def ratio(a; b): if a == null or b == null or b == 0 then null else a / b end;
+		def ratio(a; b): if a == null or b == null or b <= 0 then null else a / b end;
 		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
 		. as $all
 		| ($all | map(.target) | unique) as $present
