@@ -7,12 +7,19 @@
 //!   its send, or from its planned send time when the connection was still
 //!   busy with the previous answer then (so a slow server is not hidden by
 //!   the generator waiting for it, and the generator's own timer lateness is
-//!   not counted against the server).
+//!   not counted against the server). Requests planned in the window but
+//!   never sent (`unsent`) and requests whose connection was still busy at
+//!   their planned time (`late`: the open loop falling behind) are counted.
 //! - `max`: closed loop, every connection sending its next request as soon as
 //!   the previous answer ends; the achieved rate is the highest sustained one.
 //! - `hold`: many connections, each with its own lane and a new tenant per
 //!   request, each waiting for its answer: for the gateway's memory with its
 //!   queues full.
+//!
+//! `rate` and `max` send what a real client sends: a unique `x-request-id`
+//! and a tenant header (one of `--tenants`, spread evenly) on every request,
+//! besides the lane header. Connections that could not be opened count as
+//! `connect-error`, apart from the server's answers.
 //!
 //! Each mode prints one JSON line. Without a mode (as `cargo bench` runs it)
 //! it prints a note and exits. Run the whole comparison with
@@ -50,6 +57,10 @@ struct Window {
     /// Seconds sent but not measured.
     #[arg(long, default_value_t = 2.0)]
     warmup: f64,
+    /// Tenants the requests are spread over (one per request, drawn by a
+    /// hash of the connection and the request's number).
+    #[arg(long, default_value_t = 1000)]
+    tenants: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -89,9 +100,6 @@ enum Mode {
         /// Distinct tenants, one request each.
         #[arg(long, default_value_t = 10_000)]
         tenants: usize,
-        /// The tenant header.
-        #[arg(long, default_value = "x-lanekeeper-tenant")]
-        tenant_header: String,
     },
 }
 
@@ -112,10 +120,56 @@ struct Target {
     /// `NAME: VALUE`, another header on every request (repeat the flag).
     #[arg(long = "header", value_parser = parse_header)]
     headers: Vec<(String, String)>,
+    /// The tenant header, on every request.
+    #[arg(long, default_value = "x-lanekeeper-tenant")]
+    tenant_header: String,
     /// Worker threads of the generator (it shares the machine with what it
     /// measures).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+}
+
+/// The per-request headers of `rate` and `max`: a request id unique to the
+/// process (its start time and id, the connection, the request's number)
+/// and a tenant.
+#[derive(Clone)]
+struct Identity {
+    prefix: String,
+    tenant_header: String,
+    tenants: u64,
+}
+
+impl Identity {
+    fn new(target: &Target, tenants: u64) -> Identity {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Identity {
+            prefix: format!("{nanos:x}-{}", std::process::id()),
+            tenant_header: target.tenant_header.clone(),
+            tenants: tenants.max(1),
+        }
+    }
+
+    /// The request id and tenant of connection `conn`'s `n`-th request.
+    fn of(&self, conn: usize, n: u64) -> [(String, String); 2] {
+        let tenant = splitmix(((conn as u64) << 40) ^ n) % self.tenants;
+        [
+            (
+                "x-request-id".to_owned(),
+                format!("{}-{conn}-{n}", self.prefix),
+            ),
+            (self.tenant_header.clone(), format!("tenant-{tenant}")),
+        ]
+    }
+}
+
+/// A 64-bit mix (SplitMix64's finaliser): tenants spread evenly.
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Where to connect and what to send.
@@ -190,15 +244,19 @@ impl Conn {
     async fn call(
         &mut self,
         headers: &[(String, String)],
+        own: &[(String, String)],
         body: Bytes,
         at: &mut Instant,
     ) -> Result<u16, String> {
         let endpoint = self.endpoint.clone();
-        let sender = self.sender().await.map_err(|e| e.to_string())?;
+        let sender = self
+            .sender()
+            .await
+            .map_err(|e| format!("{CONNECT_ERROR}: {e}"))?;
         let mut req = hyper::Request::post(endpoint.path.as_str())
             .header(hyper::header::HOST, endpoint.host.as_str())
             .header(hyper::header::CONTENT_TYPE, "application/json");
-        for (k, v) in headers {
+        for (k, v) in headers.iter().chain(own) {
             req = req.header(k.as_str(), v.as_str());
         }
         let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
@@ -220,6 +278,10 @@ impl Conn {
     }
 }
 
+/// The result key (and error prefix) of a connection that could not be
+/// opened.
+const CONNECT_ERROR: &str = "connect-error";
+
 /// What one connection saw: latencies in microseconds of the answered
 /// requests inside the window, and every request by result.
 #[derive(Default)]
@@ -229,6 +291,10 @@ struct Tally {
     measured: u64,
     /// Planned but not sent before the end of the window (`rate`).
     unsent: u64,
+    /// Planned inside the window while the connection was still busy with
+    /// the previous answer (`rate`: the open loop behind its schedule, timed
+    /// from the plan).
+    late: u64,
     /// Answered (2xx) inside the window, whenever planned (`rate`).
     done_in_window: u64,
 }
@@ -238,6 +304,7 @@ impl Tally {
         let key = match result {
             Ok(s) => s.to_string(),
             Err(e) if e == "timeout" => "timeout".to_owned(),
+            Err(e) if e.starts_with(CONNECT_ERROR) => CONNECT_ERROR.to_owned(),
             Err(_) => "error".to_owned(),
         };
         *self.results.entry(key).or_default() += 1;
@@ -253,6 +320,7 @@ impl Tally {
         self.micros.extend(other.micros);
         self.measured += other.measured;
         self.unsent += other.unsent;
+        self.late += other.late;
         self.done_in_window += other.done_in_window;
         for (k, v) in other.results {
             *self.results.entry(k).or_default() += v;
@@ -291,6 +359,8 @@ fn report(mode: &str, tally: Tally, window: f64, extra: serde_json::Value) {
         "ok": ok,
         "errors": tally.measured - ok,
         "unsent": tally.unsent,
+        "late": tally.late,
+        "connect_errors": tally.results.get(CONNECT_ERROR).copied().unwrap_or(0),
         "throughput": tally.done_in_window as f64 / window,
         "results": tally.results,
         "window_s": window,
@@ -324,10 +394,12 @@ async fn open_loop(target: Target, rate: f64, window: Window) {
         connections,
         duration,
         warmup,
+        tenants,
     } = window;
     let endpoint = Endpoint::parse(&target.url);
     let body = body(target.model.as_deref().unwrap_or(&target.lane));
     let headers = headers(&target);
+    let identity = Identity::new(&target, tenants);
     // Connect first, so the schedule does not start with connection set-up.
     let mut conns = Vec::new();
     for _ in 0..connections {
@@ -342,7 +414,7 @@ async fn open_loop(target: Target, rate: f64, window: Window) {
         .into_iter()
         .enumerate()
         .map(|(i, mut conn)| {
-            let (body, headers) = (body.clone(), headers.clone());
+            let (body, headers, identity) = (body.clone(), headers.clone(), identity.clone());
             tokio::spawn(async move {
                 let mut tally = Tally::default();
                 let mut prev_done = t0;
@@ -358,14 +430,19 @@ async fn open_loop(target: Target, rate: f64, window: Window) {
                         continue;
                     }
                     tokio::time::sleep_until(planned.into()).await;
+                    let own = identity.of(i, n as u64);
                     let mut sent = Instant::now();
-                    let result = timed(conn.call(&headers, body.clone(), &mut sent)).await;
+                    let result = timed(conn.call(&headers, &own, body.clone(), &mut sent)).await;
                     let done = Instant::now();
                     // Late because the previous answer was late: from the
                     // plan; otherwise from the send.
-                    let from = if prev_done > planned { planned } else { sent };
+                    let behind = prev_done > planned;
+                    let from = if behind { planned } else { sent };
                     prev_done = done;
                     let in_window = planned >= measure_from;
+                    if in_window && behind {
+                        tally.late += 1;
+                    }
                     tally.record(&result, in_window.then(|| micros(done - from)));
                     if done >= measure_from && done < end && matches!(result, Ok(200..300)) {
                         tally.done_in_window += 1;
@@ -392,22 +469,26 @@ async fn closed_loop(target: Target, window: Window) {
         connections,
         duration,
         warmup,
+        tenants,
     } = window;
     let endpoint = Endpoint::parse(&target.url);
     let body = body(target.model.as_deref().unwrap_or(&target.lane));
     let headers = headers(&target);
+    let identity = Identity::new(&target, tenants);
     let t0 = Instant::now();
     let measure_from = t0 + Duration::from_secs_f64(warmup);
     let end = measure_from + Duration::from_secs_f64(duration);
     let tasks: Vec<_> = (0..connections)
-        .map(|_| {
+        .map(|i| {
             let (body, headers, endpoint) = (body.clone(), headers.clone(), endpoint.clone());
+            let identity = identity.clone();
             tokio::spawn(async move {
                 let mut conn = Conn::new(endpoint);
                 let mut tally = Tally::default();
-                loop {
+                for n in 0.. {
+                    let own = identity.of(i, n);
                     let mut sent = Instant::now();
-                    let result = timed(conn.call(&headers, body.clone(), &mut sent)).await;
+                    let result = timed(conn.call(&headers, &own, body.clone(), &mut sent)).await;
                     let done = Instant::now();
                     if done >= end {
                         break;
@@ -432,21 +513,15 @@ async fn closed_loop(target: Target, window: Window) {
     report("max", tally, duration, json!({"connections": connections}));
 }
 
-async fn hold(
-    target: Target,
-    clients: usize,
-    lanes: usize,
-    lane_prefix: String,
-    tenants: usize,
-    tenant_header: String,
-) {
+async fn hold(target: Target, clients: usize, lanes: usize, lane_prefix: String, tenants: usize) {
     let endpoint = Endpoint::parse(&target.url);
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..clients)
         .map(|k| {
             let endpoint = endpoint.clone();
             let lane = format!("{lane_prefix}{}", k % lanes.max(1));
-            let (lane_header, tenant_header) = (target.lane_header.clone(), tenant_header.clone());
+            let (lane_header, tenant_header) =
+                (target.lane_header.clone(), target.tenant_header.clone());
             let body = body(target.model.as_deref().unwrap_or(&lane));
             let extra = target.headers.clone();
             tokio::spawn(async move {
@@ -459,7 +534,7 @@ async fn hold(
                     ];
                     headers.extend(extra.iter().cloned());
                     let mut sent = Instant::now();
-                    let result = conn.call(&headers, body.clone(), &mut sent).await;
+                    let result = conn.call(&headers, &[], body.clone(), &mut sent).await;
                     tally.record(&result, Some(micros(sent.elapsed())));
                 }
                 tally
@@ -515,14 +590,6 @@ fn main() {
             lanes,
             lane_prefix,
             tenants,
-            tenant_header,
-        } => runtime(target.threads).block_on(hold(
-            target,
-            clients,
-            lanes,
-            lane_prefix,
-            tenants,
-            tenant_header,
-        )),
+        } => runtime(target.threads).block_on(hold(target, clients, lanes, lane_prefix, tenants)),
     }
 }

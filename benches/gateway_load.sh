@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The load test of `lanekeeper gateway` (docs/performance.md, "The gateway
 # under load"): lanekeeper-fake-model on loopback with no service time, and
-# the same load sent to it directly, through `lanekeeper gateway`, through
-# nginx (Debian's package, limit_req keyed by the lane header) and through
-# the LiteLLM proxy (PyPI, a per-lane rpm limit), all in one run:
+# the same load sent to it directly, through `lanekeeper gateway` (with the
+# system allocator it ships with, and built with mimalloc for comparison),
+# through nginx (Debian's package, limit_req keyed by the lane header) and
+# through the LiteLLM proxy (PyPI, a per-lane rpm limit), all in one run:
 #
 #   (a) open loop at RATE requests/s over CONNECTIONS keep-alive connections:
 #       p50/p99 latency and the latency added over going direct;
@@ -16,10 +17,19 @@
 # Environment (defaults in brackets): RATE [2000], CONNECTIONS [64],
 # DURATION seconds measured per case [10], WARMUP seconds [3], ROUNDS [3]
 # (each figure is the median over the rounds), LANE_RPS, the per-lane limit
-# every proxy enforces, far above the measured rates [50000],
-# LITELLM_WORKERS [2], LANEKEEPER_CACHE [~/.cache/lanekeeper] (LiteLLM's
-# virtualenv), LITELLM_VERSION [1.108.7], KEEP (a directory to copy the raw
-# results and logs into), SKIP_BUILD (use the binaries already built).
+# every proxy enforces, far above the measured rates [50000], TENANTS the
+# requests are spread over [1000], PROXY_THREADS [1] (lanekeeper's runtime
+# threads = nginx's worker processes = LiteLLM's workers), PIN [1] (with 2
+# or more cores: the proxy under test on PROXY_CPUS [1], the load generator
+# and the fake model on LOAD_CPUS [0], with taskset; 0 leaves placement to
+# the kernel), MIMALLOC [1] (also measure lanekeeper built with
+# mimalloc, `--features mimalloc`), LANEKEEPER_CACHE
+# [~/.cache/lanekeeper] (LiteLLM's virtualenv), LITELLM_VERSION [1.108.7],
+# KEEP (a directory to copy the raw results and logs into), SKIP_BUILD (use
+# the binaries already built).
+#
+# Every request carries the lane header, a unique x-request-id and one of
+# TENANTS tenants (x-lanekeeper-tenant), as a real client's would.
 #
 # It installs what is missing (nginx and jq from Debian, LiteLLM into a
 # virtualenv under LANEKEEPER_CACHE), sends traffic to loopback only, and
@@ -43,7 +53,12 @@ DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-3}
 ROUNDS=${ROUNDS:-3}
 LANE_RPS=${LANE_RPS:-50000}
-LITELLM_WORKERS=${LITELLM_WORKERS:-2}
+TENANTS=${TENANTS:-1000}
+PROXY_THREADS=${PROXY_THREADS:-1}
+PIN=${PIN:-1}
+PROXY_CPUS=${PROXY_CPUS:-1}
+LOAD_CPUS=${LOAD_CPUS:-0}
+MIMALLOC=${MIMALLOC:-1}
 LITELLM_VERSION=${LITELLM_VERSION:-1.108.7}
 CACHE=${LANEKEEPER_CACHE:-$HOME/.cache/lanekeeper}
 MEM_LANES=100
@@ -65,7 +80,7 @@ apt_install() {
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
-for tool in jq curl python3; do
+for tool in jq curl python3 taskset; do
 	command -v "$tool" >/dev/null || apt_install "$tool"
 done
 if [ "$WHAT" != memory ]; then
@@ -84,6 +99,12 @@ fi
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | jq -r .target_directory)
 if [ -z "${SKIP_BUILD:-}" ]; then
 	log "building the release binaries and the load generator"
+	if [ "$MIMALLOC" = 1 ] && [ "$WHAT" != memory ]; then
+		# The mimalloc build first, kept under its own name: the
+		# default build below overwrites target/release/lanekeeper.
+		cargo build --release --bin lanekeeper --features mimalloc --quiet
+		cp "$TARGET_DIR/release/lanekeeper" "$TARGET_DIR/release/lanekeeper-mimalloc"
+	fi
 	cargo build --release --bins --quiet
 	GEN=$(cargo bench --bench gateway_load --no-run --message-format=json --quiet |
 		jq -r 'select(.reason == "compiler-artifact" and .target.name == "gateway_load" and .executable != null) | .executable' |
@@ -99,6 +120,23 @@ fi
 	exit 1
 }
 LANEKEEPER=$TARGET_DIR/release/lanekeeper
+LANEKEEPER_MIMALLOC=$TARGET_DIR/release/lanekeeper-mimalloc
+if [ "$MIMALLOC" = 1 ] && [ "$WHAT" != memory ] && [ ! -x "$LANEKEEPER_MIMALLOC" ]; then
+	echo "no $LANEKEEPER_MIMALLOC: build without SKIP_BUILD, or MIMALLOC=0" >&2
+	exit 1
+fi
+
+# Where the proxies and the load run: "${ON_PROXY[@]}" CMD... or
+# "${ON_LOAD[@]}" CMD...
+if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ]; then
+	ON_PROXY=(taskset -c "$PROXY_CPUS")
+	ON_LOAD=(taskset -c "$LOAD_CPUS")
+	PLACEMENT="the proxy under test on CPU $PROXY_CPUS, the load generator and the fake model on CPU $LOAD_CPUS (taskset)"
+else
+	ON_PROXY=()
+	ON_LOAD=()
+	PLACEMENT="placed by the kernel (not pinned)"
+fi
 FAKE_MODEL=$TARGET_DIR/release/lanekeeper-fake-model
 
 # ---- processes, stopped on exit ---------------------------------------------
@@ -195,14 +233,16 @@ ROUTES=(--route agent-large="http://FAKE" --route extract-small="http://FAKE"
 	--route batch-medium="http://FAKE" --route eval-large="http://FAKE")
 
 start_fake_model() {
-	start "$1" "$FAKE_MODEL" --listen 127.0.0.1:0 --service-millis 0 --token-millis 0
+	start "$1" "${ON_LOAD[@]}" "$FAKE_MODEL" --listen 127.0.0.1:0 --service-millis 0 --token-millis 0
 	FAKE=$(listening_on "$1")
 }
 
+# start_gateway NAME CONFIG [BINARY]: the proxy under test, PROXY_THREADS
+# runtime threads.
 start_gateway() {
-	local name=$1 config=$2
-	start "$name" "$LANEKEEPER" gateway --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
-		--config "$config" "${ROUTES[@]//FAKE/$FAKE}"
+	local name=$1 config=$2 binary=${3:-$LANEKEEPER}
+	start "$name" "${ON_PROXY[@]}" "$binary" gateway --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
+		--worker-threads "$PROXY_THREADS" --config "$config" "${ROUTES[@]//FAKE/$FAKE}"
 	GW_PID=$LAST_PID
 	GW=$(listening_on "$name")
 	GW_METRICS=$(sed -n 's/.*listening on [^ ]* metrics on \([^ ]*\).*/\1/p' "$WORK/$name.log" | head -n 1)
@@ -230,6 +270,12 @@ latency() {
 		| .contentHash = "sha256:gateway-load-bench"' \
 		examples/inc-47/lanes-420.json >"$WORK/lanes.json"
 	start_gateway lanekeeper "$WORK/lanes.json"
+	local lk_pid=$GW_PID lk_url=$GW
+	if [ "$MIMALLOC" = 1 ]; then
+		start_gateway lanekeeper-mimalloc "$WORK/lanes.json" "$LANEKEEPER_MIMALLOC"
+		MIMALLOC_URL=http://$GW/v1/chat/completions
+	fi
+	GW_PID=$lk_pid GW=$lk_url
 
 	# nginx: one limit_req zone keyed by the lane header, LANE_RPS per lane with
 	# a burst of one second (nodelay: a token bucket); unknown lanes get 400.
@@ -241,7 +287,7 @@ latency() {
 	)
 	mkdir -p "$WORK/nginx"
 	cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes $(nproc);
+worker_processes $PROXY_THREADS;
 pid $WORK/nginx/nginx.pid;
 error_log $WORK/nginx/error.log warn;
 events { worker_connections 4096; }
@@ -269,20 +315,20 @@ http {
     }
 }
 EOF
-	start nginx "$NGINX" -e "$WORK/nginx/error.log" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
+	start nginx "${ON_PROXY[@]}" "$NGINX" -e "$WORK/nginx/error.log" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
 	wait_port nginx "$nginx_port"
 	NGINX_URL=http://127.0.0.1:$nginx_port
 
 	# LiteLLM: one model group per lane (the body's "model" is the lane), one
 	# deployment each with an rpm limit, enforced by usage-based-routing-v2's
 	# pre-call check per minute window in each worker's memory (no database, no
-	# Redis): LANE_RPS * 60 / LITELLM_WORKERS rpm per lane and worker.
+	# Redis): LANE_RPS * 60 / PROXY_THREADS rpm per lane and worker.
 	# It refuses to start without a master key: a random one, sent by every
 	# client to every path (the others ignore it).
 	local litellm_port rpm lane
 	litellm_port=$(free_port)
 	LITELLM_KEY=sk-$(python3 -c 'import secrets; print(secrets.token_hex(24))')
-	rpm=$((LANE_RPS * 60 / LITELLM_WORKERS))
+	rpm=$((LANE_RPS * 60 / PROXY_THREADS))
 	{
 		echo "model_list:"
 		for lane in "${LANES[@]}"; do
@@ -310,9 +356,9 @@ general_settings:
 EOF
 	} >"$WORK/litellm.yaml"
 	# The model cost map from the package, not fetched; no telemetry.
-	start litellm env LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_LOG=ERROR \
+	start litellm "${ON_PROXY[@]}" env LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_LOG=ERROR \
 		"$LITELLM_VENV/bin/litellm" --config "$WORK/litellm.yaml" \
-		--host 127.0.0.1 --port "$litellm_port" --num_workers "$LITELLM_WORKERS" \
+		--host 127.0.0.1 --port "$litellm_port" --num_workers "$PROXY_THREADS" \
 		--timeout_worker_healthcheck 600 --telemetry False
 	wait_http litellm "http://127.0.0.1:$litellm_port/health/liveliness" 1500
 	LITELLM_URL=http://127.0.0.1:$litellm_port
@@ -323,9 +369,13 @@ EOF
 		[nginx]="$NGINX_URL/v1/chat/completions"
 		[litellm]="$LITELLM_URL/v1/chat/completions"
 	)
-	local target
+	local targets=(direct lanekeeper nginx litellm) target
+	if [ "$MIMALLOC" = 1 ]; then
+		URLS[lanekeeper-mimalloc]=$MIMALLOC_URL
+		targets=(direct lanekeeper lanekeeper-mimalloc nginx litellm)
+	fi
 	# Every path answers before measuring (and the lanes are known).
-	for target in direct lanekeeper nginx litellm; do
+	for target in "${targets[@]}"; do
 		curl -fsS -o /dev/null -H 'content-type: application/json' -H 'x-lanekeeper-lane: p1-agent-assist' \
 			-H "authorization: Bearer $LITELLM_KEY" \
 			-d '{"model":"p1-agent-assist","messages":[{"role":"user","content":"Say ok."}]}' "${URLS[$target]}" || {
@@ -335,22 +385,20 @@ EOF
 		}
 	done
 	machine
+	log "proxies: $PROXY_THREADS thread(s) or worker(s) each; $PLACEMENT"
 	log "gateway RSS before load: $(rss_kib "$GW_PID") KiB"
 
-	local results=$WORK/results.jsonl round mode line
+	local results=$WORK/results.jsonl round mode
 	: >"$results"
 	for round in $(seq 1 "$ROUNDS"); do
 		for mode in rate max; do
-			for target in direct lanekeeper nginx litellm; do
+			for target in "${targets[@]}"; do
 				log "round $round: $mode, $target"
 				if [ "$mode" = rate ]; then
-					line=$("$GEN" rate --url "${URLS[$target]}" --header "authorization: Bearer $LITELLM_KEY" --rate "$RATE" --connections "$CONNECTIONS" \
-						--duration "$DURATION" --warmup "$WARMUP")
+					load rate "${URLS[$target]}" "$target" "$round" --rate "$RATE"
 				else
-					line=$("$GEN" max --url "${URLS[$target]}" --header "authorization: Bearer $LITELLM_KEY" --connections "$CONNECTIONS" \
-						--duration "$DURATION" --warmup "$WARMUP")
+					load max "${URLS[$target]}" "$target" "$round"
 				fi
-				echo "$line" | jq -c --arg t "$target" --argjson r "$round" '. + {target: $t, round: $r}' | tee -a "$results" >&2
 			done
 		done
 	done
@@ -358,12 +406,10 @@ EOF
 	local litellm_max litellm_rate
 	litellm_max=$(jq -s '[.[] | select(.target == "litellm" and .mode == "max") | .rate] | sort | .[length / 2 | floor]' "$results")
 	if jq -e --argjson m "$litellm_max" --argjson r "$RATE" -n '$m < 0.95 * $r' >/dev/null; then
-		litellm_rate=$(jq -n --argjson m "$litellm_max" '$m * 0.8 | floor')
+		litellm_rate=$(jq -n --argjson m "$litellm_max" '[$m * 0.8 | floor, 1] | max')
 		for round in $(seq 1 "$ROUNDS"); do
 			log "round $round: LiteLLM at 80 % of its own maximum, $litellm_rate req/s"
-			line=$("$GEN" rate --url "${URLS[litellm]}" --header "authorization: Bearer $LITELLM_KEY" --rate "$litellm_rate" --connections "$CONNECTIONS" \
-				--duration "$DURATION" --warmup "$WARMUP")
-			echo "$line" | jq -c --argjson r "$round" '. + {target: "litellm-own", round: $r}' | tee -a "$results" >&2
+			load rate "${URLS[litellm]}" litellm-own "$round" --rate "$litellm_rate"
 		done
 	fi
 	machine
@@ -373,16 +419,33 @@ EOF
 	table "$results"
 }
 
+# load MODE URL TARGET ROUND [FLAG...]: one case of the load generator (on
+# the load's CPUs), its JSON line appended to $results with the target and
+# the round.
+load() {
+	local mode=$1 url=$2 target=$3 round=$4
+	shift 4
+	"${ON_LOAD[@]}" "$GEN" "$mode" --url "$url" --header "authorization: Bearer $LITELLM_KEY" \
+		--tenants "$TENANTS" --connections "$CONNECTIONS" --duration "$DURATION" --warmup "$WARMUP" "$@" |
+		jq -c --arg t "$target" --argjson r "$round" '. + {target: $t, round: $r}' | tee -a "$results" >&2
+}
+
 # The medians over the rounds, and the added latency (a percentile through a
-# proxy minus the same percentile direct, in the same round).
+# proxy minus the same percentile direct, in the same round); each round's
+# figures; the ratios to nginx; what each proxy does per request.
 table() {
-	jq -rs --argjson rate "$RATE" --argjson conns "$CONNECTIONS" --arg litellm "$LITELLM_INSTALLED" '
+	jq -rs --argjson rate "$RATE" --argjson conns "$CONNECTIONS" --arg litellm "$LITELLM_INSTALLED" \
+		--arg threads "$PROXY_THREADS" --arg placement "$PLACEMENT" --arg tenants "$TENANTS" '
 		def median: map(select(. != null)) | sort | if length == 0 then null else .[length / 2 | floor] end;
 		def minus(a; b): if a == null or b == null then null else a - b end;
+		def ratio(a; b): if a == null or b == null or b <= 0 then null else a / b end;
 		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
 		. as $all
+		| ($all | map(.target) | unique) as $present
+		| ["direct", "lanekeeper", "lanekeeper-mimalloc", "nginx", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
 		| ($all | map(select(.mode == "rate" and .target == "direct")) | map({key: (.round | tostring), value: .}) | from_entries) as $direct
-		| def row($t):
+		| def added($x; f): minus($x | f; $direct[$x.round | tostring] | f);
+		def row($t):
 			($all | map(select(.target == $t and .mode == "rate"))) as $r
 			| ($all | map(select(.target == $t and .mode == "max"))) as $m
 			| {
@@ -390,26 +453,54 @@ table() {
 				achieved: ($r | map(.throughput) | median),
 				p50: ($r | map(.p50_ms) | median),
 				p99: ($r | map(.p99_ms) | median),
-				add50: ($r | map(minus(.p50_ms; $direct[.round | tostring].p50_ms)) | median),
-				add99: ($r | map(minus(.p99_ms; $direct[.round | tostring].p99_ms)) | median),
+				add50: ($r | map(added(.; .p50_ms)) | median),
+				add99: ($r | map(added(.; .p99_ms)) | median),
+				unsent: ($r | map(.unsent) | add),
+				late: ($r | map(.late) | add),
+				connect: ($r + $m | map(.connect_errors // 0) | add),
 				errors: ($r + $m | map(.errors) | add),
 				max: ($m | map(.rate) | median),
 				maxp99: ($m | map(.p99_ms) | median)
 			};
-		[row("direct"), row("lanekeeper"), row("nginx"), row("litellm")] as $rows
+		def in_round($t; $n; $mode): $all | map(select(.target == $t and .round == $n and .mode == $mode)) | .[0];
+		($targets | map(row(.))) as $rows
 		| ($rows | map({key: .target, value: .}) | from_entries) as $by
+		| ($all | map(.round) | unique) as $rounds
 		| "",
-		"At \($rate) req/s open loop over \($conns) connections, and closed loop with \($conns) clients (medians of \($all | map(.round) | max) rounds; LiteLLM \($litellm)):",
+		"At \($rate) req/s open loop over \($conns) connections, and closed loop with \($conns) clients (medians of \($rounds | length) rounds; LiteLLM \($litellm)); \($threads) thread(s) or worker(s) per proxy, \($placement); every request with a unique x-request-id and one of \($tenants) tenants:",
 		"",
-		"| path | achieved req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | p99 ms at max | non-2xx or errors |",
-		"|---|---|---|---|---|---|---|---|---|",
-		($rows[] | "| \(.target) | \(.achieved | r(1)) | \(.p50 | r(1000)) | \(.p99 | r(1000)) | \(if .target == "direct" then "-" else (.add50 | r(1000)) end) | \(if .target == "direct" then "-" else (.add99 | r(1000)) end) | \(.max | r(1)) | \(.maxp99 | r(100)) | \(.errors) |"),
+		"| path | achieved req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | p99 ms at max | unsent (rate) | late (rate) | connect errors | non-2xx or errors |",
+		"|---|---|---|---|---|---|---|---|---|---|---|---|",
+		($rows[] | "| \(.target) | \(.achieved | r(1)) | \(.p50 | r(1000)) | \(.p99 | r(1000)) | \(if .target == "direct" then "-" else (.add50 | r(1000)) end) | \(if .target == "direct" then "-" else (.add99 | r(1000)) end) | \(.max | r(1)) | \(.maxp99 | r(100)) | \(.unsent) | \(.late) | \(.connect) | \(.errors) |"),
 		"",
-		"max rate lanekeeper / litellm: \(($by.lanekeeper.max / $by.litellm.max) | r(100))×; lanekeeper / nginx: \(($by.lanekeeper.max / $by.nginx.max) | r(100))×",
+		"Each round (added p50 / added p99 ms at \($rate) req/s; max req/s closed loop):",
+		"",
+		"| round | " + ($targets | map(select(. != "direct")) | map("\(.) added p50 / p99 | \(.) max") | join(" | ")) + " | lanekeeper / nginx added p99 | lanekeeper / nginx max |",
+		"|---|" + ($targets | map(select(. != "direct")) | map("---|---") | join("|")) + "|---|---|",
+		($rounds[] as $n
+			| "| \($n) | "
+			+ ($targets | map(select(. != "direct")) | map(. as $t
+				| (in_round($t; $n; "rate")) as $x
+				| "\(if $x == null then null else added($x; .p50_ms) end | r(1000)) / \(if $x == null then null else added($x; .p99_ms) end | r(1000)) | \(in_round($t; $n; "max") | .rate | r(1))")
+				| join(" | "))
+			+ " | \(ratio(in_round("lanekeeper"; $n; "rate") | added(.; .p99_ms); in_round("nginx"; $n; "rate") | added(.; .p99_ms)) | r(100)) | \(ratio(in_round("lanekeeper"; $n; "max") | .rate; in_round("nginx"; $n; "max") | .rate) | r(100)) |"),
+		"",
+		"medians, lanekeeper / nginx: added p99 \(ratio($by.lanekeeper.add99; $by.nginx.add99) | r(100))× (aim: at most 1), max rate \(ratio($by.lanekeeper.max; $by.nginx.max) | r(100))× (aim: at least 1); lanekeeper / litellm max rate \(ratio($by.lanekeeper.max; $by.litellm.max) | r(100))×",
+		(if $by["lanekeeper-mimalloc"] then
+			"allocator, mimalloc / the system allocator (shipped): max rate \(ratio($by["lanekeeper-mimalloc"].max; $by.lanekeeper.max) | r(100))×, added p99 \($by["lanekeeper-mimalloc"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms"
+		  else empty end),
 		(($all | map(select(.target == "litellm-own"))) as $o
 		| if ($o | length) > 0 then
 			"litellm at 80 % of its own max (\($o[0].target_rate) req/s): achieved \($o | map(.throughput) | median | r(1)), p50 \($o | map(.p50_ms) | median | r(1000)) ms, p99 \($o | map(.p99_ms) | median | r(1000)) ms"
-		  else empty end)
+		  else empty end),
+		"",
+		"What each proxy does per request:",
+		"",
+		"| proxy | per request |",
+		"|---|---|",
+		"| lanekeeper | HTTP/1 parse (hyper, axum), the body read; the lane, tenant, attempt and x-request-id headers read; under the core'"'"'s lock once: the lane looked up, its token bucket refilled and taken, the request id hashed into the lane'"'"'s memory of recent ids (retry detection) and that memory swept, the retry budget checked, the route and flags, the request counted in flight (the tenant'"'"'s fair queue is used only when the lane must queue, which these limits never make it); forwarded over a pooled keep-alive upstream connection and the answer streamed back; the lock again when it finishes; Prometheus counters and histograms by lane and tenant class |",
+		"| nginx | HTTP/1 parse; a map of the lane header (400 to an unknown lane); limit_req, a token bucket per lane header in shared memory; proxy_pass over a keep-alive upstream connection; no access log |",
+		"| litellm | HTTP/1 parse (uvicorn, FastAPI); the master key checked; the JSON body parsed into a chat completion; usage-based-routing-v2 picks the deployment and checks its rpm in memory; a new request built by the OpenAI client and its answer parsed and re-serialised |"
 	' "$1"
 }
 

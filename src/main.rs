@@ -15,6 +15,14 @@ use lanekeeper::signals::prometheus::PrometheusError;
 use lanekeeper::sim;
 use lanekeeper::snapshot::SignalsFile;
 
+/// mimalloc with `--features mimalloc`, for `benches/gateway_load.sh`'s
+/// comparison; the system allocator by default (docs/performance.md, "The
+/// gateway under load": mimalloc saved ~8 % of the gateway's CPU per
+/// request but took ~1.5× the resident memory).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Why a command failed; [`CliError::exit_code`] is the process' exit code
 /// and the Display text follows `error: ` on stderr.
 #[derive(Debug, thiserror::Error)]
