@@ -129,18 +129,21 @@ fn decide(gw: &Arc<Gateway>, asked: &Asked) -> Decided {
     let Some(core) = core.as_mut() else {
         return Decided::NoConfig;
     };
-    let Some(lane) = asked.lane.as_deref().and_then(|l| core.lane_index(l)) else {
+    let verdict = asked.lane.as_deref().map(|lane| {
+        core.admit(
+            &lanes::Request {
+                lane,
+                tenant: asked.tenant.as_deref(),
+                attempt: asked.attempt,
+                request_id: asked.request_id.as_deref(),
+            },
+            now,
+        )
+    });
+    // The core looks the lane up (once); it names no lane of the config.
+    let Some((verdict, lane)) = verdict.and_then(|v| v.lane().map(|l| (v, l))) else {
         return Decided::UnknownLane(core.lane_names().map(str::to_owned).collect());
     };
-    let verdict = core.admit(
-        &lanes::Request {
-            lane: asked.lane.as_deref().unwrap_or_default(),
-            tenant: asked.tenant.as_deref(),
-            attempt: asked.attempt,
-            request_id: asked.request_id.as_deref(),
-        },
-        now,
-    );
     let enforcing = core.enforcing();
     let mut wait = None;
     if let Verdict::Queued { ticket, .. } = &verdict {
@@ -152,7 +155,8 @@ fn decide(gw: &Arc<Gateway>, asked: &Asked) -> Decided {
             core.cancel(*ticket);
         }
     }
-    let dispatch = passing(&verdict, enforcing).map(|pass| gw.dispatch(core, meters, &pass, now));
+    let dispatch =
+        passing(&verdict, lane, enforcing).map(|pass| gw.dispatch(core, meters, &pass, now));
     let meters = Arc::clone(meters);
     drop(st);
     if wait.is_some() {
@@ -170,18 +174,12 @@ fn decide(gw: &Arc<Gateway>, asked: &Asked) -> Decided {
 
 /// What goes upstream at once: a pass, or in observe mode every request
 /// (with no deadline of its own).
-fn passing(verdict: &Verdict, enforcing: bool) -> Option<lanes::Pass> {
+fn passing(verdict: &Verdict, lane: usize, enforcing: bool) -> Option<lanes::Pass> {
     match verdict {
         Verdict::Pass(p) if enforcing => Some(p.clone()),
         _ if enforcing => None,
-        Verdict::UnknownLane => None,
         v => Some(lanes::Pass {
-            lane: match v {
-                Verdict::Pass(p) => p.lane,
-                Verdict::Queued { lane, .. } => *lane,
-                Verdict::Refuse(r) => r.lane,
-                Verdict::UnknownLane => unreachable!("matched above"),
-            },
+            lane,
             attempt: v.attempt(),
             history_turns: None,
             remaining_seconds: f64::INFINITY,

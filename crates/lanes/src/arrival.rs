@@ -62,14 +62,10 @@ impl Core {
         if !lane.queue.is_empty() {
             return None;
         }
-        let has_token = lane.bucket.tokens >= 1.0;
-        if !(has_token
+        if !(lane.bucket.take()
             || lane.draws_on_spare() && self.spare.take(now, lane.cfg.work_units_per_request))
         {
             return None;
-        }
-        if has_token {
-            lane.bucket.tokens -= 1.0;
         }
         lane.bucket.used.add(now);
         Some(Pass {

@@ -14,7 +14,7 @@ use crate::lane::{Lane, effective_rate};
 use crate::pressure::{Pressure, PressureGauge};
 use crate::spare::Spare;
 use crate::validate::{ConfigError, validate};
-use crate::verdict::{Outcome, Resolution, Ticket};
+use crate::verdict::{Attempt, Limit, Outcome, Refusal, Resolution, Ticket};
 
 /// The tenant of requests that name none.
 pub const DEFAULT_TENANT: &str = "";
@@ -246,12 +246,13 @@ fn carry_lane(mut old: Lane, new: &mut Lane, now: f64) {
     new.retries = std::mem::take(&mut old.retries);
 }
 
-fn lane_removed(lane: usize, attempt: crate::verdict::Attempt) -> crate::verdict::Refusal {
-    crate::verdict::Refusal {
+/// A waiting request whose lane the new config no longer has.
+fn lane_removed(lane: usize, attempt: Attempt) -> Refusal {
+    Refusal {
         lane,
         attempt,
         outcome: Outcome::RejectedRate,
-        limit: crate::verdict::Limit::LaneRemoved,
+        limit: Limit::LaneRemoved,
         retry_after_seconds: Some(1),
     }
 }

@@ -212,6 +212,16 @@ impl Verdict {
         }
     }
 
+    /// The lane's index (None: the request named no lane of the config).
+    pub fn lane(&self) -> Option<usize> {
+        match self {
+            Verdict::Pass(p) => Some(p.lane),
+            Verdict::Queued { lane, .. } => Some(*lane),
+            Verdict::Refuse(r) => Some(r.lane),
+            Verdict::UnknownLane => None,
+        }
+    }
+
     /// How the request counted (Original for an unknown lane).
     pub fn attempt(&self) -> Attempt {
         match self {
