@@ -156,16 +156,23 @@ fn a_bad_scenario_exits_2_naming_the_field() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// The INC-47 example (the base) and a copy in `dir` with `from` replaced
+/// by `to` (the head); `from` must be in the example.
+fn edited_example(dir: &Path, from: &str, to: &str) -> (PathBuf, PathBuf) {
+    let base = root().join("examples/inc-47/inc-47.yaml");
+    let text = std::fs::read_to_string(&base).unwrap();
+    assert!(text.contains(from), "the example has {from:?}");
+    let head = dir.join("head.yaml");
+    std::fs::write(&head, text.replace(from, to)).unwrap();
+    (base, head)
+}
+
 #[test]
 fn diff_shows_what_removing_the_p3_cap_does() {
     let dir = tmpdir("diff");
     let sc = short_scenario(&dir);
-    let base = root().join("examples/inc-47/inc-47.yaml");
-    let text = std::fs::read_to_string(&base).unwrap();
     let cap = "      cap: [{lanes: [p3-shift-batch], unitsPerSecond: \"60\"}]\n";
-    assert!(text.contains(cap));
-    let head = dir.join("head.yaml");
-    std::fs::write(&head, text.replace(cap, "")).unwrap();
+    let (base, head) = edited_example(&dir, cap, "");
     let o = lanekeeper(&[
         "diff",
         "--base",
@@ -213,12 +220,7 @@ fn diff_shows_what_removing_the_p3_cap_does() {
 #[test]
 fn diff_names_a_moved_watermark() {
     let dir = tmpdir("diff-stop-at");
-    let base = root().join("examples/inc-47/inc-47.yaml");
-    let text = std::fs::read_to_string(&base).unwrap();
-    let stop = "stopAt: 1500,";
-    assert!(text.contains(stop));
-    let head = dir.join("head.yaml");
-    std::fs::write(&head, text.replace(stop, "stopAt: 1400,")).unwrap();
+    let (base, head) = edited_example(&dir, "stopAt: 1500,", "stopAt: 1400,");
     let o = lanekeeper(&[
         "diff",
         "--base",
