@@ -5,14 +5,16 @@
 //! I/O only, one job per file: the flags ([`args`]), starting and serving
 //! (`run`), the request path as named steps (`request`), the pure mapping
 //! from a refusal or failure to the HTTP answer (`respond`), what a passed
-//! request takes upstream (`dispatch`), the upstream client (`upstream`), the config and replica sources (`sources`), the
-//! shared state and the driver of queued requests (`state`), and typed
+//! request takes upstream (`dispatch`), the upstream client (`upstream`),
+//! the config and replica sources (`sources`), what the connection proved
+//! about the client (`peer`), the shared state and the driver of queued requests (`state`), and typed
 //! metrics (`metrics`). Every decision is the core's.
 #![deny(clippy::too_many_lines)]
 
 mod args;
 mod dispatch;
 mod metrics;
+mod peer;
 mod request;
 mod respond;
 mod run;
