@@ -3,6 +3,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use axum::http::HeaderName;
+
+use super::surface::{AllowedPath, parse_allowed};
+
 /// Flags of `lanekeeper gateway`; each also from an environment variable.
 /// A config source is required: `--config FILE` or `--configmap NS/NAME`.
 #[derive(clap::Args, Debug, Clone)]
@@ -72,9 +76,41 @@ pub struct GatewayArgs {
     /// How often a `--config` file is checked for changes, in milliseconds.
     #[arg(long, env = "LANEKEEPER_GATEWAY_RELOAD_MILLIS", default_value_t = 500)]
     pub reload_millis: u64,
+    /// Another path to forward besides the OpenAI-compatible inference
+    /// paths: `PATH` (POST) or `GET PATH` / `POST PATH`, matched exactly
+    /// (repeat the flag; the environment variable takes a comma-separated
+    /// list). Every other path is 404, every other method 405.
+    #[arg(long = "allow-path", env = "LANEKEEPER_GATEWAY_ALLOW_PATHS", value_delimiter = ',', value_parser = parse_allowed)]
+    pub allow_paths: Vec<AllowedPath>,
+    /// Log one admission in N as a decision line (0: none).
+    #[arg(
+        long,
+        env = "LANEKEEPER_GATEWAY_DECISION_LOG_SAMPLE",
+        default_value_t = 100
+    )]
+    pub decision_log_sample: u64,
+    /// Log at most this many refusals a second as decision lines; the rest
+    /// are counted and the count is written on the next line.
+    #[arg(
+        long,
+        env = "LANEKEEPER_GATEWAY_DECISION_LOG_REFUSALS_PER_SECOND",
+        default_value_t = 50
+    )]
+    pub decision_log_refusals_per_second: u32,
     /// Tokio worker threads (default: one per core).
     #[arg(long, env = "LANEKEEPER_GATEWAY_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+}
+
+impl GatewayArgs {
+    /// Client headers only the gateway may set besides `x-lanekeeper-*`:
+    /// the lane and tenant headers' configured names.
+    pub(super) fn private_headers(&self) -> Vec<HeaderName> {
+        [&self.lane_header, &self.tenant_header]
+            .into_iter()
+            .filter_map(|h| HeaderName::try_from(h.as_str()).ok())
+            .collect()
+    }
 }
 
 fn parse_route(s: &str) -> Result<(String, String), String> {

@@ -24,6 +24,8 @@ pub(super) struct Dispatch {
     pub(super) route: Option<String>,
     pub(super) read_only: bool,
     pub(super) static_fallback: bool,
+    /// The lane's routes are its approved fallbacks (a level said so).
+    pub(super) fallback_route: bool,
     pub(super) history_turns: Option<i32>,
     /// Seconds the request may still take, from when it passed.
     pub(super) remaining_seconds: f64,
@@ -46,6 +48,7 @@ impl Dispatch {
             attempt: pass.attempt,
             route: core.lane(pass.lane).routes.first().cloned(),
             read_only: flags.read_only,
+            fallback_route: core.lane(pass.lane).fallback_routes,
             static_fallback: flags.static_fallback,
             history_turns: pass.history_turns,
             remaining_seconds: pass.remaining_seconds,

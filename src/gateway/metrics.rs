@@ -6,6 +6,8 @@
 use std::sync::OnceLock;
 
 use lanes::{Attempt, GatewayConfig, Outcome, Pressure};
+
+use super::cut::Cut;
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -73,6 +75,8 @@ pub struct GatewayMetrics {
     config_loads: IntCounterVec,
     pressure: IntGaugeVec,
     replicas: IntGauge,
+    cuts: IntCounterVec,
+    refused_before_admission: IntCounterVec,
 }
 
 fn registered<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -98,6 +102,15 @@ fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec 
 
 fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
     registered(r, IntGauge::new(name, help).expect("valid metric"))
+}
+
+fn refused_before_admission(r: &Registry) -> IntCounterVec {
+    counters(
+        r,
+        "lanekeeper_gateway_refused_before_admission_total",
+        "Requests answered by the gateway before admission (no lane's bucket touched), by reason: not_found, method_not_allowed, invalid_attempt, invalid_request_id, unknown_lane, no_config, body_too_large, body_unreadable.",
+        &["reason"],
+    )
 }
 
 fn histograms(r: &Registry, name: &str, help: &str) -> HistogramVec {
@@ -177,8 +190,22 @@ impl GatewayMetrics {
                 "lanekeeper_gateway_replicas",
                 "The number of gateway replicas this one shares the rates with (N of 1/N).",
             ),
+            cuts: counters(
+                &r,
+                "lanekeeper_gateway_responses_cut_total",
+                "Answers cut short after their headers went out, by lane and reason (deadline, upstream_error); the client got an error event or an aborted body.",
+                &["lane", "reason"],
+            ),
+            refused_before_admission: refused_before_admission(&r),
             registry: r,
         }
+    }
+
+    /// Requests the gateway answered before the core saw them, by reason.
+    pub fn refused_before_admission(&self, reason: &'static str) {
+        self.refused_before_admission
+            .with_label_values(&[reason])
+            .inc();
     }
 
     /// The per-lane meters of a config, by lane index.
@@ -193,6 +220,8 @@ impl GatewayMetrics {
                 wait: self.wait.with_label_values(&[&l.name]),
                 upstream: self.upstream.with_label_values(&[&l.name]),
                 deadline_misses: self.deadline_misses.with_label_values(&[&l.name]),
+                cuts: [Cut::Deadline, Cut::UpstreamError]
+                    .map(|c| self.cuts.with_label_values(&[&l.name, c.as_str()])),
                 families: (self.requests.clone(), self.shadow.clone()),
             })
             .collect()
@@ -262,6 +291,8 @@ pub struct LaneMeter {
     wait: Histogram,
     upstream: Histogram,
     deadline_misses: IntCounter,
+    /// By [`Cut`]: deadline, upstream error.
+    cuts: [IntCounter; 2],
     families: (IntCounterVec, IntCounterVec),
 }
 
@@ -322,5 +353,10 @@ impl LaneMeter {
     /// A request ran past its deadline upstream.
     pub fn deadline_missed(&self) {
         self.deadline_misses.inc();
+    }
+
+    /// An answer was cut after its headers went out.
+    pub fn cut(&self, why: Cut) {
+        self.cuts[usize::from(why == Cut::UpstreamError)].inc();
     }
 }

@@ -8,10 +8,14 @@
 //! request takes upstream (`dispatch`), the upstream client (`upstream`),
 //! the config and replica sources (`sources`), what the connection proved
 //! about the client (`peer`), the shared state and the driver of queued requests (`state`), and typed
-//! metrics (`metrics`). Every decision is the core's.
+//! metrics (`metrics`); the forwarded paths (`surface`), each decision's
+//! record (`decision`) and honest ends of cut answers (`cut`). Every
+//! decision is the core's.
 #![deny(clippy::too_many_lines)]
 
 mod args;
+mod cut;
+mod decision;
 mod dispatch;
 mod metrics;
 mod peer;
@@ -20,6 +24,7 @@ mod respond;
 mod run;
 mod sources;
 mod state;
+mod surface;
 mod upstream;
 
 #[cfg(test)]

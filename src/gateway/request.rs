@@ -8,16 +8,19 @@ use std::time::Instant;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
 use axum::response::Response;
 use http_body_util::BodyExt;
 use lanes::{Outcome, Resolution, Ticket, Verdict};
 use tokio::sync::oneshot;
 
+use super::decision::{self, MAX_REQUEST_ID, REQUEST_ID, Record, client_request_id};
 use super::dispatch::Dispatch;
 use super::metrics::{LaneMeter, TenantClass};
 use super::respond;
 use super::state::{Gateway, Resolved, State as Locked};
-use super::upstream::forward;
+use super::surface::OnSurface;
+use super::upstream::{Outgoing, forward};
 
 /// The attempt header.
 const ATTEMPT_HEADER: &str = "x-lanekeeper-attempt";
@@ -37,16 +40,31 @@ fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
+/// The attempt number: absent (an original), or an integer >= 1 written
+/// in plain digits. Anything else — `0`, `-1`, `1.5`, `abc`, a number
+/// beyond `u32`, a value that is not text — is the client's error.
+fn attempt(h: &HeaderMap) -> Result<Option<u32>, Response> {
+    let Some(raw) = h.get(ATTEMPT_HEADER) else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(raw.as_bytes());
+    let v = text.trim();
+    match v.parse::<u32>() {
+        Ok(n) if n >= 1 && v.bytes().all(|b| b.is_ascii_digit()) => Ok(Some(n)),
+        _ => Err(respond::invalid_attempt(ATTEMPT_HEADER, v)),
+    }
+}
+
 impl Asked {
-    fn read(h: &HeaderMap, gw: &Gateway) -> Asked {
-        Asked {
+    fn read(h: &HeaderMap, gw: &Gateway) -> Result<Asked, Response> {
+        Ok(Asked {
             lane: header_str(h, &gw.args.lane_header).map(str::to_owned),
             tenant: header_str(h, &gw.args.tenant_header).map(str::to_owned),
-            attempt: header_str(h, ATTEMPT_HEADER).and_then(|v| v.parse::<u32>().ok()),
+            attempt: attempt(h)?,
             request_id: header_str(h, "idempotency-key")
-                .or_else(|| header_str(h, "x-request-id"))
+                .or_else(|| header_str(h, REQUEST_ID))
                 .map(str::to_owned),
-        }
+        })
     }
 
     fn class(&self) -> TenantClass {
@@ -78,30 +96,79 @@ enum Decided {
     },
 }
 
-/// Serves one client request.
+/// Serves one client request and leaves its record: the request id and
+/// decision headers on the answer, and the decision's log line.
 pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let asked = Asked::read(&parts.headers, &gw);
+    let mut record = Record::default();
+    let mut response = answer(&gw, parts, body, &mut record).await;
+    let (verdict, reason) = record.stamp(&mut response);
+    if verdict == decision::Verdict::Refused && record.lane.is_none() {
+        gw.metrics.refused_before_admission(reason);
+    }
+    decision::log(&record, verdict, reason, gw.decisions.line(verdict, gw.now()));
+    response
+}
+
+/// The request id (the client's, checked, or a new one) and whether the
+/// request is on the forwarded surface.
+fn admissible(gw: &Gateway, parts: &Parts, record: &mut Record) -> Result<(), Response> {
+    match client_request_id(&parts.headers) {
+        Ok(Some(id)) => record.request_id = id.to_owned(),
+        Ok(None) => record.request_id = gw.ids.make(),
+        Err(()) => {
+            record.request_id = gw.ids.make();
+            return Err(respond::invalid_request_id(REQUEST_ID, MAX_REQUEST_ID));
+        }
+    }
+    match gw.surface.check(&parts.method, parts.uri.path()) {
+        OnSurface::Yes => Ok(()),
+        OnSurface::NoPath => Err(respond::not_on_surface()),
+        OnSurface::WrongMethod(allowed) => Err(respond::method_not_allowed(&allowed)),
+    }
+}
+
+/// The request path: checks, body, decision, wait, forward.
+async fn answer(gw: &Arc<Gateway>, parts: Parts, body: Body, record: &mut Record) -> Response {
+    if let Err(r) = admissible(gw, &parts, record) {
+        return r;
+    }
+    let asked = match Asked::read(&parts.headers, gw) {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    record.tenant = asked.tenant.as_deref().map(cut_for_log);
     let body = match read_body(body, gw.args.max_body_bytes).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let decided = decide(&gw, &asked);
+    let decided = decide(gw, &asked);
+    if matches!(decided, Decided::Verdict { .. }) {
+        record.lane.clone_from(&asked.lane);
+    }
     let passed = Instant::now();
-    let (dispatch, lane_name) = match settle(&gw, &asked, decided).await {
+    let dispatch = match settle(gw, &asked, decided, record).await {
         Ok(d) => d,
         Err(r) => return r,
     };
-    forward(
-        &gw.upstream,
+    let out = Outgoing {
         parts,
         body,
-        dispatch,
-        asked.class(),
-        &lane_name,
+        class: asked.class(),
+        lane: record.lane.as_deref().unwrap_or_default(),
+        request_id: &record.request_id,
         passed,
-    )
-    .await
+    };
+    forward(&gw.upstream, out, dispatch).await
+}
+
+/// A client's value as the log repeats it: at most 64 bytes.
+fn cut_for_log(v: &str) -> String {
+    let mut end = v.len().min(64);
+    while !v.is_char_boundary(end) {
+        end -= 1;
+    }
+    v[..end].to_owned()
 }
 
 /// The body, within `--max-body-bytes` (read before a token is taken for
@@ -194,7 +261,8 @@ async fn settle(
     gw: &Arc<Gateway>,
     asked: &Asked,
     decided: Decided,
-) -> Result<(Dispatch, String), Response> {
+    record: &mut Record,
+) -> Result<Dispatch, Response> {
     let Decided::Verdict {
         verdict,
         lane,
@@ -206,7 +274,7 @@ async fn settle(
     else {
         return Err(refused_before_admission(gw, asked, decided));
     };
-    let name = asked.lane.clone().unwrap_or_default();
+    let name = asked.lane.as_deref().unwrap_or_default();
     let meter = &meters[lane];
     let class = asked.class();
     if !enforcing {
@@ -215,23 +283,24 @@ async fn settle(
             meter.shadow(verdict.attempt(), o);
         }
         meter.request(class, verdict.attempt(), Outcome::Admitted);
-        return Ok((dispatch.expect("observe passes everything"), name));
+        return Ok(dispatch.expect("observe passes everything"));
     }
     match verdict {
         Verdict::Pass(p) => {
             meter.request(class, p.attempt, Outcome::Admitted);
-            Ok((dispatch.expect("a pass is dispatched"), name))
+            Ok(dispatch.expect("a pass is dispatched"))
         }
         Verdict::Refuse(r) => {
             meter.request(class, r.attempt, r.outcome);
-            Err(respond::refusal(&name, &r))
+            Err(respond::refusal(name, &r))
         }
-        Verdict::UnknownLane => Err(respond::lane_gone(&name)),
+        Verdict::UnknownLane => Err(respond::lane_gone(name)),
         Verdict::Queued { attempt, .. } => {
             meter.request(class, attempt, Outcome::Queued);
             let wait = wait.expect("a waiter for a queued request");
-            let d = wait_turn(gw, wait, meter, class, &name).await?;
-            Ok((d, name))
+            let (d, waited) = wait_turn(gw, wait, meter, class, name).await?;
+            record.waited_seconds = waited;
+            Ok(d)
         }
     }
 }
@@ -255,7 +324,7 @@ async fn wait_turn(
     meter: &LaneMeter,
     class: TenantClass,
     lane: &str,
-) -> Result<Dispatch, Response> {
+) -> Result<(Dispatch, f64), Response> {
     let mut guard = WaitGuard {
         gw,
         ticket: Some(ticket),
@@ -266,7 +335,7 @@ async fn wait_turn(
         Ok((Resolution::Pass(p), Some(d))) => {
             meter.request(class, p.attempt, Outcome::Admitted);
             meter.waited(p.waited_seconds);
-            Ok(d)
+            Ok((d, p.waited_seconds))
         }
         Ok((Resolution::Refuse(r), _)) => {
             meter.request(class, r.attempt, r.outcome);

@@ -6,21 +6,31 @@ use axum::response::{IntoResponse, Response};
 use lanes::Refusal;
 use serde_json::json;
 
+use super::decision::Reason;
+
 /// How much of a client's header value an error message repeats.
 const ECHO_LIMIT: usize = 64;
 
-/// An OpenAI-style error response.
-pub(super) fn error(status: StatusCode, kind: &str, code: &str, message: String) -> Response {
+/// An OpenAI-style error response, its code kept as the decision's
+/// [`Reason`].
+pub(super) fn error(
+    status: StatusCode,
+    kind: &str,
+    code: &'static str,
+    message: String,
+) -> Response {
     let body = json!({"error": {"message": message, "type": kind, "code": code}});
-    (
+    let mut r = (
         status,
         [(header::CONTENT_TYPE, "application/json")],
         format!("{body}\n"),
     )
-        .into_response()
+        .into_response();
+    r.extensions_mut().insert(Reason(code));
+    r
 }
 
-fn bad_request(code: &str, message: String) -> Response {
+fn bad_request(code: &'static str, message: String) -> Response {
     error(
         StatusCode::BAD_REQUEST,
         "invalid_request_error",
@@ -61,6 +71,51 @@ pub(super) fn unknown_lane(header: &str, value: Option<&str>, known: &[&str]) ->
             value.map_or("missing".to_owned(), echo),
             known.join(", ")
         ),
+    )
+}
+
+/// 404: a path the gateway does not forward.
+pub(super) fn not_on_surface() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "not_found",
+        "no such path on this gateway: it forwards only the OpenAI-compatible inference paths".to_owned(),
+    )
+}
+
+/// 405: a forwarded path, another method.
+pub(super) fn method_not_allowed(allowed: &[axum::http::Method]) -> Response {
+    let allowed: Vec<&str> = allowed.iter().map(axum::http::Method::as_str).collect();
+    let allowed = allowed.join(", ");
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!("this path takes {allowed}"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&allowed) {
+        r.headers_mut().insert(header::ALLOW, v);
+    }
+    r
+}
+
+/// 400: the attempt header is not an integer >= 1.
+pub(super) fn invalid_attempt(header: &str, value: &str) -> Response {
+    bad_request(
+        "invalid_attempt",
+        format!(
+            "the {header} header must be an integer >= 1 (1 for the first attempt); it was {}",
+            echo(value)
+        ),
+    )
+}
+
+/// 400: the request id is not short visible ASCII.
+pub(super) fn invalid_request_id(header: &str, limit: usize) -> Response {
+    bad_request(
+        "invalid_request_id",
+        format!("the {header} header must be 1 to {limit} visible ASCII characters"),
     )
 }
 

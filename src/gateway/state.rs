@@ -11,6 +11,8 @@ use lanes::{Core, GatewayConfig, Resolution, Ticket};
 use tokio::sync::{Notify, oneshot};
 
 use super::args::GatewayArgs;
+use super::decision::{DecisionLog, IdMaker};
+use super::surface::Surface;
 use super::dispatch::{Dispatch, InFlightSink};
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
 use super::upstream::Upstream;
@@ -27,6 +29,12 @@ pub(super) struct Gateway {
     pub(super) wake: Notify,
     pub(super) metrics: GatewayMetrics,
     pub(super) upstream: Upstream,
+    /// The paths forwarded.
+    pub(super) surface: Surface,
+    /// New request ids.
+    pub(super) ids: IdMaker,
+    /// Which decisions get a log line.
+    pub(super) decisions: DecisionLog,
 }
 
 /// Everything under the lock.
@@ -58,7 +66,13 @@ impl Gateway {
         let metrics = GatewayMetrics::new();
         metrics.replicas(replicas);
         Gateway {
-            upstream: Upstream::new(&args.routes),
+            upstream: Upstream::new(&args.routes, args.private_headers()),
+            surface: Surface::new(&args.allow_paths),
+            ids: IdMaker::new(),
+            decisions: DecisionLog::new(
+                args.decision_log_sample,
+                args.decision_log_refusals_per_second,
+            ),
             start: Instant::now(),
             state: Mutex::new(State {
                 core: None,
@@ -99,7 +113,15 @@ impl Gateway {
             return;
         }
         let share = 1.0 / f64::from(st.replicas.max(1));
-        if let Err(e) = st.put(cfg.clone(), share, now, &self.metrics) {
+        let loaded = match self.upstream.unrouted(&cfg) {
+            Some((lane, route)) => Err(format!(
+                "lane {lane:?} uses route {route:?}, which no --route names"
+            )),
+            None => st
+                .put(cfg.clone(), share, now, &self.metrics)
+                .map_err(|e| e.to_string()),
+        };
+        if let Err(e) = loaded {
             self.metrics.config_load(ConfigLoad::Invalid);
             match &st.last_good {
                 Some(g) => tracing::error!(source, error = %e, kept = %g.content_hash,

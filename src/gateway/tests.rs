@@ -30,10 +30,23 @@ fn example() -> GatewayConfig {
     GatewayConfig::from_json(&text).expect("valid")
 }
 
-/// A gateway without routes (nothing can reach an upstream), with `cfg`
-/// installed when given.
+/// Every route of the example on a port where nothing listens: a pass is
+/// a 502 `upstream_error`.
+const DEAD_ROUTES: [&str; 8] = [
+    "--route",
+    "agent-large=http://127.0.0.1:1",
+    "--route",
+    "extract-small=http://127.0.0.1:1",
+    "--route",
+    "batch-medium=http://127.0.0.1:1",
+    "--route",
+    "eval-large=http://127.0.0.1:1",
+];
+
+/// A gateway whose routes lead nowhere, with `cfg` installed when given.
 fn gateway(cfg: Option<GatewayConfig>, extra: &[&str]) -> Arc<Gateway> {
     let mut argv = vec!["gw", "--config", "unused.json", "--max-body-bytes", "64"];
+    argv.extend_from_slice(&DEAD_ROUTES);
     argv.extend_from_slice(extra);
     let gw = Arc::new(Gateway::new(Cli::parse_from(argv).args, true));
     if let Some(cfg) = cfg {
@@ -51,10 +64,11 @@ async fn call(
     if let Some(l) = lane {
         req = req.header("x-lanekeeper-lane", l);
     }
-    let resp = proxy_router(gw.clone())
-        .oneshot(req.body(Body::from(body.to_owned())).unwrap())
-        .await
-        .unwrap();
+    send(gw, req.body(Body::from(body.to_owned())).unwrap()).await
+}
+
+async fn send(gw: &Arc<Gateway>, req: Request<Body>) -> (StatusCode, Value, header::HeaderMap) {
+    let resp = proxy_router(gw.clone()).oneshot(req).await.unwrap();
     let (parts, body) = resp.into_parts();
     let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap();
     let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
@@ -118,19 +132,52 @@ async fn a_body_over_the_limit_is_refused_before_admission() {
 }
 
 #[tokio::test]
-async fn a_pass_without_a_route_url_is_a_502_and_leaves_nothing_in_flight() {
+async fn an_unreachable_upstream_is_a_502_and_leaves_nothing_in_flight() {
     let gw = gateway(Some(example()), &[]);
-    let (status, body, _) = call(&gw, Some("p1-agent-assist"), "{}").await;
+    let (status, body, headers) = call(&gw, Some("p1-agent-assist"), "{}").await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
-    assert_eq!(body["error"]["code"], "unknown_route");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--route agent-large=URL")
+    assert_eq!(body["error"]["code"], "upstream_error");
+    assert_eq!(
+        headers["x-lanekeeper-decision"],
+        "lane=p1-agent-assist; verdict=failed; reason=upstream_error"
     );
     assert_eq!(gw.lock().core.as_ref().unwrap().in_flight(), 0);
     assert_eq!(metric(&gw, "lanekeeper_gateway_in_flight"), 0.0);
+}
+
+#[tokio::test]
+async fn a_config_naming_a_route_without_a_url_is_refused_at_load() {
+    let argv = ["gw", "--config", "unused.json", "--route", "agent-large=http://127.0.0.1:1"];
+    let gw = Arc::new(Gateway::new(Cli::parse_from(argv).args, true));
+    gw.install(example(), "test");
+    assert!(gw.lock().core.is_none(), "refused: extract-small has no URL");
+    let (status, body, _) = call(&gw, Some("p1-agent-assist"), "{}").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["error"]["code"], "no_config");
+}
+
+#[tokio::test]
+async fn configs_that_would_cause_an_outage_are_refused_and_the_last_good_one_kept() {
+    let gw = gateway(Some(example()), &[]);
+    let hash = example().content_hash;
+    let mut no_lanes = example();
+    no_lanes.lanes.clear();
+    let mut negative = example();
+    negative.capacity_units_per_second = Some(-420.0);
+    let mut zero = example();
+    zero.capacity_units_per_second = Some(0.0);
+    let mut unrouted = example();
+    unrouted.lanes[0].routes = vec!["nowhere".to_owned()];
+    for bad in [no_lanes, negative, zero, unrouted] {
+        gw.install(bad.with_hash(), "test");
+        assert_eq!(gw.lock().last_good.as_ref().unwrap().content_hash, hash);
+    }
+    assert_eq!(
+        metric(&gw, "lanekeeper_gateway_config_loads_total{result=\"invalid\"}"),
+        4.0
+    );
+    let (status, _, _) = call(&gw, Some("p1-agent-assist"), "{}").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "still admitted by the old config");
 }
 
 #[tokio::test]
@@ -164,4 +211,126 @@ async fn an_invalid_config_is_refused_and_the_last_good_one_kept() {
         ),
         1.0
     );
+}
+
+/// Nothing the core counts: no lane's bucket was touched.
+fn untouched(gw: &Gateway) {
+    let (_, page) = gw.metrics.encode().unwrap();
+    let page = String::from_utf8(page).unwrap();
+    assert!(
+        !page.contains("lanekeeper_gateway_requests_total{"),
+        "no request reached the core:\n{page}"
+    );
+}
+
+#[tokio::test]
+async fn paths_and_methods_off_the_surface_are_answered_by_the_gateway() {
+    let gw = gateway(Some(example()), &["--allow-path", "/v1/rerank"]);
+    for (method, path, status) in [
+        ("PUT", "/control", StatusCode::NOT_FOUND),
+        ("POST", "/control", StatusCode::NOT_FOUND),
+        ("POST", "/v1/chat/completions/../../control", StatusCode::NOT_FOUND),
+        ("GET", "/metrics", StatusCode::NOT_FOUND),
+        ("PUT", "/v1/chat/completions", StatusCode::METHOD_NOT_ALLOWED),
+        ("DELETE", "/v1/models", StatusCode::METHOD_NOT_ALLOWED),
+    ] {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("x-lanekeeper-lane", "p0-disruption-assist")
+            .body(Body::empty())
+            .unwrap();
+        let (got, body, headers) = send(&gw, req).await;
+        assert_eq!(got, status, "{method} {path}: {body}");
+        assert!(
+            headers["x-lanekeeper-decision"]
+                .to_str()
+                .unwrap()
+                .starts_with("lane=-; verdict=refused;"),
+            "{headers:?}"
+        );
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            assert!(headers.contains_key(header::ALLOW));
+        }
+    }
+    untouched(&gw);
+    assert_eq!(
+        metric(&gw, "lanekeeper_gateway_refused_before_admission_total{reason=\"not_found\"}"),
+        4.0
+    );
+    // An allowed path goes to admission (and to the dead route).
+    let req = Request::post("/v1/rerank")
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&gw, req).await.0, StatusCode::BAD_GATEWAY);
+}
+
+#[tokio::test]
+async fn attempt_numbers_that_are_not_integers_from_1_are_refused_before_admission() {
+    let gw = gateway(Some(example()), &[]);
+    for bad in ["-1", "0", "abc", "1.5", "99999999999", "+1", "1 1", " "] {
+        let req = Request::post("/v1/chat/completions")
+            .header("x-lanekeeper-lane", "p1-agent-assist")
+            .header("x-lanekeeper-attempt", bad)
+            .body(Body::empty())
+            .unwrap();
+        let (status, body, _) = send(&gw, req).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(body["error"]["code"], "invalid_attempt", "{bad:?}");
+    }
+    let req = Request::post("/v1/chat/completions")
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .header("x-lanekeeper-attempt", axum::http::HeaderValue::from_bytes(b"\xff").unwrap())
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&gw, req).await.1["error"]["code"], "invalid_attempt");
+    untouched(&gw);
+    let req = Request::post("/v1/chat/completions")
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .header("x-lanekeeper-attempt", "2")
+        .body(Body::empty())
+        .unwrap();
+    let (status, body, _) = send(&gw, req).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["code"], "rejected_retry_budget", "the core judged it");
+    let retry = "lanekeeper_gateway_requests_total{attempt=\"retry\",lane=\"p1-agent-assist\"";
+    assert_eq!(metric(&gw, retry), 1.0);
+}
+
+#[tokio::test]
+async fn every_answer_carries_a_request_id_and_the_decision() {
+    let gw = gateway(Some(example()), &[]);
+    let (_, _, a) = call(&gw, Some("p4-eval-backfill"), "{}").await;
+    let (_, _, b) = call(&gw, None, "{}").await;
+    for h in [&a, &b] {
+        assert_eq!(h["x-request-id"].len(), 32, "{h:?}");
+    }
+    assert_ne!(a["x-request-id"], b["x-request-id"]);
+    assert!(
+        a["x-lanekeeper-decision"]
+            .to_str()
+            .unwrap()
+            .starts_with("lane=p4-eval-backfill; verdict="),
+        "{a:?}"
+    );
+    assert_eq!(
+        b["x-lanekeeper-decision"],
+        "lane=-; verdict=refused; reason=unknown_lane"
+    );
+    let req = Request::post("/v1/chat/completions")
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .header("x-request-id", "client-id-1")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&gw, req).await.2["x-request-id"], "client-id-1");
+    let req = Request::post("/v1/chat/completions")
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .header("x-request-id", "x".repeat(4096))
+        .body(Body::empty())
+        .unwrap();
+    let (status, body, headers) = send(&gw, req).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["code"], "invalid_request_id");
+    assert_eq!(headers["x-request-id"].len(), 32, "a new id, not the echo");
 }

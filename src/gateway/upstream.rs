@@ -5,23 +5,24 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, Uri, header, request::Parts};
+use axum::body::Bytes;
+use axum::http::{HeaderName, HeaderValue, Uri, header, request::Parts};
 use axum::response::Response;
-use futures::StreamExt;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use lanes::trim_chat_history;
 use serde_json::Value;
 
+use super::cut::stream_back;
+use super::decision::REQUEST_ID;
 use super::dispatch::Dispatch;
 use super::metrics::TenantClass;
 use super::respond;
 
 /// Headers that belong to one hop, never forwarded.
-const HOP_BY_HOP: [&str; 9] = [
+pub(super) const HOP_BY_HOP: [&str; 9] = [
     "connection",
     "keep-alive",
     "proxy-authenticate",
@@ -37,10 +38,13 @@ const HOP_BY_HOP: [&str; 9] = [
 pub(super) struct Upstream {
     client: Client<HttpConnector, Full<Bytes>>,
     routes: HashMap<String, String>,
+    /// Client headers never forwarded besides the fixed ones (the lane and
+    /// tenant headers' configured names).
+    private: Vec<HeaderName>,
 }
 
 impl Upstream {
-    pub(super) fn new(routes: &[(String, String)]) -> Upstream {
+    pub(super) fn new(routes: &[(String, String)], private: Vec<HeaderName>) -> Upstream {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
@@ -49,85 +53,127 @@ impl Upstream {
         Upstream {
             client,
             routes: routes.iter().cloned().collect(),
+            private,
         }
     }
 }
 
-/// The upstream request: the client's method, path, headers (less the
-/// hop-by-hop ones) and body, on the route's base URL, with the config's
-/// flags as headers.
+impl Upstream {
+    /// The first lane route of `cfg` that no `--route` names, as (lane,
+    /// route): such a config is refused at load, not discovered per request.
+    pub(super) fn unrouted<'c>(&self, cfg: &'c lanes::GatewayConfig) -> Option<(&'c str, &'c str)> {
+        cfg.lanes.iter().find_map(|l| {
+            l.routes
+                .iter()
+                .find(|r| !self.routes.contains_key(r.as_str()))
+                .map(|r| (l.name.as_str(), r.as_str()))
+        })
+    }
+}
+
+/// Whether a client's header goes upstream: not a hop-by-hop one, not the
+/// length (recomputed), not the client's credential, not the gateway's own
+/// (`x-lanekeeper-*`, `lanekeeper-*` and the lane and tenant headers, which
+/// only the gateway sets) and not the request id (set from the record).
+fn from_client(name: &HeaderName, private: &[HeaderName]) -> bool {
+    let n = name.as_str();
+    !(HOP_BY_HOP.contains(&n)
+        || name == header::CONTENT_LENGTH
+        || name == header::AUTHORIZATION
+        || n.starts_with("x-lanekeeper-")
+        || n.starts_with("lanekeeper-")
+        || n == REQUEST_ID
+        || private.contains(name))
+}
+
+/// The upstream request: the client's method, path, headers (less those
+/// [`from_client`] drops) and body, on the route's base URL, with the lane,
+/// the request id and the config's flags set by the gateway.
 fn upstream_request(
+    upstream: &Upstream,
     base: &str,
-    parts: &Parts,
+    out: &Outgoing<'_>,
     body: Bytes,
     d: &Dispatch,
 ) -> Result<axum::http::Request<Full<Bytes>>, String> {
+    let parts = &out.parts;
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let uri: Uri = format!("{base}{path}")
         .parse()
         .map_err(|e| format!("{e}"))?;
-    let mut out = axum::http::Request::builder()
+    let mut req = axum::http::Request::builder()
         .method(parts.method.clone())
         .uri(uri);
-    let headers = out.headers_mut().expect("builder is fine");
+    let headers = req.headers_mut().expect("builder is fine");
     for (k, v) in &parts.headers {
-        if !HOP_BY_HOP.contains(&k.as_str()) && k != header::CONTENT_LENGTH {
+        if from_client(k, &upstream.private) {
             headers.append(k.clone(), v.clone());
         }
     }
-    headers.insert(
-        "x-lanekeeper-attempt-kind",
-        HeaderValue::from_static(d.attempt.as_str()),
-    );
+    let set = |headers: &mut axum::http::HeaderMap, name: &'static str, v: &str| {
+        if let Ok(v) = HeaderValue::from_str(v) {
+            headers.insert(name, v);
+        }
+    };
+    set(headers, "x-lanekeeper-lane", out.lane);
+    set(headers, REQUEST_ID, out.request_id);
+    set(headers, "x-lanekeeper-attempt-kind", d.attempt.as_str());
     if d.read_only {
-        headers.insert("x-lanekeeper-read-only", HeaderValue::from_static("true"));
+        set(headers, "x-lanekeeper-read-only", "true");
     }
     if d.static_fallback {
-        headers.insert(
-            "x-lanekeeper-static-fallback",
-            HeaderValue::from_static("true"),
-        );
+        set(headers, "x-lanekeeper-static-fallback", "true");
     }
-    out.body(Full::new(body)).map_err(|e| e.to_string())
+    req.body(Full::new(body)).map_err(|e| e.to_string())
 }
 
-/// Optional context: the chat history trimmed to the turns in force.
-fn trimmed(parts: &Parts, body: Bytes, turns: Option<i32>) -> Bytes {
+/// Optional context: the chat history trimmed to the turns in force, and
+/// whether anything was cut.
+fn trimmed(parts: &Parts, body: Bytes, turns: Option<i32>) -> (Bytes, bool) {
     if let Some(turns) = turns
         && parts.uri.path().ends_with("/chat/completions")
         && let Ok(mut v) = serde_json::from_slice::<Value>(&body)
         && trim_chat_history(&mut v, turns)
     {
-        return Bytes::from(serde_json::to_vec(&v).expect("JSON serializes"));
+        return (
+            Bytes::from(serde_json::to_vec(&v).expect("JSON serializes")),
+            true,
+        );
     }
-    body
+    (body, false)
+}
+
+/// A passed request on its way upstream: what the client sent and what the
+/// record says about it.
+pub(super) struct Outgoing<'a> {
+    pub(super) parts: Parts,
+    pub(super) body: Bytes,
+    pub(super) class: TenantClass,
+    /// The lane (a lane of the config).
+    pub(super) lane: &'a str,
+    pub(super) request_id: &'a str,
+    /// When it passed admission.
+    pub(super) passed: Instant,
 }
 
 /// Sends a passed request upstream within its remaining deadline and
 /// streams the answer back; the request counts in flight until the body
 /// ends or the client goes away (which drops the upstream connection).
-pub(super) async fn forward(
-    upstream: &Upstream,
-    parts: Parts,
-    body: Bytes,
-    mut d: Dispatch,
-    class: TenantClass,
-    lane_name: &str,
-    passed: Instant,
-) -> Response {
+pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispatch) -> Response {
+    let lane = out.lane;
     let Some(route) = d.route.clone() else {
-        return respond::no_route(lane_name);
+        return respond::no_route(lane);
     };
     let Some(base) = upstream.routes.get(&route) else {
-        return respond::unknown_route(lane_name, &route);
+        return respond::unknown_route(lane, &route);
     };
-    let body = trimmed(&parts, body, d.history_turns);
-    let out = match upstream_request(base, &parts, body, &d) {
+    let (body, trimmed) = trimmed(&out.parts, out.body.clone(), d.history_turns);
+    let req = match upstream_request(upstream, base, &out, body, &d) {
         Ok(r) => r,
-        Err(e) => return respond::bad_route(lane_name, &route, &e),
+        Err(e) => return respond::bad_route(lane, &route, &e),
     };
     let remaining = Duration::from_secs_f64(
-        (d.remaining_seconds - passed.elapsed().as_secs_f64()).clamp(0.001, 86_400.0 * 7.0),
+        (d.remaining_seconds - out.passed.elapsed().as_secs_f64()).clamp(0.001, 86_400.0 * 7.0),
     );
     let deadline = d
         .remaining_seconds
@@ -135,17 +181,17 @@ pub(super) async fn forward(
         .then(|| Instant::now() + remaining);
     d.set_deadline(deadline);
     let sent = Instant::now();
-    let response = match tokio::time::timeout(remaining, upstream.client.request(out)).await {
+    let response = match tokio::time::timeout(remaining, upstream.client.request(req)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             d.meter()
-                .request(class, d.attempt, lanes::Outcome::UpstreamError);
-            return respond::upstream_unreachable(lane_name, &route, &e.to_string());
+                .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
+            return respond::upstream_unreachable(lane, &route, &e.to_string());
         }
         Err(_) => {
             d.meter()
-                .request(class, d.attempt, lanes::Outcome::UpstreamError);
-            return respond::upstream_timeout(lane_name, &route, remaining.as_secs_f64());
+                .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
+            return respond::upstream_timeout(lane, &route, remaining.as_secs_f64());
         }
     };
     let latency = sent.elapsed().as_secs_f64();
@@ -153,31 +199,28 @@ pub(super) async fn forward(
     d.meter().upstream_latency(latency);
     if response.status().is_server_error() {
         d.meter()
-            .request(class, d.attempt, lanes::Outcome::UpstreamError);
+            .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
     }
-    stream_back(response, d, deadline)
+    let degraded = degraded(&d, trimmed);
+    let mut response = stream_back(response, d, deadline);
+    if let Some(v) = degraded {
+        response.headers_mut().insert(DEGRADED, v);
+    }
+    response
 }
 
-/// The upstream's answer, its body streamed through unbuffered until it
-/// ends or the deadline passes (the request stays in flight until then).
-fn stream_back(
-    response: axum::http::Response<hyper::body::Incoming>,
-    d: Dispatch,
-    deadline: Option<Instant>,
-) -> Response {
-    let (mut head, incoming) = response.into_parts();
-    for h in HOP_BY_HOP {
-        head.headers.remove(h);
-    }
-    let until = tokio::time::sleep_until(tokio::time::Instant::from_std(
-        deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 7)),
-    ));
-    let stream = incoming
-        .into_data_stream()
-        .take_until(until)
-        .map(move |chunk| {
-            let _in_flight = &d;
-            chunk
-        });
-    Response::from_parts(head, Body::from_stream(stream))
+/// The header telling a client how it was served degraded.
+const DEGRADED: &str = "x-lanekeeper-degraded";
+
+/// What was degraded about a passed request's service, if anything:
+/// `history-trimmed`, `fallback-route`, `read-only`, `static-fallback`.
+fn degraded(d: &Dispatch, trimmed: bool) -> Option<HeaderValue> {
+    let all = [
+        (trimmed, "history-trimmed"),
+        (d.fallback_route, "fallback-route"),
+        (d.read_only, "read-only"),
+        (d.static_fallback, "static-fallback"),
+    ];
+    let on: Vec<&str> = all.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
+    (!on.is_empty()).then(|| HeaderValue::from_str(&on.join(", ")).expect("ASCII"))
 }

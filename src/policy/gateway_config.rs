@@ -133,6 +133,7 @@ struct LaneContext<'a> {
 fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>) -> LaneConfig {
     let spec = &contract.spec;
     let rps = d.admitted_requests_per_second;
+    let fallback = ctx.flags.use_fallback_routes && !spec.routes.approved_fallbacks.is_empty();
     let paused = d.state == LaneState::Paused;
     LaneConfig {
         name: d.name.clone(),
@@ -171,11 +172,12 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
                 ctx.stable_for,
             ),
         }),
-        routes: if ctx.flags.use_fallback_routes && !spec.routes.approved_fallbacks.is_empty() {
+        routes: if fallback {
             spec.routes.approved_fallbacks.clone()
         } else {
             spec.routes.primary.clone()
         },
+        fallback_routes: fallback,
         optional_context: spec.optional_context.as_ref().map(|o| OptionalContext {
             history_turns: if ctx.flags.reject_optional_context {
                 o.degraded_history_turns

@@ -189,6 +189,10 @@ pub struct LaneConfig {
     pub deferral: Option<Deferral>,
     /// The routes to use now.
     pub routes: Vec<String>,
+    /// Whether `routes` are the contract's approved fallbacks, used because
+    /// the level says so (absent: false). The gateway tells clients so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fallback_routes: bool,
     /// Optional-context limits in force now (degraded when the level rejects
     /// optional context).
     pub optional_context: Option<OptionalContext>,

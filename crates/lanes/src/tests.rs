@@ -32,6 +32,7 @@ fn lane(name: &str, rps: f64, burst: u64) -> LaneConfig {
         retry_after_seconds: Some(5),
         deferral: None,
         routes: vec!["r".to_owned()],
+        fallback_routes: false,
         optional_context: None,
         borrowing: vec![],
         floor_units_per_second: None,
@@ -480,6 +481,35 @@ fn bad_configs_are_refused() {
     assert!(matches!(
         Core::new(config(vec![lane("a", 1.0, 1)]), 0.0, 0.0, 0.0),
         Err(ConfigError::Share(_))
+    ));
+}
+
+#[test]
+fn configs_that_would_cause_an_outage_are_refused() {
+    assert_eq!(validate(&config(vec![])), Err(ConfigError::NoLanes));
+    for bad in [0.0, -420.0, f64::NAN, f64::INFINITY] {
+        let mut cfg = config(vec![lane("a", 1.0, 1)]);
+        cfg.capacity_units_per_second = Some(bad);
+        assert_eq!(
+            validate(&cfg),
+            Err(ConfigError::Capacity(bad.to_string())),
+            "{bad}"
+        );
+        assert!(Core::new(cfg, 1.0, 0.0, 0.0).is_err(), "{bad}");
+    }
+    // Unknown capacity is not an outage: the core holds.
+    let mut cfg = config(vec![lane("a", 1.0, 1)]);
+    cfg.capacity_units_per_second = None;
+    assert_eq!(validate(&cfg), Ok(()));
+    let text = crate::to_json(&config(vec![lane("a", 1.0, 1)]));
+    let negative = text.replace(
+        "\"capacityUnitsPerSecond\": 100.0",
+        "\"capacityUnitsPerSecond\": -420",
+    );
+    assert_ne!(negative, text);
+    assert!(matches!(
+        GatewayConfig::from_json(negative.as_bytes()),
+        Err(ConfigError::Capacity(_))
     ));
 }
 

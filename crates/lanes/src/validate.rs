@@ -18,6 +18,13 @@ pub enum ConfigError {
     /// A `schemaVersion` other than the one this build knows.
     #[error("unknown schemaVersion {0} (this gateway knows {SCHEMA_VERSION})")]
     SchemaVersion(u32),
+    /// No lane at all: every request would be refused as an unknown lane.
+    #[error("the config has no lanes: every request would be refused")]
+    NoLanes,
+    /// A known capacity that is zero, negative or not a number: the pool
+    /// could take nothing.
+    #[error("capacityUnitsPerSecond is {0}, must be a finite number > 0 (or null while unknown)")]
+    Capacity(String),
     /// Two lanes with one name.
     #[error("lane {0:?} appears twice")]
     DuplicateLane(String),
@@ -56,6 +63,14 @@ pub enum ConfigError {
 pub fn validate(cfg: &GatewayConfig) -> Result<(), ConfigError> {
     if cfg.schema_version != SCHEMA_VERSION {
         return Err(ConfigError::SchemaVersion(cfg.schema_version));
+    }
+    if cfg.lanes.is_empty() {
+        return Err(ConfigError::NoLanes);
+    }
+    if let Some(c) = cfg.capacity_units_per_second
+        && !(c.is_finite() && c > 0.0)
+    {
+        return Err(ConfigError::Capacity(c.to_string()));
     }
     let mut names = HashSet::new();
     for l in &cfg.lanes {
