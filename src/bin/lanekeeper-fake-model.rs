@@ -20,7 +20,8 @@
 //!   `GET /control` counts the chat requests received (`chatRequests`), the
 //!   ones in progress (`chatInFlight`), the ones whose client went away
 //!   before the end (`chatCancelled`), and echoes the last request's
-//!   `x-lanekeeper-*` headers and message count (`lastHeaders`,
+//!   `x-lanekeeper-*`, `authorization` and `x-request-id` headers and
+//!   message count (`lastHeaders`,
 //!   `lastMessages`), so tests can see what a gateway sent.
 //!
 //! ```sh
@@ -339,7 +340,10 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
         n.chat_in_flight += 1;
         n.last_headers = headers
             .iter()
-            .filter(|(k, _)| k.as_str().starts_with("x-lanekeeper-"))
+            .filter(|(k, _)| {
+                let k = k.as_str();
+                k.starts_with("x-lanekeeper-") || k == "authorization" || k == "x-request-id"
+            })
             .map(|(k, v)| {
                 (
                     k.as_str().to_owned(),

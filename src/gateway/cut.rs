@@ -120,6 +120,9 @@ async fn next(mut s: Stream) -> Option<(Result<Bytes, CutError>, Stream)> {
     match s.relay {
         Relay::Ended => return None,
         Relay::Abort(cut) => {
+            // Pending once, so the server flushes the error event before
+            // the abort drops the connection.
+            tokio::task::yield_now().await;
             s.relay = Relay::Ended;
             return Some((Err(CutError(cut)), s));
         }
@@ -152,7 +155,10 @@ mod tests {
         let e = error_event(Cut::Deadline);
         let text = std::str::from_utf8(&e).unwrap();
         assert!(text.starts_with("event: error\ndata: ") && text.ends_with("\n\n"));
-        let data = text.trim_end().strip_prefix("event: error\ndata: ").unwrap();
+        let data = text
+            .trim_end()
+            .strip_prefix("event: error\ndata: ")
+            .unwrap();
         let v: serde_json::Value = serde_json::from_str(data).unwrap();
         assert_eq!(v["error"]["code"], "deadline");
         assert_eq!(

@@ -54,7 +54,9 @@ impl Verdict {
         match reason {
             None => Verdict::Admitted,
             Some(Reason("deferred")) => Verdict::Deferred,
-            Some(_) if status == StatusCode::BAD_GATEWAY || status == StatusCode::GATEWAY_TIMEOUT => {
+            Some(_)
+                if status == StatusCode::BAD_GATEWAY || status == StatusCode::GATEWAY_TIMEOUT =>
+            {
                 Verdict::Failed
             }
             Some(_) => Verdict::Refused,
@@ -71,11 +73,7 @@ pub(super) fn client_request_id(h: &HeaderMap) -> Result<Option<&str>, ()> {
     let ok = !v.is_empty()
         && v.len() <= MAX_REQUEST_ID
         && v.as_bytes().iter().all(|b| b.is_ascii_graphic());
-    if ok {
-        Ok(v.to_str().ok())
-    } else {
-        Err(())
-    }
+    if ok { Ok(v.to_str().ok()) } else { Err(()) }
 }
 
 /// Makes request ids unique to this process: a random start, then a count.
@@ -132,7 +130,11 @@ impl Record {
         let reason = response.extensions().get::<Reason>().copied();
         let verdict = Verdict::of(response.status(), reason);
         let why = reason.map_or(
-            if self.waited_seconds > 0.0 { "waited" } else { "within_rate" },
+            if self.waited_seconds > 0.0 {
+                "waited"
+            } else {
+                "within_rate"
+            },
             |r| r.0,
         );
         let headers = response.headers_mut();
@@ -243,7 +245,11 @@ mod tests {
         let v = |s: u16, r: Option<&'static str>| {
             Verdict::of(StatusCode::from_u16(s).unwrap(), r.map(Reason))
         };
-        assert_eq!(v(500, None), Verdict::Admitted, "an upstream 500 was admitted");
+        assert_eq!(
+            v(500, None),
+            Verdict::Admitted,
+            "an upstream 500 was admitted"
+        );
         assert_eq!(v(429, Some("deferred")), Verdict::Deferred);
         assert_eq!(v(429, Some("rejected_rate")), Verdict::Refused);
         assert_eq!(v(401, Some("missing_credential")), Verdict::Refused);
@@ -257,7 +263,11 @@ mod tests {
         assert_eq!(client_request_id(&h), Ok(None));
         h.insert(REQUEST_ID, HeaderValue::from_static("abc-123"));
         assert_eq!(client_request_id(&h), Ok(Some("abc-123")));
-        for bad in ["a b".to_owned(), "x".repeat(MAX_REQUEST_ID + 1), String::new()] {
+        for bad in [
+            "a b".to_owned(),
+            "x".repeat(MAX_REQUEST_ID + 1),
+            String::new(),
+        ] {
             h.insert(REQUEST_ID, HeaderValue::from_str(&bad).unwrap());
             assert_eq!(client_request_id(&h), Err(()), "{bad:?}");
         }

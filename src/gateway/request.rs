@@ -106,7 +106,12 @@ pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> 
     if verdict == decision::Verdict::Refused && record.lane.is_none() {
         gw.metrics.refused_before_admission(reason);
     }
-    decision::log(&record, verdict, reason, gw.decisions.line(verdict, gw.now()));
+    decision::log(
+        &record,
+        verdict,
+        reason,
+        gw.decisions.line(verdict, gw.now()),
+    );
     response
 }
 

@@ -80,7 +80,8 @@ pub(super) fn not_on_surface() -> Response {
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         "not_found",
-        "no such path on this gateway: it forwards only the OpenAI-compatible inference paths".to_owned(),
+        "no such path on this gateway: it forwards only the OpenAI-compatible inference paths"
+            .to_owned(),
     )
 }
 

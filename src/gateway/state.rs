@@ -12,9 +12,9 @@ use tokio::sync::{Notify, oneshot};
 
 use super::args::GatewayArgs;
 use super::decision::{DecisionLog, IdMaker};
-use super::surface::Surface;
 use super::dispatch::{Dispatch, InFlightSink};
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
+use super::surface::Surface;
 use super::upstream::Upstream;
 
 /// A waiting request's answer: its resolution and, for a pass, what to send

@@ -25,7 +25,11 @@ pub(super) fn parse_allowed(s: &str) -> Result<AllowedPath, String> {
     let method = match method {
         "GET" => Method::GET,
         "POST" => Method::POST,
-        other => return Err(format!("--allow-path {s:?}: method {other:?} is not GET or POST")),
+        other => {
+            return Err(format!(
+                "--allow-path {s:?}: method {other:?} is not GET or POST"
+            ));
+        }
     };
     let plain = path.starts_with('/')
         && path
@@ -125,7 +129,10 @@ mod tests {
             OnSurface::Yes
         );
         assert_eq!(s.check(&Method::GET, "/v1/models"), OnSurface::Yes);
-        assert_eq!(s.check(&Method::GET, "/v1/models/llama-3.1:8b"), OnSurface::Yes);
+        assert_eq!(
+            s.check(&Method::GET, "/v1/models/llama-3.1:8b"),
+            OnSurface::Yes
+        );
         for path in [
             "/control",
             "/",

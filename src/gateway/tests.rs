@@ -147,10 +147,19 @@ async fn an_unreachable_upstream_is_a_502_and_leaves_nothing_in_flight() {
 
 #[tokio::test]
 async fn a_config_naming_a_route_without_a_url_is_refused_at_load() {
-    let argv = ["gw", "--config", "unused.json", "--route", "agent-large=http://127.0.0.1:1"];
+    let argv = [
+        "gw",
+        "--config",
+        "unused.json",
+        "--route",
+        "agent-large=http://127.0.0.1:1",
+    ];
     let gw = Arc::new(Gateway::new(Cli::parse_from(argv).args, true));
     gw.install(example(), "test");
-    assert!(gw.lock().core.is_none(), "refused: extract-small has no URL");
+    assert!(
+        gw.lock().core.is_none(),
+        "refused: extract-small has no URL"
+    );
     let (status, body, _) = call(&gw, Some("p1-agent-assist"), "{}").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["error"]["code"], "no_config");
@@ -173,11 +182,18 @@ async fn configs_that_would_cause_an_outage_are_refused_and_the_last_good_one_ke
         assert_eq!(gw.lock().last_good.as_ref().unwrap().content_hash, hash);
     }
     assert_eq!(
-        metric(&gw, "lanekeeper_gateway_config_loads_total{result=\"invalid\"}"),
+        metric(
+            &gw,
+            "lanekeeper_gateway_config_loads_total{result=\"invalid\"}"
+        ),
         4.0
     );
     let (status, _, _) = call(&gw, Some("p1-agent-assist"), "{}").await;
-    assert_eq!(status, StatusCode::BAD_GATEWAY, "still admitted by the old config");
+    assert_eq!(
+        status,
+        StatusCode::BAD_GATEWAY,
+        "still admitted by the old config"
+    );
 }
 
 #[tokio::test]
@@ -229,9 +245,17 @@ async fn paths_and_methods_off_the_surface_are_answered_by_the_gateway() {
     for (method, path, status) in [
         ("PUT", "/control", StatusCode::NOT_FOUND),
         ("POST", "/control", StatusCode::NOT_FOUND),
-        ("POST", "/v1/chat/completions/../../control", StatusCode::NOT_FOUND),
+        (
+            "POST",
+            "/v1/chat/completions/../../control",
+            StatusCode::NOT_FOUND,
+        ),
         ("GET", "/metrics", StatusCode::NOT_FOUND),
-        ("PUT", "/v1/chat/completions", StatusCode::METHOD_NOT_ALLOWED),
+        (
+            "PUT",
+            "/v1/chat/completions",
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
         ("DELETE", "/v1/models", StatusCode::METHOD_NOT_ALLOWED),
     ] {
         let req = Request::builder()
@@ -255,7 +279,10 @@ async fn paths_and_methods_off_the_surface_are_answered_by_the_gateway() {
     }
     untouched(&gw);
     assert_eq!(
-        metric(&gw, "lanekeeper_gateway_refused_before_admission_total{reason=\"not_found\"}"),
+        metric(
+            &gw,
+            "lanekeeper_gateway_refused_before_admission_total{reason=\"not_found\"}"
+        ),
         4.0
     );
     // An allowed path goes to admission (and to the dead route).
@@ -281,7 +308,10 @@ async fn attempt_numbers_that_are_not_integers_from_1_are_refused_before_admissi
     }
     let req = Request::post("/v1/chat/completions")
         .header("x-lanekeeper-lane", "p1-agent-assist")
-        .header("x-lanekeeper-attempt", axum::http::HeaderValue::from_bytes(b"\xff").unwrap())
+        .header(
+            "x-lanekeeper-attempt",
+            axum::http::HeaderValue::from_bytes(b"\xff").unwrap(),
+        )
         .body(Body::empty())
         .unwrap();
     assert_eq!(send(&gw, req).await.1["error"]["code"], "invalid_attempt");
@@ -293,7 +323,10 @@ async fn attempt_numbers_that_are_not_integers_from_1_are_refused_before_admissi
         .unwrap();
     let (status, body, _) = send(&gw, req).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(body["error"]["code"], "rejected_retry_budget", "the core judged it");
+    assert_eq!(
+        body["error"]["code"], "rejected_retry_budget",
+        "the core judged it"
+    );
     let retry = "lanekeeper_gateway_requests_total{attempt=\"retry\",lane=\"p1-agent-assist\"";
     assert_eq!(metric(&gw, retry), 1.0);
 }

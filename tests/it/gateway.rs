@@ -687,6 +687,130 @@ async fn flags_and_degraded_history_reach_the_upstream() {
 }
 
 #[tokio::test]
+async fn spoofed_control_headers_and_credentials_stop_at_the_gateway_and_only_the_surface_is_forwarded()
+ {
+    let Up {
+        m,
+        gw,
+        path: _path,
+        c,
+    } = up("spoof", &inc47(), &["--service-millis", "0"], &[]).await;
+    let r = chat(&c, &gw, Some("p1-agent-assist"))
+        .header("x-lanekeeper-static-fallback", "true")
+        .header("x-lanekeeper-read-only", "true")
+        .header("x-lanekeeper-attempt-kind", "returning")
+        .header("x-lanekeeper-tenant", "someone-else")
+        .header("authorization", "Bearer client-secret")
+        .header("x-request-id", "req-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-request-id"], "req-42");
+    assert_eq!(
+        r.headers()["x-lanekeeper-decision"],
+        "lane=p1-agent-assist; verdict=admitted; reason=within_rate"
+    );
+    let seen = control(&c, &m).await["lastHeaders"].clone();
+    let expected = json!({
+        "x-lanekeeper-lane": "p1-agent-assist",
+        "x-lanekeeper-attempt-kind": "original",
+        "x-request-id": "req-42",
+    });
+    assert_eq!(
+        seen, expected,
+        "only what the gateway sets reaches the upstream"
+    );
+
+    // The model server's admin endpoint is not on the surface.
+    let before = control(&c, &m).await;
+    for method in [reqwest::Method::PUT, reqwest::Method::GET] {
+        let r = c
+            .request(method.clone(), format!("http://{}/control", gw.addr))
+            .header("x-lanekeeper-lane", "p0-disruption-assist")
+            .body(r#"{"ready": false, "serviceMillis": 9999}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{method}");
+    }
+    let r = c
+        .put(format!("http://{}/v1/chat/completions", gw.addr))
+        .header("x-lanekeeper-lane", "p0-disruption-assist")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "POST");
+    let after = control(&c, &m).await;
+    assert_eq!(after["serviceMillis"], before["serviceMillis"]);
+    assert_eq!(after["ready"], true);
+    assert_eq!(after["chatRequests"], before["chatRequests"]);
+}
+
+#[tokio::test]
+async fn a_stream_cut_by_its_deadline_ends_with_an_error_event_and_an_aborted_body() {
+    let mut cfg = inc47();
+    let p1 = lane_mut(&mut cfg, "p1-agent-assist");
+    p1["deadlineSeconds"] = json!(1);
+    p1["expectedServiceSeconds"] = Value::Null;
+    let Up {
+        m: _m,
+        gw,
+        path: _path,
+        c,
+    } = up(
+        "cut",
+        &cfg,
+        &[
+            "--service-millis",
+            "0",
+            "--token-millis",
+            "100",
+            "--completion-tokens",
+            "50",
+        ],
+        &[],
+    )
+    .await;
+    let mut r = chat(&c, &gw, Some("p1-agent-assist"))
+        .body(
+            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut text = String::new();
+    let end = loop {
+        match r.chunk().await {
+            Ok(Some(b)) => text.push_str(&String::from_utf8_lossy(&b)),
+            Ok(None) => break "a clean end",
+            Err(_) => break "an aborted body",
+        }
+    };
+    assert_eq!(end, "an aborted body", "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last.starts_with("event: error\ndata: "), "{last}");
+    let data: Value = serde_json::from_str(last.rsplit("data: ").next().unwrap()).unwrap();
+    assert_eq!(data["error"]["code"], "deadline");
+    let page = metrics(&c, &gw).await;
+    assert_eq!(
+        sample(
+            &page,
+            &[
+                "lanekeeper_gateway_responses_cut_total{",
+                "p1-agent-assist",
+                "deadline"
+            ]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
 async fn a_body_over_the_limit_is_refused() {
     let Up {
         m,
@@ -818,20 +942,35 @@ async fn simulate_and_the_gateway_admit_and_refuse_the_same_replayed_traffic() {
             .header("x-lanekeeper-attempt", a.attempt.to_string());
         let lane = a.lane;
         tasks.push(tokio::spawn(async move {
-            (lane, req.send().await.map(|r| r.status().as_u16()))
+            let answer = match req.send().await {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    r.bytes().await.map(|_| status)
+                }
+                Err(e) => Err(e),
+            };
+            (lane, answer)
         }));
     }
     writer.await.unwrap();
     let mut admitted = vec![0u64; lanes.len()];
     let mut refused = vec![0u64; lanes.len()];
+    let mut cut = 0;
     for t in tasks {
-        let (lane, status) = t.await.unwrap();
-        match status {
+        let (lane, answer) = t.await.unwrap();
+        match answer {
             Ok(200) => admitted[lane] += 1,
             Ok(429) => refused[lane] += 1,
+            // Admitted, then cut at its deadline (the wait left it a few
+            // milliseconds): an aborted answer, never a clean one.
+            Err(e) if !e.is_connect() && !e.is_timeout() => {
+                admitted[lane] += 1;
+                cut += 1;
+            }
             other => panic!("lane {}: {other:?}", lanes[lane]),
         }
     }
+    eprintln!("{cut} admitted answers cut at their deadline");
     eprintln!(
         "replayed {} arrivals at {SPEEDUP}x in {:.1} s (latest send {:.1} ms behind schedule)",
         trace.arrivals.len(),
