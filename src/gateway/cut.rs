@@ -18,38 +18,19 @@ use serde_json::json;
 use tokio::time::Sleep;
 
 use super::dispatch::Dispatch;
-use super::upstream::HOP_BY_HOP;
+pub(super) use super::metrics::Cut;
 
-/// Why a body was cut.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Cut {
-    /// The request's deadline passed.
-    Deadline,
-    /// The upstream failed mid-body.
-    UpstreamError,
-}
-
-impl Cut {
-    /// The error code in the event and the metric label.
-    pub(super) fn as_str(self) -> &'static str {
-        match self {
-            Cut::Deadline => "deadline",
-            Cut::UpstreamError => "upstream_error",
-        }
-    }
-
-    fn message(self) -> &'static str {
-        match self {
-            Cut::Deadline => "the answer was cut at the request's deadline; it is incomplete",
-            Cut::UpstreamError => "the upstream failed while answering; the answer is incomplete",
-        }
+fn message(cut: Cut) -> &'static str {
+    match cut {
+        Cut::Deadline => "the answer was cut at the request's deadline; it is incomplete",
+        Cut::UpstreamError => "the upstream failed while answering; the answer is incomplete",
     }
 }
 
 /// The SSE event that ends a cut event stream.
 pub(super) fn error_event(cut: Cut) -> Bytes {
     let e = json!({"error": {
-        "message": cut.message(),
+        "message": message(cut),
         "type": "lanekeeper_truncated",
         "code": cut.as_str(),
     }});
@@ -81,18 +62,15 @@ struct Stream {
     d: Dispatch,
 }
 
-/// The upstream's answer, streamed through unbuffered until it ends, the
-/// deadline passes or the upstream fails (the request stays in flight until
-/// then).
+/// The upstream's answer (its hop-by-hop headers already removed),
+/// streamed through unbuffered until it ends, the deadline passes or the
+/// upstream fails (the request stays in flight until then).
 pub(super) fn stream_back(
     response: axum::http::Response<hyper::body::Incoming>,
     d: Dispatch,
     deadline: Option<Instant>,
 ) -> Response {
     let (mut head, incoming) = response.into_parts();
-    for h in HOP_BY_HOP {
-        head.headers.remove(h);
-    }
     let sse = head
         .headers
         .get(header::CONTENT_TYPE)

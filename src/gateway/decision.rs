@@ -192,7 +192,7 @@ impl DecisionLog {
     pub(super) fn line(&self, verdict: Verdict, now: f64) -> Line {
         if verdict == Verdict::Admitted {
             let n = self.admitted.fetch_add(1, Ordering::Relaxed);
-            return if self.sample > 0 && n % self.sample == 0 {
+            return if self.sample > 0 && n.is_multiple_of(self.sample) {
                 Line::Write
             } else {
                 Line::Skip

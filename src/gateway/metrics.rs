@@ -6,8 +6,6 @@
 use std::sync::OnceLock;
 
 use lanes::{Attempt, GatewayConfig, Outcome, Pressure};
-
-use super::cut::Cut;
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -29,6 +27,26 @@ impl TenantClass {
         match self {
             TenantClass::Default => "default",
             TenantClass::Named => "named",
+        }
+    }
+}
+
+/// Why an answer was cut after its headers went out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// The request's deadline passed.
+    Deadline,
+    /// The upstream failed mid-body.
+    UpstreamError,
+}
+
+impl Cut {
+    /// The label value and the error code of the event that ends the
+    /// stream.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cut::Deadline => "deadline",
+            Cut::UpstreamError => "upstream_error",
         }
     }
 }

@@ -22,7 +22,7 @@ use super::metrics::TenantClass;
 use super::respond;
 
 /// Headers that belong to one hop, never forwarded.
-pub(super) const HOP_BY_HOP: [&str; 9] = [
+const HOP_BY_HOP: [&str; 9] = [
     "connection",
     "keep-alive",
     "proxy-authenticate",
@@ -202,6 +202,10 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
             .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
     }
     let degraded = degraded(&d, trimmed);
+    let mut response = response;
+    for h in HOP_BY_HOP {
+        response.headers_mut().remove(h);
+    }
     let mut response = stream_back(response, d, deadline);
     if let Some(v) = degraded {
         response.headers_mut().insert(DEGRADED, v);
