@@ -144,6 +144,28 @@ fn chat(c: &reqwest::Client, gw: &Proc, lane: Option<&str>) -> reqwest::RequestB
     r
 }
 
+/// A fake model streaming 50 tokens, one every 100 ms (a 5 s answer).
+const SLOW_STREAM: [&str; 6] = [
+    "--service-millis",
+    "0",
+    "--token-millis",
+    "100",
+    "--completion-tokens",
+    "50",
+];
+
+/// A streaming chat request on `lane`, sent.
+async fn stream(c: &reqwest::Client, gw: &Proc, lane: &str) -> reqwest::Response {
+    chat(c, gw, Some(lane))
+        .body(
+            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+}
+
 /// The status of a plain chat request on `lane`.
 async fn status_of(c: &reqwest::Client, gw: &Proc, lane: &str) -> reqwest::StatusCode {
     chat(c, gw, Some(lane)).send().await.unwrap().status()
@@ -498,30 +520,8 @@ async fn streams_pass_through_and_a_client_leaving_cancels_upstream() {
         gw,
         path: _path,
         c,
-    } = up(
-        "stream",
-        &inc47(),
-        &[
-            "--service-millis",
-            "0",
-            "--token-millis",
-            "100",
-            "--completion-tokens",
-            "50",
-        ],
-        &[],
-    )
-    .await;
-    let mut r = c
-        .post(format!("http://{}/v1/chat/completions", gw.addr))
-        .header("x-lanekeeper-lane", "p1-agent-assist")
-        .body(
-            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
-                .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
+    } = up("stream", &inc47(), &SLOW_STREAM, &[]).await;
+    let mut r = stream(&c, &gw, "p1-agent-assist").await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let first = r.chunk().await.unwrap().expect("a first event");
@@ -759,28 +759,8 @@ async fn a_stream_cut_by_its_deadline_ends_with_an_error_event_and_an_aborted_bo
         gw,
         path: _path,
         c,
-    } = up(
-        "cut",
-        &cfg,
-        &[
-            "--service-millis",
-            "0",
-            "--token-millis",
-            "100",
-            "--completion-tokens",
-            "50",
-        ],
-        &[],
-    )
-    .await;
-    let mut r = chat(&c, &gw, Some("p1-agent-assist"))
-        .body(
-            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
-                .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
+    } = up("cut", &cfg, &SLOW_STREAM, &[]).await;
+    let mut r = stream(&c, &gw, "p1-agent-assist").await;
     assert_eq!(r.status(), 200);
     let mut text = String::new();
     let end = loop {
