@@ -6,6 +6,8 @@
 use std::sync::OnceLock;
 
 use lanes::{Attempt, GatewayConfig, Outcome, Pressure};
+
+use super::identity::AuthRefusal;
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -73,6 +75,7 @@ pub struct GatewayMetrics {
     config_loads: IntCounterVec,
     pressure: IntGaugeVec,
     replicas: IntGauge,
+    auth_refusals: IntCounterVec,
 }
 
 fn registered<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -177,8 +180,15 @@ impl GatewayMetrics {
                 "lanekeeper_gateway_replicas",
                 "The number of gateway replicas this one shares the rates with (N of 1/N).",
             ),
+            auth_refusals: auth_refusals(&r),
             registry: r,
         }
+    }
+
+    /// A request refused by its identity (or for the lack of one), before
+    /// admission.
+    pub(crate) fn auth_refused(&self, why: AuthRefusal) {
+        self.auth_refusals.with_label_values(&[why.as_str()]).inc();
     }
 
     /// The per-lane meters of a config, by lane index.
@@ -239,6 +249,20 @@ impl GatewayMetrics {
         encoder.encode(&self.registry.gather(), &mut buf)?;
         Ok((encoder.format_type().to_owned(), buf))
     }
+}
+
+/// Refusals by identity, each reason at 0 from the start.
+fn auth_refusals(r: &Registry) -> IntCounterVec {
+    let c = counters(
+        r,
+        "lanekeeper_gateway_auth_refusals_total",
+        "Requests refused before admission by their identity, by reason (no_credential, unknown_api_key, rejected_token, invalid_jwt, unknown_certificate, lane_not_allowed, lane_not_named, identity_unavailable). None took a token.",
+        &["reason"],
+    );
+    for why in AuthRefusal::ALL {
+        c.with_label_values(&[why.as_str()]);
+    }
+    c
 }
 
 impl Default for GatewayMetrics {

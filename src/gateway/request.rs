@@ -8,12 +8,14 @@ use std::time::Instant;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
 use axum::response::Response;
 use http_body_util::BodyExt;
 use lanes::{Outcome, Resolution, Ticket, Verdict};
 use tokio::sync::oneshot;
 
 use super::dispatch::Dispatch;
+use super::identity;
 use super::metrics::{LaneMeter, TenantClass};
 use super::respond;
 use super::state::{Gateway, Resolved, State as Locked};
@@ -81,7 +83,10 @@ enum Decided {
 /// Serves one client request.
 pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let asked = Asked::read(&parts.headers, &gw);
+    let mut asked = Asked::read(&parts.headers, &gw);
+    if let Err(r) = authenticate(&gw, &parts, &mut asked).await {
+        return r;
+    }
     let body = match read_body(body, gw.args.max_body_bytes).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -102,6 +107,28 @@ pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> 
         passed,
     )
     .await
+}
+
+/// Who is calling decides the lane (among its own) and the tenant, unless
+/// `--trust-lane-header`; a refusal is answered before the body is read and
+/// costs no token.
+async fn authenticate(gw: &Gateway, parts: &Parts, asked: &mut Asked) -> Result<(), Response> {
+    match gw.identity.caller(parts, asked.lane.as_deref()).await {
+        Ok(Some(caller)) => {
+            asked.lane = Some(caller.lane);
+            asked.tenant = Some(caller.tenant);
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(why) => {
+            gw.metrics.auth_refused(why);
+            Err(identity::answer(
+                why,
+                &gw.args.lane_header,
+                asked.lane.as_deref(),
+            ))
+        }
+    }
 }
 
 /// The body, within `--max-body-bytes` (read before a token is taken for

@@ -12,6 +12,7 @@ use tokio::sync::{Notify, oneshot};
 
 use super::args::GatewayArgs;
 use super::dispatch::{Dispatch, InFlightSink};
+use super::identity::Identity;
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
 use super::upstream::Upstream;
 
@@ -27,6 +28,8 @@ pub(super) struct Gateway {
     pub(super) wake: Notify,
     pub(super) metrics: GatewayMetrics,
     pub(super) upstream: Upstream,
+    /// Who may use which lane (from the config in force and `--credentials`).
+    pub(super) identity: Arc<Identity>,
 }
 
 /// Everything under the lock.
@@ -59,6 +62,7 @@ impl Gateway {
         metrics.replicas(replicas);
         Gateway {
             upstream: Upstream::new(&args.routes),
+            identity: Arc::new(Identity::new(&args.identity)),
             start: Instant::now(),
             state: Mutex::new(State {
                 core: None,
@@ -120,6 +124,7 @@ impl Gateway {
             previous = ?st.last_good.as_ref().map(|g| &g.content_hash),
             "gateway config loaded"
         );
+        self.identity.config_installed(&cfg.lanes);
         st.last_good = Some(cfg);
         drop(st);
         self.wake.notify_one();

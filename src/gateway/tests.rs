@@ -33,7 +33,16 @@ fn example() -> GatewayConfig {
 /// A gateway without routes (nothing can reach an upstream), with `cfg`
 /// installed when given.
 fn gateway(cfg: Option<GatewayConfig>, extra: &[&str]) -> Arc<Gateway> {
-    let mut argv = vec!["gw", "--config", "unused.json", "--max-body-bytes", "64"];
+    // The lane and tenant from the headers: who may use a lane is tested
+    // in identity/tests.rs.
+    let mut argv = vec![
+        "gw",
+        "--config",
+        "unused.json",
+        "--max-body-bytes",
+        "64",
+        "--trust-lane-header",
+    ];
     argv.extend_from_slice(extra);
     let gw = Arc::new(Gateway::new(Cli::parse_from(argv).args, true));
     if let Some(cfg) = cfg {
