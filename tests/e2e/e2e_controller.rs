@@ -1021,6 +1021,14 @@ fn gateway(kc: &std::path::Path, configmap: &str, extra: &[&str], name: &str) ->
     for r in ["agent-large", "extract-small", "batch-medium", "eval-large"] {
         args.push(format!("--route={r}=http://{model_addr}"));
     }
+    // The lane from the header, unless the test sets up identities.
+    let identities = ["--token-audience", "--credentials", "--api-key-header"];
+    if !extra
+        .iter()
+        .any(|a| identities.iter().any(|f| a.starts_with(f)))
+    {
+        args.push("--trust-lane-header".to_owned());
+    }
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let log = support::cluster::scratch().join(format!("{}.log", support::cluster::unique(name)));
     let mut gw = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
