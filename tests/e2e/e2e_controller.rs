@@ -970,9 +970,9 @@ async fn calibration_follows_the_pool_and_drains_wait_for_its_rollout() {
 
 /// A `lanekeeper gateway --configmap` process (killed when dropped), in
 /// front of a `lanekeeper-fake-model`, its log in target/e2e.
-struct GatewayProc {
+pub(crate) struct GatewayProc {
     children: Vec<std::process::Child>,
-    addr: String,
+    pub(crate) addr: String,
     metrics: String,
     log: std::path::PathBuf,
 }
@@ -1004,7 +1004,12 @@ fn gateway_for(kc: &std::path::Path, w: &World) -> GatewayProc {
 
 /// `lanekeeper gateway --configmap NS/NAME` with `kc`'s identity and
 /// `extra` flags, every route of the INC-47 lanes to one fake model.
-fn gateway(kc: &std::path::Path, configmap: &str, extra: &[&str], name: &str) -> GatewayProc {
+pub(crate) fn gateway(
+    kc: &std::path::Path,
+    configmap: &str,
+    extra: &[&str],
+    name: &str,
+) -> GatewayProc {
     use std::process::{Command, Stdio};
     let mut model = Command::new(env!("CARGO_BIN_EXE_lanekeeper-fake-model"))
         .args(["--listen", "127.0.0.1:0", "--service-millis", "0"])
@@ -1073,7 +1078,7 @@ impl GatewayProc {
         Some((status, r.text().await.unwrap_or_default()))
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -1189,7 +1194,7 @@ fn share_config() -> String {
     lanes::to_json(&cfg)
 }
 
-fn lanes_configmap(ns: &str, json: &str) -> Value {
+pub(crate) fn lanes_configmap(ns: &str, json: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": CONFIG, "namespace": ns},
@@ -1224,7 +1229,7 @@ fn endpoint_slice(ns: &str, name: &str, first_ip: usize, ready: &[bool]) -> Valu
     })
 }
 
-fn rolebinding(ns: &str, name: &str, service_accounts: &[&str]) -> Value {
+pub(crate) fn rolebinding(ns: &str, name: &str, service_accounts: &[&str]) -> Value {
     let subjects: Vec<Value> = service_accounts
         .iter()
         .map(|sa| json!({"kind": "ServiceAccount", "name": sa, "namespace": ns}))
