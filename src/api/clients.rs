@@ -91,7 +91,7 @@ pub struct JwtClient {
     /// The issuer's JWKS document in a ConfigMap key of the lane's
     /// namespace, for clusters that cannot reach the issuer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub jwks_config_map_key_ref: Option<crate::api::KeyRef>,
+    pub jwks_config_map_key_ref: Option<super::profile::KeyRef>,
     /// Only tokens with this `sub` (absent: any subject of the issuer with
     /// the audience).
     #[serde(default, skip_serializing_if = "Option::is_none")]

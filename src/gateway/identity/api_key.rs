@@ -102,7 +102,7 @@ mod tests {
                 tenant_claim: None,
             });
         }
-        Index::build(&cfg.lanes, None)
+        Index::build(&cfg.lanes)
     }
 
     #[test]

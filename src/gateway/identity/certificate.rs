@@ -37,7 +37,7 @@ mod tests {
         ))
         .unwrap();
         let cfg = lanes::GatewayConfig::from_json(&text).unwrap();
-        let mut ix = Index::build(&cfg.lanes, None);
+        let mut ix = Index::build(&cfg.lanes);
         ix.add(
             &ClientIdentity::Certificate(CertificateName {
                 name: "spiffe://c/ns/bot".into(),

@@ -1,17 +1,12 @@
 //! `--credentials FILE`: the identities a gateway accepts without a
 //! cluster (local use, tests), in YAML, the same content as the contracts'
 //! `clients` with the lanes each may use. API keys are given by their
-//! SHA-256 hash, never the key. Parsed here (pure); re-read when the file
-//! changes, the last good one kept when a new one is refused.
-
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+//! SHA-256 hash, never the key. Parsed here (pure); `watch` re-reads it
+//! when the file changes, the last good one kept when a new one is refused.
 
 use lanes::{CertificateName, ClientIdentity, JwksSource, JwtIssuer, ServiceAccountName};
 use serde::Deserialize;
 
-use super::Identity;
 use super::index::{Allowed, FileKey, Index, TenantFrom};
 
 /// The file.
@@ -155,38 +150,6 @@ impl Credentials {
             });
             each(ix, id, fixed_or_own(&c.tenant), &c.lanes);
         }
-    }
-}
-
-/// Re-reads the file when its bytes change (every `--reload-millis`).
-pub(crate) async fn watch_credentials(identity: Arc<Identity>, path: PathBuf, every: Duration) {
-    let source = path.display().to_string();
-    let mut last: Option<Vec<u8>> = None;
-    let mut reported = false;
-    loop {
-        // A small file: a blocking read is fine.
-        match std::fs::read(&path) {
-            Ok(bytes) if last.as_deref() != Some(&bytes[..]) => {
-                reported = false;
-                match Credentials::parse(&bytes) {
-                    Ok(c) => {
-                        tracing::info!(source, "credentials file loaded");
-                        identity.credentials_loaded(c);
-                    }
-                    Err(e) => tracing::error!(source, error = %e,
-                        "credentials file refused; keeping the last good one"),
-                }
-                last = Some(bytes);
-            }
-            Ok(_) => {}
-            Err(e) if !reported => {
-                tracing::error!(source, error = %e,
-                    "credentials file unreadable; keeping the last good one");
-                reported = true;
-            }
-            Err(_) => {}
-        }
-        tokio::time::sleep(every).await;
     }
 }
 

@@ -6,8 +6,6 @@ use std::collections::{BTreeSet, HashMap};
 
 use lanes::{ApiKeySecret, ClientIdentity, JwtIssuer, LaneConfig, ServiceAccountName};
 
-use super::credentials::Credentials;
-
 /// Where an identity's tenant comes from in one lane.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum TenantFrom {
@@ -64,8 +62,9 @@ pub(super) struct Index {
 }
 
 impl Index {
-    /// The index of a config's lanes and the credentials file.
-    pub(super) fn build(lanes: &[LaneConfig], file: Option<&Credentials>) -> Index {
+    /// The index of a config's lanes (the credentials file is added with
+    /// `Credentials::add_to`).
+    pub(super) fn build(lanes: &[LaneConfig]) -> Index {
         let mut ix = Index {
             lanes: lanes.iter().map(|l| l.name.clone()).collect(),
             ..Index::default()
@@ -78,9 +77,6 @@ impl Index {
                 };
                 ix.add(&r.identity, allowed);
             }
-        }
-        if let Some(f) = file {
-            f.add_to(&mut ix);
         }
         ix
     }

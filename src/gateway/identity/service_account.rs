@@ -138,7 +138,7 @@ impl Reviewer {
         let for_us = st
             .audiences
             .as_ref()
-            .is_some_and(|a| a.iter().any(|a| *a == self.audience));
+            .is_some_and(|a| a.contains(&self.audience));
         match (st.authenticated, for_us, st.user.and_then(|u| u.username)) {
             (Some(true), true, Some(user)) => {
                 service_account_of(&user).map_or(Reviewed::Rejected, Reviewed::Authenticated)

@@ -1,11 +1,14 @@
-//! Following the API-key Secrets the config names: one watch per Secret
+//! The identities' sources: the credentials file, re-read when it changes,
+//! and the API-key Secrets the config names: one watch per Secret
 //! (by name, in its namespace), started when a config names it and stopped
 //! when none does. A Secret's keys are replaced on every change and dropped
 //! when it is deleted: a revoked or rotated key stops working as soon as
 //! the watch delivers the change (about a second).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -14,8 +17,9 @@ use lanes::ApiKeySecret;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::Identity;
 use super::api_key::hash_secret;
+use super::credentials::Credentials;
+use super::resolve::Identity;
 
 /// Starts and stops one watch per wanted Secret, for as long as the
 /// gateway runs.
@@ -36,10 +40,9 @@ pub(crate) async fn follow_secrets(
             keep
         });
         for s in now {
-            if !running.contains_key(&s) {
-                let task = tokio::spawn(watch_secret(identity.clone(), client.clone(), s.clone()));
-                running.insert(s, task);
-            }
+            running
+                .entry(s.clone())
+                .or_insert_with(|| tokio::spawn(watch_secret(identity.clone(), client.clone(), s)));
         }
         if wanted.changed().await.is_err() {
             return;
@@ -92,4 +95,36 @@ fn put(identity: &Identity, s: &ApiKeySecret, secret: &Secret) {
     tracing::info!(namespace = %s.namespace, secret = %s.secret, keys = keys.len(),
         "API keys loaded");
     identity.secret_keys(s.clone(), keys);
+}
+
+/// Re-reads the file when its bytes change (every `--reload-millis`).
+pub(crate) async fn watch_credentials(identity: Arc<Identity>, path: PathBuf, every: Duration) {
+    let source = path.display().to_string();
+    let mut last: Option<Vec<u8>> = None;
+    let mut reported = false;
+    loop {
+        // A small file: a blocking read is fine.
+        match std::fs::read(&path) {
+            Ok(bytes) if last.as_deref() != Some(&bytes[..]) => {
+                reported = false;
+                match Credentials::parse(&bytes) {
+                    Ok(c) => {
+                        tracing::info!(source, "credentials file loaded");
+                        identity.credentials_loaded(c);
+                    }
+                    Err(e) => tracing::error!(source, error = %e,
+                        "credentials file refused; keeping the last good one"),
+                }
+                last = Some(bytes);
+            }
+            Ok(_) => {}
+            Err(e) if !reported => {
+                tracing::error!(source, error = %e,
+                    "credentials file unreadable; keeping the last good one");
+                reported = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(every).await;
+    }
 }
