@@ -22,6 +22,10 @@ pub(super) const REVIEW_TTL: Duration = Duration::from_secs(10);
 pub(super) const MAX_CACHED: usize = 10_000;
 /// Longest wait for the API server.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most TokenReviews sent per second (answers from the cache are free):
+/// a client sending made-up tokens cannot make the gateway flood the API
+/// server; beyond it a token that needs a review is answered 503.
+pub(super) const MAX_REVIEWS_PER_SECOND: u32 = 100;
 const PREFIX: &str = "system:serviceaccount:";
 
 /// What the API server said of a token.
@@ -77,10 +81,37 @@ impl ReviewCache {
     }
 }
 
+/// At most [`MAX_REVIEWS_PER_SECOND`] reviews in any one-second window,
+/// pure (the time is an argument).
+#[derive(Debug)]
+pub(super) struct ReviewBudget {
+    window: Option<Instant>,
+    sent: u32,
+}
+
+impl ReviewBudget {
+    /// Whether one more review may be sent now (and it is counted).
+    pub(super) fn take(&mut self, now: Instant) -> bool {
+        if self
+            .window
+            .is_none_or(|w| now.duration_since(w) >= Duration::from_secs(1))
+        {
+            self.window = Some(now);
+            self.sent = 0;
+        }
+        if self.sent >= MAX_REVIEWS_PER_SECOND {
+            return false;
+        }
+        self.sent += 1;
+        true
+    }
+}
+
 /// The TokenReview client.
 pub(super) struct Reviewer {
     audience: String,
     cache: Mutex<ReviewCache>,
+    budget: Mutex<ReviewBudget>,
 }
 
 impl Reviewer {
@@ -88,6 +119,10 @@ impl Reviewer {
         Reviewer {
             audience,
             cache: Mutex::new(ReviewCache::default()),
+            budget: Mutex::new(ReviewBudget {
+                window: None,
+                sent: 0,
+            }),
         }
     }
 
@@ -109,6 +144,16 @@ impl Reviewer {
         let client = client
             .cloned()
             .ok_or("no Kubernetes client (ServiceAccount tokens need the API server)")?;
+        let allowed = self
+            .budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(Instant::now());
+        if !allowed {
+            return Err(format!(
+                "more than {MAX_REVIEWS_PER_SECOND} TokenReviews in a second; not sent"
+            ));
+        }
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
@@ -193,6 +238,21 @@ mod tests {
             c.put(k, Reviewed::Rejected, t0);
         }
         assert!(c.len() <= MAX_CACHED, "{}", c.len());
+    }
+
+    #[test]
+    fn reviews_are_limited_per_second() {
+        let mut b = ReviewBudget {
+            window: None,
+            sent: 0,
+        };
+        let t0 = Instant::now();
+        let sent = (0..MAX_REVIEWS_PER_SECOND + 50)
+            .filter(|_| b.take(t0 + Duration::from_millis(500)))
+            .count();
+        assert_eq!(sent as u32, MAX_REVIEWS_PER_SECOND);
+        assert!(!b.take(t0 + Duration::from_millis(900)), "same window");
+        assert!(b.take(t0 + Duration::from_millis(1600)), "a new window");
     }
 
     #[test]
