@@ -12,9 +12,12 @@
 //!   key works once its Secret exists, the old key stops and the new one
 //!   works after a rotation, and nothing works once the Secret is gone; no
 //!   request of the steady stream gets anything but 200 or 401.
+//! - JWTs of an issuer whose JWKS is in a ConfigMap (an air-gapped
+//!   cluster): a valid one is admitted, an expired one is a 401.
 //! - The rules are needed: a second gateway whose ServiceAccount lacks the
-//!   identity rules answers a ServiceAccount token with 503 (the review is
-//!   forbidden, never taken as a pass) and admits no API key.
+//!   identity rules answers a ServiceAccount token or a JWT with 503 (the
+//!   review or the ConfigMap is forbidden, never taken as a pass) and
+//!   admits no API key.
 
 use crate::e2e_controller::{GatewayProc, gateway, lanes_configmap, rolebinding};
 use crate::support;
@@ -31,6 +34,30 @@ const AUDIENCE: &str = "lanekeeper-e2e";
 const P1: &str = "p1-agent-assist";
 const KEY_A: &str = "sk-e2e-team-a-0123456789abcdef";
 const KEY_B: &str = "sk-e2e-team-b-0123456789abcdef";
+const ISSUER: &str = "https://idp.e2e.example";
+
+/// An Ed25519 signing key made for the test: (PKCS#8, public JWKS).
+fn signing_key() -> (Vec<u8>, Value) {
+    use base64::Engine;
+    use ring::signature::{Ed25519KeyPair, KeyPair};
+    let doc = Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();
+    let pair = Ed25519KeyPair::from_pkcs8(doc.as_ref()).unwrap();
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
+    let jwks =
+        json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": "e2e", "alg": "EdDSA"}]});
+    (doc.as_ref().to_vec(), jwks)
+}
+
+fn jwt(pkcs8: &[u8], exp_in: i64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+    h.kid = Some("e2e".into());
+    let claims = json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "svc", "team": "search", "exp": now + exp_in});
+    jsonwebtoken::encode(&h, &claims, &jsonwebtoken::EncodingKey::from_ed_der(pkcs8)).unwrap()
+}
 
 /// The INC-47 config with P1 open to the ServiceAccount `caller` and the
 /// keys of the Secret `agent-keys`, both of `ns`.
@@ -45,7 +72,10 @@ fn identity_config(ns: &str) -> String {
         .unwrap();
     p1["clients"] = json!([
         {"serviceAccount": {"namespace": ns, "name": "caller"}, "tenant": "callers"},
-        {"apiKeys": {"namespace": ns, "secret": "agent-keys"}}
+        {"apiKeys": {"namespace": ns, "secret": "agent-keys"}},
+        {"jwt": {"issuer": ISSUER, "audience": AUDIENCE,
+                 "jwks": {"configMap": {"namespace": ns, "name": "idp-jwks", "key": "jwks.json"}}},
+         "tenantClaim": "team"}
     ]);
     let mut cfg: lanes::GatewayConfig = serde_json::from_value(v).unwrap();
     cfg.content_hash = lanes::hash(&cfg);
@@ -79,7 +109,7 @@ fn chart_identity_rules() -> (Value, Value) {
 
 /// The gateway's objects: two ServiceAccounts (one with the chart's
 /// identity rules, one without), the ConfigMap Role, and the config.
-async fn setup(c: &Cluster, ns: &str, cluster_role: &str) {
+async fn setup(c: &Cluster, ns: &str, cluster_role: &str, jwks: &Value) {
     let (role_rules, review_rules) = chart_identity_rules();
     let sa = |name: &str| json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}});
     let objects = [
@@ -111,6 +141,19 @@ async fn setup(c: &Cluster, ns: &str, cluster_role: &str) {
             "subjects": [{"kind": "ServiceAccount", "name": "gateway", "namespace": ns}]
         }),
         lanes_configmap(ns, &identity_config(ns)),
+        // The JWKS of an issuer the cluster cannot reach, and the rule the
+        // chart renders for `gateway.auth.jwksConfigMaps: [idp-jwks]`.
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "idp-jwks", "namespace": ns},
+            "data": {"jwks.json": jwks.to_string()}
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "gateway-jwks", "namespace": ns},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["idp-jwks"], "verbs": ["get"]}]
+        }),
+        rolebinding(ns, "gateway-jwks", &["gateway"]),
     ];
     for o in &objects {
         c.apply(o)
@@ -164,9 +207,9 @@ fn secret(ns: &str, key: &str) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn service_account_tokens_and_api_key_secrets_decide_who_may_use_a_lane() {
+async fn service_account_tokens_jwts_and_api_key_secrets_decide_who_may_use_a_lane() {
     let Some(c) =
-        connect("service_account_tokens_and_api_key_secrets_decide_who_may_use_a_lane").await
+        connect("service_account_tokens_jwts_and_api_key_secrets_decide_who_may_use_a_lane").await
     else {
         return;
     };
@@ -175,7 +218,8 @@ async fn service_account_tokens_and_api_key_secrets_decide_who_may_use_a_lane() 
     let ns = guard.name.as_str();
     let cluster_role = format!("{ns}-gateway-tokenreview");
     let _cleanup = DeleteClusterRole(&c, cluster_role.clone());
-    setup(&c, ns, &cluster_role).await;
+    let (pkcs8, jwks) = signing_key();
+    setup(&c, ns, &cluster_role, &jwks).await;
     let configmap = format!("{ns}/{CONFIG}");
     let aud = format!("--token-audience={AUDIENCE}");
     let kc = c.service_account_kubeconfig(ns, "gateway").await;
@@ -213,6 +257,23 @@ async fn service_account_tokens_and_api_key_secrets_decide_who_may_use_a_lane() 
         status(&http, &blind, Some(&good)).await,
         503,
         "without TokenReview create the token cannot be checked: never a pass"
+    );
+
+    // JWTs checked against the JWKS in a ConfigMap.
+    assert_eq!(
+        status(&http, &g, Some(&jwt(&pkcs8, 300))).await,
+        200,
+        "a JWT of the issuer"
+    );
+    assert_eq!(
+        status(&http, &g, Some(&jwt(&pkcs8, -300))).await,
+        401,
+        "an expired JWT"
+    );
+    assert_eq!(
+        status(&http, &blind, Some(&jwt(&pkcs8, 300))).await,
+        503,
+        "a gateway that may not read the JWKS ConfigMap admits no JWT"
     );
 
     // API-key Secrets while traffic flows.
