@@ -82,9 +82,9 @@ enum Decided {
 
 /// Serves one client request.
 pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let mut asked = Asked::read(&parts.headers, &gw);
-    if let Err(r) = authenticate(&gw, &parts, &mut asked).await {
+    if let Err(r) = authenticate(&gw, &mut parts, &mut asked).await {
         return r;
     }
     let body = match read_body(body, gw.args.max_body_bytes).await {
@@ -111,10 +111,12 @@ pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> 
 
 /// Who is calling decides the lane (among its own) and the tenant, unless
 /// `--trust-lane-header`; a refusal is answered before the body is read and
-/// costs no token.
-async fn authenticate(gw: &Gateway, parts: &Parts, asked: &mut Asked) -> Result<(), Response> {
+/// costs no token. The credential is for the gateway: it never goes
+/// upstream.
+async fn authenticate(gw: &Gateway, parts: &mut Parts, asked: &mut Asked) -> Result<(), Response> {
     match gw.identity.caller(parts, asked.lane.as_deref()).await {
         Ok(Some(caller)) => {
+            gw.identity.strip_credentials(&mut parts.headers);
             asked.lane = Some(caller.lane);
             asked.tenant = Some(caller.tenant);
             Ok(())

@@ -190,6 +190,15 @@ impl Identity {
         }
     }
 
+    /// Removes the credential headers (`Authorization` and
+    /// `--api-key-header`) from what goes upstream.
+    pub(crate) fn strip_credentials(&self, headers: &mut HeaderMap) {
+        headers.remove(header::AUTHORIZATION);
+        if let Some(h) = &self.api_key_header {
+            headers.remove(h);
+        }
+    }
+
     fn presented<'a>(&self, headers: &'a HeaderMap) -> Option<Presented<'a>> {
         let header_key = self
             .api_key_header

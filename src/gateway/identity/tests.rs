@@ -310,6 +310,48 @@ async fn the_credentials_file_admits_by_hash_and_one_lane_needs_no_header() {
     assert_eq!(status, StatusCode::FORBIDDEN);
 }
 
+/// An upstream on loopback that answers 200 and keeps the headers of the
+/// last request.
+async fn recording_upstream() -> (String, Arc<std::sync::Mutex<Option<header::HeaderMap>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let s = seen.clone();
+    let app = axum::Router::new().fallback(move |h: header::HeaderMap| {
+        *s.lock().unwrap() = Some(h);
+        async { "{}" }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), seen)
+}
+
+#[tokio::test]
+async fn the_credential_never_goes_upstream() {
+    let (url, seen) = recording_upstream().await;
+    let route = format!("agent-large={url}");
+    let cfg = with_clients(&[(P1, rule(ClientIdentity::ApiKeys(secret()), None))]);
+    let gw = gateway(cfg, &["--api-key-header", "x-api-key", "--route", &route]);
+    gw.identity
+        .secret_keys(secret(), vec![("team-a".into(), sha256(KEY_A.as_bytes()))]);
+    for h in [
+        ("authorization", bearer(KEY_A)),
+        ("x-api-key", KEY_A.to_owned()),
+    ] {
+        let (status, body, _) = send(&gw, &[(h.0, &h.1), ("x-other", "kept")], None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let got = seen
+            .lock()
+            .unwrap()
+            .take()
+            .expect("the upstream was called");
+        assert!(
+            got.get("authorization").is_none() && got.get("x-api-key").is_none(),
+            "{got:?}"
+        );
+        assert_eq!(got["x-other"], "kept");
+    }
+}
+
 #[tokio::test]
 async fn a_listed_client_certificate_admits_and_another_is_a_401() {
     let cert = ClientIdentity::Certificate(lanes::CertificateName {
