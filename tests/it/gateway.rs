@@ -941,6 +941,22 @@ async fn callers_need_a_credential_and_the_credentials_file_is_followed() {
         send(Some(key_b), "p1-agent-assist").await.unwrap().status(),
         200
     );
+    // A file with a raw key instead of its hash is refused: the last good
+    // one stays.
+    std::fs::write(
+        &file,
+        format!("apiKeys:\n  - sha256: {key_a}\n    tenant: a\n    lanes: [p1-agent-assist]\n"),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        send(Some(key_b), "p1-agent-assist").await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        send(Some(key_a), "p1-agent-assist").await.unwrap().status(),
+        401
+    );
     let text = metrics(&u.c, &u.gw).await;
     assert!(
         sample(
