@@ -1422,7 +1422,9 @@ async fn the_gateway_shares_the_rates_by_the_ready_endpoints_of_its_service() {
 /// EndpointSlice controller writes for the placed pods), the
 /// PodDisruptionBudget, the ServiceAccount and its Roles. The authorizer
 /// lets the ServiceAccount get, list and watch its one ConfigMap in the
-/// profile's namespace and list and watch EndpointSlices in its own, and
+/// profile's namespace and list and watch EndpointSlices in its own; for
+/// who may use a lane, create TokenReviews and list and watch Secrets in
+/// the profile's namespace only (no `get`, no other namespace); and
 /// nothing else asked here; the real binary with that ServiceAccount's token
 /// loads the config, counts the Service's ready endpoints and has no call
 /// refused.
@@ -1491,6 +1493,32 @@ async fn the_charts_gateway_gets_its_configmap_and_endpointslices_and_nothing_mo
     let get = |kind: &str, ns: &str, name: &str| -> Value {
         serde_json::from_str(&c.kubectl_ok(&["-n", ns, "get", kind, name, "-o", "json"])).unwrap()
     };
+
+    // Who may use a lane, on the real authorizer: TokenReview create, and
+    // list/watch of Secrets in the profile's namespace only, nothing more.
+    let sa = format!("system:serviceaccount:{rel_ns}:{gw}");
+    let can = |verb: &str, what: &str, ns: Option<&str>| -> bool {
+        let mut args = vec!["auth", "can-i", verb, what, "--as", sa.as_str()];
+        if let Some(n) = ns {
+            args.extend(["-n", n]);
+        }
+        c.kubectl(&args).stdout.trim() == "yes"
+    };
+    assert!(can("create", "tokenreviews.authentication.k8s.io", None));
+    assert!(can("list", "secrets", Some(prof_ns)) && can("watch", "secrets", Some(prof_ns)));
+    for (verb, what, ns) in [
+        ("get", "secrets", Some(prof_ns)),
+        ("list", "secrets", Some(rel_ns)),
+        ("list", "secrets", Some("default")),
+        ("create", "secrets", Some(prof_ns)),
+        ("create", "serviceaccounts/token", Some(prof_ns)),
+        ("create", "subjectaccessreviews.authorization.k8s.io", None),
+    ] {
+        assert!(
+            !can(verb, what, ns),
+            "the chart's gateway may {verb} {what} in {ns:?}"
+        );
+    }
 
     let deploy = get("deployment", rel_ns, &gw);
     assert_eq!(deploy["spec"]["replicas"], 2);
