@@ -74,7 +74,7 @@ fn quoted(v: &str) -> String {
     format!("{:?}… ({} bytes)", &v[..end], v.len())
 }
 
-fn unauthorized(challenge: &'static str, code: &str, message: String) -> Response {
+fn unauthorized(challenge: &'static str, code: &'static str, message: String) -> Response {
     let mut r = respond::error(
         StatusCode::UNAUTHORIZED,
         "authentication_error",
