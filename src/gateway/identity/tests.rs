@@ -1,9 +1,10 @@
 //! Who may use a lane, in-process: the real router and state driven with
 //! tower's `oneshot`, each identity kind and each refusal, and a property:
 //! no request without an allowed identity reaches the upstream or takes a
-//! token. The lanes have no route URL, so an admitted request ends as a 502
-//! `unknown_route` (it reached the forwarding step) and nothing leaves the
-//! process; the JWKS is served by a server the test starts on loopback.
+//! token. The routes lead to a loopback port where nothing listens, so an
+//! admitted request ends as a 502 `upstream_error` (it was sent); the JWKS
+//! and the upstream that records what it gets are servers the tests start
+//! on loopback.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -71,12 +72,29 @@ fn rule(identity: ClientIdentity, tenant: Option<&str>) -> ClientRule {
     }
 }
 
-fn gateway(cfg: GatewayConfig, extra: &[&str]) -> Arc<Gateway> {
+/// A gateway whose routes lead nowhere (nothing listens on port 1 of
+/// loopback: a pass is a 502), `agent-large` (P0's and P1's route) to
+/// `agent_large` when given.
+fn gateway_to(cfg: GatewayConfig, extra: &[&str], agent_large: Option<&str>) -> Arc<Gateway> {
+    let routes: Vec<String> = ["agent-large", "extract-small", "batch-medium", "eval-large"]
+        .iter()
+        .map(|r| match (*r, agent_large) {
+            ("agent-large", Some(url)) => format!("{r}={url}"),
+            _ => format!("{r}=http://127.0.0.1:1"),
+        })
+        .collect();
     let mut argv = vec!["gw", "--config", "unused.json"];
+    for r in &routes {
+        argv.extend(["--route", r.as_str()]);
+    }
     argv.extend_from_slice(extra);
     let gw = Arc::new(Gateway::new(Cli::parse_from(argv).args, true));
     gw.install(cfg, "test");
     gw
+}
+
+fn gateway(cfg: GatewayConfig, extra: &[&str]) -> Arc<Gateway> {
+    gateway_to(cfg, extra, None)
 }
 
 /// A request to the router: headers, and a client certificate when given.
@@ -129,8 +147,9 @@ fn core_saw_requests(gw: &Gateway) -> bool {
         .any(|l| l.starts_with("lanekeeper_gateway_requests_total{"))
 }
 
+/// Admitted, and sent to a route where nothing listens.
 fn admitted(status: StatusCode, body: &Value) -> bool {
-    status == StatusCode::BAD_GATEWAY && body["error"]["code"] == "unknown_route"
+    status == StatusCode::BAD_GATEWAY && body["error"]["code"] == "upstream_error"
 }
 
 fn keys_gateway() -> Arc<Gateway> {
@@ -328,9 +347,8 @@ async fn recording_upstream() -> (String, Arc<std::sync::Mutex<Option<header::He
 #[tokio::test]
 async fn the_credential_never_goes_upstream() {
     let (url, seen) = recording_upstream().await;
-    let route = format!("agent-large={url}");
     let cfg = with_clients(&[(P1, rule(ClientIdentity::ApiKeys(secret()), None))]);
-    let gw = gateway(cfg, &["--api-key-header", "x-api-key", "--route", &route]);
+    let gw = gateway_to(cfg, &["--api-key-header", "x-api-key"], Some(&url));
     gw.identity
         .secret_keys(secret(), vec![("team-a".into(), sha256(KEY_A.as_bytes()))]);
     for h in [
