@@ -74,6 +74,17 @@ VALUE_SETS: dict[str, dict] = {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
                     "observe": True, "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"}},
     },
+    "gateway-auth": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
+                    "auth": {"apiKeyHeader": "x-api-key", "tokenAudience": "gateway.example",
+                             "jwksConfigMaps": ["idp-jwks"], "credentialsSecret": "gateway-credentials"}},
+    },
+    "gateway-trusting": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
+                    "auth": {"trustLaneHeader": True}},
+    },
     "pdb-max-unavailable": {
         "podDisruptionBudget": {"maxUnavailable": "50%"},
         "fullnameOverride": "lk",
@@ -103,6 +114,8 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("gateway enabled without a profile", {"gateway": {"enabled": True}}),
     ("gateway route without http://", {"gateway": {"routes": {"agent-large": "vllm:8000"}}}),
     ("gateway header with a space", {"gateway": {"laneHeader": "x lane"}}),
+    ("gateway API-key header with a space", {"gateway": {"auth": {"apiKeyHeader": "x key"}}}),
+    ("gateway unknown auth key", {"gateway": {"auth": {"trust": True}}}),
 ]
 
 MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}
@@ -258,6 +271,25 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
                  for rule in r["rules"] for n in rule.get("resourceNames", [])]
         if names != [want]:
             fail(f"{label}: the gateway's Role must name only {want}: {names}")
+        # Who may use a lane: no identity access when it trusts the header;
+        # else Secrets list/watch in the profile's namespace only and
+        # TokenReview create, nothing more.
+        auth = gw.get("auth", {})
+        trusting = auth.get("trustLaneHeader", False)
+        if trusting != ("--trust-lane-header" in gargs):
+            fail(f"{label}: --trust-lane-header must follow gateway.auth.trustLaneHeader: {gargs}")
+        ident = [r for r in roles if r["metadata"]["name"].endswith("-gateway-identity")]
+        review = [r for r in by_kind.get("ClusterRole", []) if r["metadata"]["name"].endswith("-gateway-tokenreview")]
+        if trusting and (ident or review):
+            fail(f"{label}: a gateway that trusts the lane header needs no Secret or TokenReview access")
+        if not trusting:
+            if len(ident) != 1 or ident[0]["metadata"]["namespace"] != gw["profileNamespace"]:
+                fail(f"{label}: one identity Role in the profile's namespace: {ident}")
+            secrets = [r for r in ident[0]["rules"] if r["resources"] == ["secrets"]]
+            if [r["verbs"] for r in secrets] != [["list", "watch"]]:
+                fail(f"{label}: Secrets list and watch only: {ident[0]['rules']}")
+            if len(review) != 1 or review[0]["rules"] != [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]:
+                fail(f"{label}: TokenReview create only: {review}")
 
 
 def check_crd_copies(crds: Path, write: bool) -> None:

@@ -241,8 +241,10 @@ start_fake_model() {
 # runtime threads.
 start_gateway() {
 	local name=$1 config=$2 binary=${3:-$LANEKEEPER}
+	# --trust-lane-header: the lane and tenant from the headers, as nginx
+	# and LiteLLM take them here (no credential on either side).
 	start "$name" "${ON_PROXY[@]}" "$binary" gateway --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
-		--worker-threads "$PROXY_THREADS" --config "$config" "${ROUTES[@]//FAKE/$FAKE}"
+		--worker-threads "$PROXY_THREADS" --config "$config" --trust-lane-header "${ROUTES[@]//FAKE/$FAKE}"
 	GW_PID=$LAST_PID
 	GW=$(listening_on "$name")
 	GW_METRICS=$(sed -n 's/.*listening on [^ ]* metrics on \([^ ]*\).*/\1/p' "$WORK/$name.log" | head -n 1)

@@ -84,6 +84,12 @@ pub struct LaneContractSpec {
     /// Optional long context that may be reduced under pressure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optional_context: Option<OptionalContextSpec>,
+    /// Who may send requests into the lane, each identity with the tenant
+    /// it is counted as. The gateway refuses a request without an identity
+    /// listed here (401, or 403 for an identity of other lanes), unless it
+    /// runs with `--trust-lane-header`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<super::clients::LaneClient>,
 }
 
 fn default_weight() -> i32 {

@@ -1,12 +1,14 @@
 //! The custom resources of lanekeeper (`lanekeeper.dev/v1alpha1`).
 
 pub mod calibration;
+pub mod clients;
 pub mod common;
 pub mod lane;
 pub mod policy;
 pub mod profile;
 pub mod state;
 
+pub use clients::*;
 pub use common::Decimal;
 pub use lane::*;
 pub use policy::*;

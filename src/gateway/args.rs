@@ -100,6 +100,9 @@ pub struct GatewayArgs {
     /// Tokio worker threads (default: one per core).
     #[arg(long, env = "LANEKEEPER_GATEWAY_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+    /// Who may use a lane: credentials, or `--trust-lane-header`.
+    #[command(flatten)]
+    pub identity: super::identity::IdentityArgs,
 }
 
 impl GatewayArgs {

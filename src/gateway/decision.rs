@@ -110,6 +110,10 @@ pub(super) struct Record {
     pub(super) lane: Option<String>,
     /// The tenant it counted as.
     pub(super) tenant: Option<String>,
+    /// How the caller was identified (`api_key`, `service_account`, `jwt`,
+    /// `certificate`, `trusted_header`; empty before authentication). Never
+    /// the credential.
+    pub(super) identity: &'static str,
     /// Seconds it waited in its lane's queue.
     pub(super) waited_seconds: f64,
 }
@@ -228,6 +232,7 @@ pub(super) fn log(record: &Record, verdict: Verdict, reason: &str, line: Line) {
         request_id = %record.request_id,
         lane = record.lane.as_deref().unwrap_or("-"),
         tenant = record.tenant.as_deref().unwrap_or("-"),
+        identity = if record.identity.is_empty() { "-" } else { record.identity },
         verdict = verdict.as_str(),
         reason,
         wait_seconds = record.waited_seconds,

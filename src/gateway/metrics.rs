@@ -6,6 +6,8 @@
 use std::sync::OnceLock;
 
 use lanes::{Attempt, GatewayConfig, Outcome, Pressure};
+
+use super::identity::AuthRefusal;
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -95,6 +97,7 @@ pub struct GatewayMetrics {
     replicas: IntGauge,
     cuts: IntCounterVec,
     refused_before_admission: IntCounterVec,
+    auth_refusals: IntCounterVec,
 }
 
 fn registered<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -215,6 +218,7 @@ impl GatewayMetrics {
                 &["lane", "reason"],
             ),
             refused_before_admission: refused_before_admission(&r),
+            auth_refusals: auth_refusals(&r),
             registry: r,
         }
     }
@@ -224,6 +228,12 @@ impl GatewayMetrics {
         self.refused_before_admission
             .with_label_values(&[reason])
             .inc();
+    }
+
+    /// A request refused by its identity (or for the lack of one), before
+    /// admission.
+    pub(crate) fn auth_refused(&self, why: AuthRefusal) {
+        self.auth_refusals.with_label_values(&[why.as_str()]).inc();
     }
 
     /// The per-lane meters of a config, by lane index.
@@ -286,6 +296,20 @@ impl GatewayMetrics {
         encoder.encode(&self.registry.gather(), &mut buf)?;
         Ok((encoder.format_type().to_owned(), buf))
     }
+}
+
+/// Refusals by identity, each reason at 0 from the start.
+fn auth_refusals(r: &Registry) -> IntCounterVec {
+    let c = counters(
+        r,
+        "lanekeeper_gateway_auth_refusals_total",
+        "Requests refused before admission by their identity, by reason (no_credential, unknown_api_key, rejected_token, invalid_jwt, unknown_certificate, lane_not_allowed, lane_not_named, identity_unavailable). None took a token.",
+        &["reason"],
+    );
+    for why in AuthRefusal::ALL {
+        c.with_label_values(&[why.as_str()]);
+    }
+    c
 }
 
 impl Default for GatewayMetrics {

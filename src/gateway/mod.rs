@@ -7,16 +7,18 @@
 //! from a refusal or failure to the HTTP answer (`respond`), what a passed
 //! request takes upstream (`dispatch`), the upstream client (`upstream`),
 //! the config and replica sources (`sources`), what the connection proved
-//! about the client (`peer`), the shared state and the driver of queued requests (`state`), and typed
-//! metrics (`metrics`); the forwarded paths (`surface`), each decision's
-//! record (`decision`) and honest ends of cut answers (`cut`). Every
-//! decision is the core's.
+//! about the client (`peer`), who is calling and so which lane and tenant
+//! a request gets (`identity`), the shared state and the driver of queued
+//! requests (`state`), and typed metrics (`metrics`); the forwarded paths
+//! (`surface`), each decision's record (`decision`) and honest ends of cut
+//! answers (`cut`). Every decision is the core's.
 #![deny(clippy::too_many_lines)]
 
 mod args;
 mod cut;
 mod decision;
 mod dispatch;
+mod identity;
 mod metrics;
 mod peer;
 mod request;
@@ -31,4 +33,5 @@ mod upstream;
 mod tests;
 
 pub use args::{GatewayArgs, GatewayError};
+pub use identity::IdentityArgs;
 pub use run::run;

@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 
 use super::decision::{self, MAX_REQUEST_ID, REQUEST_ID, Record, client_request_id};
 use super::dispatch::Dispatch;
+use super::identity::{self, IdentityKind};
 use super::metrics::{LaneMeter, TenantClass};
 use super::respond;
 use super::state::{Gateway, Resolved, State as Locked};
@@ -139,14 +140,18 @@ fn admissible(gw: &Gateway, parts: &Parts, record: &mut Record) -> Result<(), Re
 }
 
 /// The request path: checks, body, decision, wait, forward.
-async fn answer(gw: &Arc<Gateway>, parts: Parts, body: Body, record: &mut Record) -> Response {
+async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Record) -> Response {
     if let Err(r) = admissible(gw, &parts, record) {
         return r;
     }
-    let asked = match Asked::read(&parts.headers, gw) {
+    let mut asked = match Asked::read(&parts.headers, gw) {
         Ok(a) => a,
         Err(r) => return r,
     };
+    match authenticate(gw, &mut parts, &mut asked).await {
+        Ok(kind) => record.identity = kind.map_or("trusted_header", IdentityKind::as_str),
+        Err(r) => return r,
+    }
     record.tenant = asked.tenant.as_deref().map(cut_for_log);
     let body = match read_body(body, gw.args.max_body_bytes).await {
         Ok(b) => b,
@@ -179,6 +184,34 @@ fn cut_for_log(v: &str) -> String {
         end -= 1;
     }
     v[..end].to_owned()
+}
+
+/// Who is calling decides the lane (among its own) and the tenant, unless
+/// `--trust-lane-header`; a refusal is answered before the body is read and
+/// costs no token. The credential is for the gateway: it never goes
+/// upstream.
+async fn authenticate(
+    gw: &Gateway,
+    parts: &mut Parts,
+    asked: &mut Asked,
+) -> Result<Option<IdentityKind>, Response> {
+    match gw.identity.caller(parts, asked.lane.as_deref()).await {
+        Ok(Some(caller)) => {
+            gw.identity.strip_credentials(&mut parts.headers);
+            asked.lane = Some(caller.lane);
+            asked.tenant = Some(caller.tenant);
+            Ok(Some(caller.kind))
+        }
+        Ok(None) => Ok(None),
+        Err(why) => {
+            gw.metrics.auth_refused(why);
+            Err(identity::answer(
+                why,
+                &gw.args.lane_header,
+                asked.lane.as_deref(),
+            ))
+        }
+    }
 }
 
 /// The body, within `--max-body-bytes` (read before a token is taken for

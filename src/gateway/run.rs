@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::task::JoinHandle;
 
 use super::args::{GatewayArgs, GatewayError, split_namespaced};
+use super::identity::{follow_secrets, watch_credentials};
 use super::request::handle;
 use super::sources::{watch_configmap, watch_endpoints, watch_file};
 use super::state::{Gateway, drive};
@@ -43,7 +44,10 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
     if args.config.is_none() && args.configmap.is_none() {
         return Err(GatewayError::NoConfigSource);
     }
-    for h in [&args.lane_header, &args.tenant_header] {
+    for h in [&args.lane_header, &args.tenant_header]
+        .into_iter()
+        .chain(args.identity.api_key_header.as_ref())
+    {
         axum::http::HeaderName::try_from(h.as_str())
             .map_err(|_| GatewayError::Header(h.clone()))?;
     }
@@ -58,6 +62,7 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         .map(|v| split_namespaced("--endpoints-service", v))
         .transpose()?;
     let gw = Arc::new(Gateway::new(args.clone(), endpoints.is_none()));
+    warn_if_trusting(&args);
     let listener = bind("listen on", args.listen).await?;
     let admin = bind("serve metrics on", args.metrics_addr).await?;
     let local = listener.local_addr().unwrap_or(args.listen);
@@ -97,7 +102,7 @@ async fn start_sources(
     configmap: Option<(String, String)>,
     endpoints: Option<(String, String)>,
 ) -> Result<Vec<JoinHandle<()>>, GatewayError> {
-    let mut tasks = Vec::new();
+    let mut tasks = identity_sources(gw).await;
     if let Some(path) = gw.args.config.clone() {
         tasks.push(tokio::spawn(watch_file(gw.clone(), path)));
     }
@@ -117,6 +122,42 @@ async fn start_sources(
         tasks.push(tokio::spawn(watch_endpoints(gw.clone(), client, ns, name)));
     }
     Ok(tasks)
+}
+
+/// `--trust-lane-header` gives up the identity check: said loudly.
+fn warn_if_trusting(args: &GatewayArgs) {
+    if args.identity.trust_lane_header {
+        tracing::warn!(
+            "--trust-lane-header: the lane and tenant come from the request headers with NO credential; anyone who can reach this gateway may claim any lane, P0 included. Only run so behind a proxy that authenticates callers and sets these headers itself"
+        );
+    }
+}
+
+/// The credentials file and, with a Kubernetes client (a kubeconfig or the
+/// pod's ServiceAccount), the API-key Secrets the config names.
+async fn identity_sources(gw: &Arc<Gateway>) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let id = &gw.identity;
+    if id.trust {
+        return tasks;
+    }
+    if let Some(path) = gw.args.identity.credentials.clone() {
+        let every = std::time::Duration::from_millis(gw.args.reload_millis.max(10));
+        tasks.push(tokio::spawn(watch_credentials(id.clone(), path, every)));
+    }
+    match kube::Client::try_default().await {
+        Ok(client) => {
+            id.connect(client.clone());
+            tasks.push(tokio::spawn(follow_secrets(
+                id.clone(),
+                client,
+                id.wanted_secrets(),
+            )));
+        }
+        Err(e) => tracing::info!(error = %e,
+            "no Kubernetes client: API-key Secrets, ServiceAccount tokens and JWKS ConfigMaps are not available (--credentials is)"),
+    }
+    tasks
 }
 
 async fn shutdown_signal() {

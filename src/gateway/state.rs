@@ -13,6 +13,7 @@ use tokio::sync::{Notify, oneshot};
 use super::args::GatewayArgs;
 use super::decision::{DecisionLog, IdMaker};
 use super::dispatch::{Dispatch, InFlightSink};
+use super::identity::Identity;
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
 use super::surface::Surface;
 use super::upstream::Upstream;
@@ -35,6 +36,8 @@ pub(super) struct Gateway {
     pub(super) ids: IdMaker,
     /// Which decisions get a log line.
     pub(super) decisions: DecisionLog,
+    /// Who may use which lane (from the config in force and `--credentials`).
+    pub(super) identity: Arc<Identity>,
 }
 
 /// Everything under the lock.
@@ -73,6 +76,7 @@ impl Gateway {
                 args.decision_log_sample,
                 args.decision_log_refusals_per_second,
             ),
+            identity: Arc::new(Identity::new(&args.identity)),
             start: Instant::now(),
             state: Mutex::new(State {
                 core: None,
@@ -142,6 +146,7 @@ impl Gateway {
             previous = ?st.last_good.as_ref().map(|g| &g.content_hash),
             "gateway config loaded"
         );
+        self.identity.config_installed(&cfg.lanes);
         st.last_good = Some(cfg);
         drop(st);
         self.wake.notify_one();

@@ -45,7 +45,16 @@ const DEAD_ROUTES: [&str; 8] = [
 
 /// A gateway whose routes lead nowhere, with `cfg` installed when given.
 fn gateway(cfg: Option<GatewayConfig>, extra: &[&str]) -> Arc<Gateway> {
-    let mut argv = vec!["gw", "--config", "unused.json", "--max-body-bytes", "64"];
+    // The lane and tenant from the headers: who may use a lane is tested
+    // in identity/tests.rs.
+    let mut argv = vec![
+        "gw",
+        "--config",
+        "unused.json",
+        "--max-body-bytes",
+        "64",
+        "--trust-lane-header",
+    ];
     argv.extend_from_slice(&DEAD_ROUTES);
     argv.extend_from_slice(extra);
     let gw = Arc::new(Gateway::new(Cli::parse_from(argv).args, true));
@@ -151,6 +160,7 @@ async fn a_config_naming_a_route_without_a_url_is_refused_at_load() {
         "gw",
         "--config",
         "unused.json",
+        "--trust-lane-header",
         "--route",
         "agent-large=http://127.0.0.1:1",
     ];

@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 
 use lanes::jiff::Timestamp;
 use lanes::{
-    Borrow, Deferral, Flags, GatewayConfig, Generations, InFlight, LaneConfig, Mode,
-    OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION,
+    ApiKeySecret, Borrow, CertificateName, ClientIdentity, ClientRule, ConfigMapKey, Deferral,
+    Flags, GatewayConfig, Generations, InFlight, JwksSource, JwtIssuer, LaneConfig, Mode,
+    OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION, ServiceAccountName,
 };
 
 use crate::api::{DegradationPolicy, LaneContract, PolicyMode, SheddingMode};
@@ -196,7 +197,57 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
             .filter(|f| *f > 0.0 && !paused),
         expected_service_seconds: spec.expected_service_seconds.as_ref().map(|s| s.value()),
         spare_capacity: matches!(d.state, LaneState::Admitted | LaneState::Throttled),
+        clients: clients(contract),
     }
+}
+
+/// The contract's `spec.clients` as `lanes.json` carries them: each
+/// reference resolved to its namespace (the lane's unless it names one).
+fn clients(contract: &LaneContract) -> Vec<ClientRule> {
+    let ns = contract.metadata.namespace.clone().unwrap_or_default();
+    contract
+        .spec
+        .clients
+        .iter()
+        .filter_map(|c| {
+            let identity = if let Some(k) = &c.api_keys {
+                ClientIdentity::ApiKeys(ApiKeySecret {
+                    namespace: ns.clone(),
+                    secret: k.secret_name.clone(),
+                })
+            } else if let Some(sa) = &c.service_account {
+                ClientIdentity::ServiceAccount(ServiceAccountName {
+                    namespace: sa.namespace.clone().unwrap_or_else(|| ns.clone()),
+                    name: sa.name.clone(),
+                })
+            } else if let Some(j) = &c.jwt {
+                ClientIdentity::Jwt(JwtIssuer {
+                    issuer: j.issuer.clone(),
+                    audience: j.audience.clone(),
+                    jwks: match (&j.jwks_url, &j.jwks_config_map_key_ref) {
+                        (Some(url), _) => JwksSource::Url(url.clone()),
+                        (None, Some(r)) => JwksSource::ConfigMap(ConfigMapKey {
+                            namespace: ns.clone(),
+                            name: r.name.clone(),
+                            key: r.key.clone(),
+                        }),
+                        // The CRD requires one of them.
+                        (None, None) => return None,
+                    },
+                    subject: j.subject.clone(),
+                })
+            } else {
+                ClientIdentity::Certificate(CertificateName {
+                    name: c.certificate.as_ref()?.name.clone(),
+                })
+            };
+            Some(ClientRule {
+                identity,
+                tenant: c.tenant.clone(),
+                tenant_claim: c.tenant_claim.clone(),
+            })
+        })
+        .collect()
 }
 
 /// The lane's grants. A grant keeps its published expiry while the same
@@ -235,6 +286,42 @@ fn timestamp(secs: i64) -> Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_contracts_clients_reach_lanes_json_in_the_lanes_namespace() {
+        let lane: LaneContract = serde_json::from_value(serde_json::json!({
+            "apiVersion": "lanekeeper.dev/v1alpha1", "kind": "LaneContract",
+            "metadata": {"name": "p1", "namespace": "ai-platform"},
+            "spec": {
+                "profile": "agent-assist", "priority": 1, "workUnitsPerRequest": "1",
+                "expectedRequestsPerSecond": "1", "deadlineSeconds": 30,
+                "queue": {"maxDepth": 1, "ttlSeconds": 1}, "retry": {"maxAttempts": 1},
+                "routes": {"primary": ["r"]},
+                "clients": [
+                    {"apiKeys": {"secretName": "keys"}, "tenant": "team-a"},
+                    {"serviceAccount": {"name": "bot"}},
+                    {"serviceAccount": {"namespace": "other", "name": "bot"}},
+                    {"jwt": {"issuer": "https://idp", "audience": "lk",
+                             "jwksConfigMapKeyRef": {"name": "jwks", "key": "k"}}, "tenantClaim": "team"},
+                    {"certificate": {"name": "cn"}}
+                ]
+            }
+        }))
+        .unwrap();
+        let rules = serde_json::to_value(clients(&lane)).unwrap();
+        assert_eq!(
+            rules,
+            serde_json::json!([
+                {"apiKeys": {"namespace": "ai-platform", "secret": "keys"}, "tenant": "team-a"},
+                {"serviceAccount": {"namespace": "ai-platform", "name": "bot"}},
+                {"serviceAccount": {"namespace": "other", "name": "bot"}},
+                {"jwt": {"issuer": "https://idp", "audience": "lk", "jwks":
+                    {"configMap": {"namespace": "ai-platform", "name": "jwks", "key": "k"}}},
+                 "tenantClaim": "team"},
+                {"certificate": {"name": "cn"}}
+            ])
+        );
+    }
 
     #[test]
     fn a_paused_lane_resumes_after_the_stable_window() {

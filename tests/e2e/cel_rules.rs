@@ -67,7 +67,14 @@ fn lane() -> Value {
             "queue": {"maxDepth": 20000, "ttlSeconds": 7000},
             "retry": {"maxAttempts": 3, "budgetPercent": 5},
             "routes": {"primary": ["batch-medium"], "approvedFallbacks": ["batch-small"]},
-            "optionalContext": {"historyTurns": 20, "degradedHistoryTurns": 8}
+            "optionalContext": {"historyTurns": 20, "degradedHistoryTurns": 8},
+            "clients": [
+                {"apiKeys": {"secretName": "shift-batch-keys"}},
+                {"serviceAccount": {"namespace": "batch", "name": "shift-runner"}, "tenant": "shift"},
+                {"jwt": {"issuer": "https://idp.example", "audience": "lanekeeper", "jwksUrl": "https://idp.example/jwks", "subject": "svc"}, "tenantClaim": "team"},
+                {"jwt": {"issuer": "https://idp.example", "audience": "lanekeeper", "jwksConfigMapKeyRef": {"name": "idp-jwks", "key": "jwks.json"}}},
+                {"certificate": {"name": "spiffe://cluster.local/ns/batch/sa/shift-runner"}}
+            ]
         }
     })
 }
@@ -631,6 +638,103 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
                 Some(json!(-1)),
             ),
             "degradedHistoryTurns must be >= 0",
+        ),
+        // LaneContract clients
+        (
+            "a client with two identity kinds",
+            with(
+                l(),
+                "/spec/clients/0/certificate",
+                Some(json!({"name": "x"})),
+            ),
+            "a client names exactly one of apiKeys, serviceAccount, jwt and certificate",
+        ),
+        (
+            "a client with no identity",
+            with(l(), "/spec/clients/0/apiKeys", None),
+            "a client names exactly one of apiKeys, serviceAccount, jwt and certificate",
+        ),
+        (
+            "tenantClaim on a certificate client",
+            with(l(), "/spec/clients/4/tenantClaim", Some(json!("team"))),
+            "tenantClaim is for jwt clients only",
+        ),
+        (
+            "tenant and tenantClaim",
+            with(l(), "/spec/clients/2/tenant", Some(json!("team-a"))),
+            "give tenant or tenantClaim, not both",
+        ),
+        (
+            "empty tenant",
+            with(l(), "/spec/clients/1/tenant", Some(json!(""))),
+            "tenant must not be empty",
+        ),
+        (
+            "empty tenantClaim",
+            with(l(), "/spec/clients/2/tenantClaim", Some(json!(""))),
+            "tenantClaim must not be empty",
+        ),
+        (
+            "empty secretName",
+            with(l(), "/spec/clients/0/apiKeys/secretName", Some(json!(""))),
+            "secretName must not be empty",
+        ),
+        (
+            "empty ServiceAccount namespace",
+            with(
+                l(),
+                "/spec/clients/1/serviceAccount/namespace",
+                Some(json!("")),
+            ),
+            "namespace must not be empty",
+        ),
+        (
+            "empty ServiceAccount name",
+            with(l(), "/spec/clients/1/serviceAccount/name", Some(json!(""))),
+            "name must not be empty",
+        ),
+        (
+            "a JWKS URL and a ConfigMap",
+            with(
+                l(),
+                "/spec/clients/2/jwt/jwksConfigMapKeyRef",
+                Some(json!({"name": "jwks", "key": "k"})),
+            ),
+            "jwt needs exactly one of jwksUrl and jwksConfigMapKeyRef",
+        ),
+        (
+            "no JWKS",
+            with(l(), "/spec/clients/2/jwt/jwksUrl", None),
+            "jwt needs exactly one of jwksUrl and jwksConfigMapKeyRef",
+        ),
+        (
+            "a JWKS over plain http",
+            with(
+                l(),
+                "/spec/clients/2/jwt/jwksUrl",
+                Some(json!("http://idp.example/jwks")),
+            ),
+            "jwksUrl must be an https:// URL",
+        ),
+        (
+            "empty issuer",
+            with(l(), "/spec/clients/2/jwt/issuer", Some(json!(""))),
+            "issuer must not be empty",
+        ),
+        (
+            "empty audience",
+            with(l(), "/spec/clients/2/jwt/audience", Some(json!(""))),
+            "audience must not be empty",
+        ),
+        (
+            "empty subject",
+            with(l(), "/spec/clients/2/jwt/subject", Some(json!(""))),
+            "subject must not be empty",
+        ),
+        (
+            "empty certificate name",
+            with(l(), "/spec/clients/4/certificate/name", Some(json!(""))),
+            "name must not be empty",
         ),
         // DegradationPolicy
         (

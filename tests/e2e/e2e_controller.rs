@@ -970,9 +970,9 @@ async fn calibration_follows_the_pool_and_drains_wait_for_its_rollout() {
 
 /// A `lanekeeper gateway --configmap` process (killed when dropped), in
 /// front of a `lanekeeper-fake-model`, its log in target/e2e.
-struct GatewayProc {
+pub(crate) struct GatewayProc {
     children: Vec<std::process::Child>,
-    addr: String,
+    pub(crate) addr: String,
     metrics: String,
     log: std::path::PathBuf,
 }
@@ -1004,7 +1004,12 @@ fn gateway_for(kc: &std::path::Path, w: &World) -> GatewayProc {
 
 /// `lanekeeper gateway --configmap NS/NAME` with `kc`'s identity and
 /// `extra` flags, every route of the INC-47 lanes to one fake model.
-fn gateway(kc: &std::path::Path, configmap: &str, extra: &[&str], name: &str) -> GatewayProc {
+pub(crate) fn gateway(
+    kc: &std::path::Path,
+    configmap: &str,
+    extra: &[&str],
+    name: &str,
+) -> GatewayProc {
     use std::process::{Command, Stdio};
     let mut model = Command::new(env!("CARGO_BIN_EXE_lanekeeper-fake-model"))
         .args(["--listen", "127.0.0.1:0", "--service-millis", "0"])
@@ -1020,6 +1025,14 @@ fn gateway(kc: &std::path::Path, configmap: &str, extra: &[&str], name: &str) ->
     ];
     for r in ["agent-large", "extract-small", "batch-medium", "eval-large"] {
         args.push(format!("--route={r}=http://{model_addr}"));
+    }
+    // The lane from the header, unless the test sets up identities.
+    let identities = ["--token-audience", "--credentials", "--api-key-header"];
+    if !extra
+        .iter()
+        .any(|a| identities.iter().any(|f| a.starts_with(f)))
+    {
+        args.push("--trust-lane-header".to_owned());
     }
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let log = support::cluster::scratch().join(format!("{}.log", support::cluster::unique(name)));
@@ -1065,7 +1078,7 @@ impl GatewayProc {
         Some((status, r.text().await.unwrap_or_default()))
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -1181,7 +1194,7 @@ fn share_config() -> String {
     lanes::to_json(&cfg)
 }
 
-fn lanes_configmap(ns: &str, json: &str) -> Value {
+pub(crate) fn lanes_configmap(ns: &str, json: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": CONFIG, "namespace": ns},
@@ -1216,7 +1229,7 @@ fn endpoint_slice(ns: &str, name: &str, first_ip: usize, ready: &[bool]) -> Valu
     })
 }
 
-fn rolebinding(ns: &str, name: &str, service_accounts: &[&str]) -> Value {
+pub(crate) fn rolebinding(ns: &str, name: &str, service_accounts: &[&str]) -> Value {
     let subjects: Vec<Value> = service_accounts
         .iter()
         .map(|sa| json!({"kind": "ServiceAccount", "name": sa, "namespace": ns}))
@@ -1409,7 +1422,9 @@ async fn the_gateway_shares_the_rates_by_the_ready_endpoints_of_its_service() {
 /// EndpointSlice controller writes for the placed pods), the
 /// PodDisruptionBudget, the ServiceAccount and its Roles. The authorizer
 /// lets the ServiceAccount get, list and watch its one ConfigMap in the
-/// profile's namespace and list and watch EndpointSlices in its own, and
+/// profile's namespace and list and watch EndpointSlices in its own; for
+/// who may use a lane, create TokenReviews and list and watch Secrets in
+/// the profile's namespace only (no `get`, no other namespace); and
 /// nothing else asked here; the real binary with that ServiceAccount's token
 /// loads the config, counts the Service's ready endpoints and has no call
 /// refused.
@@ -1478,6 +1493,32 @@ async fn the_charts_gateway_gets_its_configmap_and_endpointslices_and_nothing_mo
     let get = |kind: &str, ns: &str, name: &str| -> Value {
         serde_json::from_str(&c.kubectl_ok(&["-n", ns, "get", kind, name, "-o", "json"])).unwrap()
     };
+
+    // Who may use a lane, on the real authorizer: TokenReview create, and
+    // list/watch of Secrets in the profile's namespace only, nothing more.
+    let sa = format!("system:serviceaccount:{rel_ns}:{gw}");
+    let can = |verb: &str, what: &str, ns: Option<&str>| -> bool {
+        let mut args = vec!["auth", "can-i", verb, what, "--as", sa.as_str()];
+        if let Some(n) = ns {
+            args.extend(["-n", n]);
+        }
+        c.kubectl(&args).stdout.trim() == "yes"
+    };
+    assert!(can("create", "tokenreviews.authentication.k8s.io", None));
+    assert!(can("list", "secrets", Some(prof_ns)) && can("watch", "secrets", Some(prof_ns)));
+    for (verb, what, ns) in [
+        ("get", "secrets", Some(prof_ns)),
+        ("list", "secrets", Some(rel_ns)),
+        ("list", "secrets", Some("default")),
+        ("create", "secrets", Some(prof_ns)),
+        ("create", "serviceaccounts/token", Some(prof_ns)),
+        ("create", "subjectaccessreviews.authorization.k8s.io", None),
+    ] {
+        assert!(
+            !can(verb, what, ns),
+            "the chart's gateway may {verb} {what} in {ns:?}"
+        );
+    }
 
     let deploy = get("deployment", rel_ns, &gw);
     assert_eq!(deploy["spec"]["replicas"], 2);

@@ -74,6 +74,12 @@ fn gateway(config: &Path, model: &Proc, extra: &[&str]) -> Proc {
         args.push("--route".to_owned());
         args.push(r.clone());
     }
+    // The lane from the header, unless the test gives credentials (who
+    // may use a lane is tested in `callers_need_a_credential_...` below
+    // and in src/gateway/identity/).
+    if !extra.contains(&"--credentials") {
+        args.push("--trust-lane-header".to_owned());
+    }
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     spawn(env!("CARGO_BIN_EXE_lanekeeper"), &refs)
@@ -982,4 +988,106 @@ async fn simulate_and_the_gateway_admit_and_refuse_the_same_replayed_traffic() {
     // The traffic is worth comparing: one lane is refused a lot, the
     // others not at all.
     assert!(refused.iter().any(|&r| r > 1000), "{refused:?}");
+}
+
+/// The SHA-256 of a key, in hex, as a credentials file holds it.
+fn key_hash(key: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Without `--trust-lane-header` a request needs a credential: none is a
+/// 401 with `WWW-Authenticate`, a key for another lane a 403, and the
+/// credentials file is followed (a key removed from it stops working).
+#[tokio::test]
+async fn callers_need_a_credential_and_the_credentials_file_is_followed() {
+    let key_a = "sk-team-a-0123456789abcdef";
+    let key_b = "sk-team-b-0123456789abcdef";
+    let creds = |key: &str| {
+        format!(
+            "apiKeys:\n  - sha256: {}\n    tenant: team-a\n    lanes: [p1-agent-assist]\n",
+            key_hash(key)
+        )
+    };
+    let dir = std::env::temp_dir().join(format!("lanekeeper-gw-{}-creds", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("credentials.yaml");
+    std::fs::write(&file, creds(key_a)).unwrap();
+    let u = up(
+        "credentials",
+        &inc47(),
+        &[],
+        &["--credentials", file.to_str().unwrap()],
+    )
+    .await;
+    let send = |key: Option<&str>, lane: &str| {
+        let mut r = chat(&u.c, &u.gw, Some(lane));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    let r = send(None, "p1-agent-assist").await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().contains_key("www-authenticate"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // The file is read shortly after start.
+    while send(Some(key_a), "p1-agent-assist").await.unwrap().status() != 200 {
+        assert!(Instant::now() < deadline, "key A never admitted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        send(Some(key_a), "p0-disruption-assist")
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    assert_eq!(
+        send(Some(key_b), "p1-agent-assist").await.unwrap().status(),
+        401
+    );
+    // Rotated: B replaces A in the file.
+    std::fs::write(&file, creds(key_b)).unwrap();
+    while send(Some(key_a), "p1-agent-assist").await.unwrap().status() != 401 {
+        assert!(Instant::now() < deadline, "key A still admitted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        send(Some(key_b), "p1-agent-assist").await.unwrap().status(),
+        200
+    );
+    // A file with a raw key instead of its hash is refused: the last good
+    // one stays.
+    std::fs::write(
+        &file,
+        format!("apiKeys:\n  - sha256: {key_a}\n    tenant: a\n    lanes: [p1-agent-assist]\n"),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        send(Some(key_b), "p1-agent-assist").await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        send(Some(key_a), "p1-agent-assist").await.unwrap().status(),
+        401
+    );
+    let text = metrics(&u.c, &u.gw).await;
+    assert!(
+        sample(
+            &text,
+            &["lanekeeper_gateway_auth_refusals_total", "no_credential"]
+        ) >= 1.0
+    );
+    assert!(
+        sample(
+            &text,
+            &["lanekeeper_gateway_auth_refusals_total", "lane_not_allowed"]
+        ) >= 1.0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -116,9 +116,31 @@ fn inc47_with_in_flight(in_flight: Value) -> World {
     world
 }
 
+/// INC-47 whose P1 lists one client of each kind (`spec.clients`).
+fn inc47_with_clients() -> World {
+    let mut world = inc47();
+    let p1 = world
+        .lanes
+        .iter_mut()
+        .find(|l| l.metadata.name.as_deref() == Some("p1-agent-assist"))
+        .unwrap();
+    p1.spec.clients = serde_json::from_value(serde_json::json!([
+        {"apiKeys": {"secretName": "agent-keys"}},
+        {"serviceAccount": {"name": "agent"}, "tenant": "agents"},
+        {"jwt": {"issuer": "https://idp.example", "audience": "lanekeeper",
+                 "jwksUrl": "https://idp.example/jwks", "subject": "svc"}, "tenantClaim": "team"},
+        {"jwt": {"issuer": "https://idp.example", "audience": "lanekeeper",
+                 "jwksConfigMapKeyRef": {"name": "idp-jwks", "key": "jwks.json"}}},
+        {"certificate": {"name": "spiffe://cluster.local/ns/ops/sa/pager"}}
+    ]))
+    .expect("valid spec.clients");
+    world
+}
+
 /// The configs that together fill every field: INC-47 at 420 units/s, a
 /// borrowing case (P0 quiet at 20 req/s leaves idle floor that P3 borrows),
-/// and INC-47 whose profile sets `inFlight.resumeAfterStableSeconds`.
+/// INC-47 whose profile sets `inFlight.resumeAfterStableSeconds`, and one
+/// whose P1 lists clients.
 fn samples() -> Vec<GatewayConfig> {
     let world = inc47();
     let resume_after = inc47_with_in_flight(serde_json::json!({
@@ -128,6 +150,7 @@ fn samples() -> Vec<GatewayConfig> {
         build(&world, 6, &[]),
         build(&world, 5, &[("p0-disruption-assist", 20.0)]),
         build(&resume_after, 6, &[]),
+        build(&inc47_with_clients(), 6, &[]),
     ]
 }
 
@@ -145,6 +168,7 @@ fn every_field_of_the_config_is_documented() {
     assert!(paths.contains("inFlight.conserveAt"));
     assert!(paths.contains("inFlight.resumeAfterStableSeconds"));
     assert!(paths.contains("lanes[].optionalContext.historyTurns"));
+    assert!(paths.contains("lanes[].clients[].jwt.jwks.configMap.key"));
     let missing: Vec<&String> = paths
         .iter()
         .filter(|p| !doc.contains(&format!("`{p}`")))

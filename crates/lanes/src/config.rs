@@ -12,6 +12,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::clients::ClientRule;
 use crate::validate::{ConfigError, validate};
 
 /// Version of the `lanes.json` schema.
@@ -213,6 +214,11 @@ pub struct LaneConfig {
     /// (absent: false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spare_capacity: bool,
+    /// Who may send into the lane, each identity with its tenant (the
+    /// contract's `spec.clients`; absent: no identity may, unless the
+    /// gateway trusts the lane header).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<ClientRule>,
 }
 
 /// Queue limits of a lane.

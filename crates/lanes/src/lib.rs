@@ -2,7 +2,9 @@
 //! The data path's contract and core.
 //!
 //! - [`config`]: `lanes.json`, what lanekeeper's controller publishes and
-//!   every gateway replica enforces, parsed and checked ([`validate`]).
+//!   every gateway replica enforces, parsed and checked ([`validate`]);
+//!   [`clients`]: who may send into each lane (the gateway resolves the
+//!   identities).
 //! - [`Core`]: the gateway's per-request admission core. Pure and
 //!   deterministic: no I/O, no clock of its own. Every call takes the time
 //!   (`now`, monotonic seconds as an `f64`) from its caller, so
@@ -36,6 +38,7 @@
 
 mod arrival;
 mod bucket;
+pub mod clients;
 pub mod config;
 mod core;
 mod fair_queue;
@@ -48,6 +51,10 @@ pub mod validate;
 mod verdict;
 mod waiting;
 
+pub use crate::clients::{
+    ApiKeySecret, CertificateName, ClientIdentity, ClientRule, ConfigMapKey, JwksSource, JwtIssuer,
+    ServiceAccountName,
+};
 pub use crate::config::{
     Borrow, CONFIG_KEY, Deferral, Flags, GatewayConfig, Generations, InFlight, LaneConfig,
     LaneState, Mode, OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION, Telemetry, hash,

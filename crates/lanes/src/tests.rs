@@ -38,6 +38,7 @@ fn lane(name: &str, rps: f64, burst: u64) -> LaneConfig {
         floor_units_per_second: None,
         expected_service_seconds: None,
         spare_capacity: false,
+        clients: Vec::new(),
     }
 }
 

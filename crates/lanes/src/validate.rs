@@ -82,6 +82,7 @@ pub fn validate(cfg: &GatewayConfig) -> Result<(), ConfigError> {
         check_numbers(l)?;
         check_limits(l)?;
         check_grants(l, &names)?;
+        crate::clients::check_clients(l)?;
     }
     if let Some(f) = &cfg.in_flight
         && !(f.resume_below <= f.conserve_at && f.conserve_at <= f.stop_at && f.resume_below >= 0)
