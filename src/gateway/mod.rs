@@ -7,12 +7,19 @@
 //! from a refusal or failure to the HTTP answer (`respond`), what a passed
 //! request takes upstream (`dispatch`), the upstream client (`upstream`),
 //! the config and replica sources (`sources`), what the connection proved
-//! about the client (`peer`), the shared state and the driver of queued requests (`state`), and typed
+//! about the client (`peer`), the accept loop and its connection limit
+//! (`listen`), one connection under its clocks (`conn`), the descriptor
+//! budget (`fds`), TLS towards clients (`tls`) and towards the routes
+//! (`upstream_tls`), the routes' upstream credentials (`credential`), the shared state and the driver of queued requests (`state`), and typed
 //! metrics (`metrics`). Every decision is the core's.
 #![deny(clippy::too_many_lines)]
 
 mod args;
+mod conn;
+mod credential;
 mod dispatch;
+mod fds;
+mod listen;
 mod metrics;
 mod peer;
 mod request;
@@ -20,7 +27,9 @@ mod respond;
 mod run;
 mod sources;
 mod state;
+mod tls;
 mod upstream;
+mod upstream_tls;
 
 #[cfg(test)]
 mod tests;

@@ -58,7 +58,7 @@ impl Gateway {
         let metrics = GatewayMetrics::new();
         metrics.replicas(replicas);
         Gateway {
-            upstream: Upstream::new(&args.routes),
+            upstream: Upstream::new(&args),
             start: Instant::now(),
             state: Mutex::new(State {
                 core: None,
