@@ -29,6 +29,7 @@ mod engine_properties;
 mod engine_rules;
 mod fake_model;
 mod gateway;
+mod gateway_conn;
 mod gateway_doc;
 mod plan_cli;
 mod prometheus_inc47;
