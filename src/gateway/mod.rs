@@ -33,6 +33,8 @@ mod upstream_tls;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;
 
 pub use args::{GatewayArgs, GatewayError};
 pub use run::run;
