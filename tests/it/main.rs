@@ -31,6 +31,7 @@ mod fake_model;
 mod gateway;
 mod gateway_conn;
 mod gateway_doc;
+mod gateway_tls;
 mod plan_cli;
 mod prometheus_inc47;
 mod prometheus_queries;
