@@ -74,6 +74,14 @@ VALUE_SETS: dict[str, dict] = {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
                     "observe": True, "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"}},
     },
+    "gateway-tls": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "bindAddress": "[::]",
+                    "routes": {"agent-large": "https://vllm-agent-large.ai-platform:8443"},
+                    "tls": {"secretName": "gateway-tls", "clientCASecretName": "clients-ca",
+                            "clientCert": "optional"}},
+        "controller": {"bindAddress": "[::]"},
+    },
     "pdb-max-unavailable": {
         "podDisruptionBudget": {"maxUnavailable": "50%"},
         "fullnameOverride": "lk",
@@ -103,6 +111,9 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("gateway enabled without a profile", {"gateway": {"enabled": True}}),
     ("gateway route without http://", {"gateway": {"routes": {"agent-large": "vllm:8000"}}}),
     ("gateway header with a space", {"gateway": {"laneHeader": "x lane"}}),
+    ("bind address with a port", {"gateway": {"bindAddress": "0.0.0.0:80"}}),
+    ("bind address a host name", {"controller": {"bindAddress": "localhost"}}),
+    ("client cert mode unknown", {"gateway": {"tls": {"clientCert": "maybe"}}}),
 ]
 
 MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}

@@ -13,11 +13,12 @@ use std::time::Duration;
         .args(["config", "configmap"]),
 ))]
 pub struct GatewayArgs {
-    /// Address to serve requests on.
+    /// Address to serve requests on (loopback unless given: a pod passes
+    /// `0.0.0.0:PORT`, as the chart does).
     #[arg(
         long,
         env = "LANEKEEPER_GATEWAY_LISTEN",
-        default_value = "0.0.0.0:8080"
+        default_value = "127.0.0.1:8080"
     )]
     pub listen: SocketAddr,
     /// Connections: timeouts, limits and the file-descriptor reserve.
@@ -39,11 +40,12 @@ pub struct GatewayArgs {
     /// list).
     #[arg(long = "route", env = "LANEKEEPER_GATEWAY_ROUTES", value_delimiter = ',', value_parser = parse_route)]
     pub routes: Vec<(String, String)>,
-    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    /// Address of `/metrics`, `/healthz` and `/readyz` (loopback unless
+    /// given).
     #[arg(
         long,
         env = "LANEKEEPER_GATEWAY_METRICS_ADDR",
-        default_value = "0.0.0.0:9090"
+        default_value = "127.0.0.1:9090"
     )]
     pub metrics_addr: SocketAddr,
     /// The header naming a request's lane (the LaneContract's name).

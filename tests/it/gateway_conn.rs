@@ -446,3 +446,32 @@ async fn under_a_low_descriptor_limit_idle_sockets_cannot_stop_new_clients_or_re
     assert!(!log.contains("Too many open files"), "{log}");
     drop(idle);
 }
+
+#[test]
+fn both_commands_listen_on_loopback_unless_told() {
+    for (command, flags) in [
+        ("run", ["--metrics-addr", "--health-addr"].as_slice()),
+        ("gateway", ["--listen", "--metrics-addr"].as_slice()),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        for flag in flags {
+            let at = help
+                .find(&format!("      {flag} "))
+                .unwrap_or_else(|| panic!("{command} {flag}: {help}"));
+            let entry = &help[at..];
+            let default = entry
+                .find("[default: ")
+                .map(|d| &entry[d + 10..])
+                .and_then(|d| d.split(']').next())
+                .unwrap_or_else(|| panic!("{command} {flag} has no default: {help}"));
+            assert!(
+                default.starts_with("127.0.0.1:"),
+                "{command} {flag} defaults to {default}"
+            );
+        }
+    }
+}
