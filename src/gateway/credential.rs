@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -17,6 +18,8 @@ struct Credential {
     file: PathBuf,
     /// The file's bytes as last read, and the header in force.
     current: RwLock<(Vec<u8>, Option<HeaderValue>)>,
+    /// Whether an unreadable file was reported (once until readable again).
+    unreadable: AtomicBool,
 }
 
 /// The routes' credentials, by route name.
@@ -67,6 +70,7 @@ impl RouteCredentials {
             let c = Credential {
                 file: file.clone(),
                 current: RwLock::new((bytes, Some(value))),
+                unreadable: AtomicBool::new(false),
             };
             by_route.insert(route.clone(), Arc::new(c));
         }
@@ -87,9 +91,17 @@ impl RouteCredentials {
     /// no longer loads keeps the last good (and says so, once per change).
     fn refresh(&self) {
         for (route, c) in &self.by_route {
-            let Ok(bytes) = std::fs::read(&c.file) else {
-                continue;
+            let bytes = match std::fs::read(&c.file) {
+                Ok(b) => b,
+                Err(e) => {
+                    if !c.unreadable.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(route, file = %c.file.display(), error = %e,
+                            "the route's credential file is unreadable; keeping the last good");
+                    }
+                    continue;
+                }
             };
+            c.unreadable.store(false, Ordering::Relaxed);
             let mut current = c.current.write().unwrap_or_else(|e| e.into_inner());
             if current.0 == bytes {
                 continue;

@@ -7,6 +7,7 @@
 //! connection's [`PeerCertificate`].
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -41,6 +42,8 @@ struct Contents {
 pub(super) struct ServerTls {
     files: Files,
     current: RwLock<(Arc<ServerConfig>, Contents)>,
+    /// Whether unreadable files were reported (once until readable again).
+    unreadable: AtomicBool,
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, String> {
@@ -122,6 +125,7 @@ impl ServerTls {
         Ok(Some(Arc::new(ServerTls {
             files,
             current: RwLock::new((Arc::new(config), contents)),
+            unreadable: AtomicBool::new(false),
         })))
     }
 
@@ -146,10 +150,13 @@ impl ServerTls {
         let contents = match self.files.read() {
             Ok(c) => c,
             Err(e) => {
-                tracing::error!(error = %e, "TLS files unreadable; keeping the certificate in force");
+                if !self.unreadable.swap(true, Ordering::Relaxed) {
+                    tracing::error!(error = %e, "TLS files unreadable; keeping the certificate in force");
+                }
                 return;
             }
         };
+        self.unreadable.store(false, Ordering::Relaxed);
         if self.current.read().unwrap_or_else(|e| e.into_inner()).1 == contents {
             return;
         }

@@ -70,14 +70,19 @@ pub(crate) fn spawn(dir: &Path, name: &str, argv: &[String]) -> Proc {
 }
 
 pub(crate) fn model(dir: &Path) -> Proc {
+    slow_model(dir, 0)
+}
+
+/// A fake model taking `millis` per request.
+fn slow_model(dir: &Path, millis: u64) -> Proc {
     let argv = [
-        env!("CARGO_BIN_EXE_lanekeeper-fake-model"),
-        "--listen",
-        "127.0.0.1:0",
-        "--service-millis",
-        "0",
+        env!("CARGO_BIN_EXE_lanekeeper-fake-model").to_owned(),
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--service-millis".to_owned(),
+        millis.to_string(),
     ];
-    spawn(dir, "model", &argv.map(str::to_owned))
+    spawn(dir, "model", &argv)
 }
 
 pub(crate) fn inc47() -> Value {
@@ -474,4 +479,77 @@ fn both_commands_listen_on_loopback_unless_told() {
             );
         }
     }
+}
+
+/// SIGTERM to a child, through `kill` (no unsafe here).
+fn terminate(p: &Proc) {
+    let ok = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// Waits for the child to exit, at most `limit`: how long it took.
+fn exited_within(p: &mut Proc, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if p.child.try_wait().unwrap().is_some() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[tokio::test]
+async fn sigterm_lets_requests_in_flight_finish_within_the_grace_and_no_longer() {
+    let dir = scratch("sigterm");
+    let m = slow_model(&dir, 1500);
+    let upstream = format!("http://{}", m.addr);
+    let mut gw = gateway(&dir, &upstream, &["--shutdown-grace-seconds", "5"], &[]);
+    ready(&gw).await;
+    // A request in flight when SIGTERM arrives is answered.
+    let addr = gw.addr.clone();
+    let in_flight = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .header("x-lanekeeper-lane", OPEN_LANE)
+            .body(chat_body())
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    terminate(&gw);
+    assert_eq!(in_flight.await.unwrap().unwrap(), 200);
+    let took = exited_within(&mut gw, Duration::from_secs(4)).expect("exited after the drain");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+
+    // A request longer than the grace does not hold the process past it.
+    let dir = scratch("sigterm-bound");
+    let m = slow_model(&dir, 20_000);
+    let upstream = format!("http://{}", m.addr);
+    let mut gw = gateway(&dir, &upstream, &["--shutdown-grace-seconds", "1"], &[]);
+    ready(&gw).await;
+    let addr = gw.addr.clone();
+    let stuck = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .header("x-lanekeeper-lane", OPEN_LANE)
+            .body(chat_body())
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let start = Instant::now();
+    terminate(&gw);
+    exited_within(&mut gw, Duration::from_secs(5)).expect("exited at the end of the grace");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "exited after {took:?}, not at the 1 s grace"
+    );
+    stuck.abort();
 }
