@@ -86,6 +86,14 @@ impl Activity {
         self.evicted.load(Ordering::Acquire)
     }
 
+    /// Completes once the listener asked the connection to close (used
+    /// before the connection is served: during its TLS handshake).
+    pub(super) async fn until_evicted(&self) {
+        while !self.is_evicted() {
+            self.changed.notified().await;
+        }
+    }
+
     /// Asks the connection to close if it is idle when it looks.
     pub(super) fn evict(&self) {
         self.evicted.store(true, Ordering::Release);

@@ -194,17 +194,22 @@ async fn connection(
     match tls {
         None => conn::serve(stream, activity, router, None, clocks, draining).await,
         Some(tls) => {
-            let handshake = tls.acceptor().accept(stream);
-            let stream = match tokio::time::timeout(clocks.header_read, handshake).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!("TLS handshake timed out");
-                    return;
-                }
+            // The handshake counts against the header clock, and a
+            // connection still shaking hands may be evicted like an idle one.
+            let handshake = tokio::time::timeout(clocks.header_read, tls.acceptor().accept(stream));
+            let stream = tokio::select! {
+                done = handshake => match done {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake timed out");
+                        return;
+                    }
+                },
+                () = activity.until_evicted() => return,
             };
             let peer = super::tls::peer_certificate(stream.get_ref().1);
             conn::serve(stream, activity, router, peer, clocks, draining).await;

@@ -56,23 +56,7 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
     let admin = bind("serve metrics on", args.metrics_addr).await?;
     let local = listener.local_addr().unwrap_or(args.listen);
     let admin_local = admin.local_addr().unwrap_or(args.metrics_addr);
-    tracing::info!(
-        %local,
-        metrics = %admin_local,
-        tls = tls.as_ref().map_or("off", |t| t.describe()),
-        "gateway listening"
-    );
-    tracing::info!(
-        rlimit_nofile = budget.limit,
-        open_at_start = budget.open,
-        fd_reserve = budget.reserve,
-        max_connections = budget.proxy,
-        max_admin_connections = budget.admin,
-        header_read_timeout_seconds = args.conn.header_read_timeout_seconds.as_secs_f64(),
-        idle_timeout_seconds = args.conn.idle_timeout_seconds.as_secs_f64(),
-        body_read_timeout_seconds = args.conn.body_read_timeout_seconds.as_secs_f64(),
-        "connection limits"
-    );
+    announce(&args, &budget, tls.as_deref(), local, admin_local);
     // A line tests and scripts can wait for (port 0 picks a free port); a
     // closed stdout is no reason to stop serving.
     let _ = writeln!(
@@ -118,6 +102,42 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         t.abort();
     }
     Ok(())
+}
+
+/// The log lines of a start: where it listens, with what limits.
+fn announce(
+    args: &GatewayArgs,
+    budget: &fds::FdBudget,
+    tls: Option<&ServerTls>,
+    local: SocketAddr,
+    admin_local: SocketAddr,
+) {
+    tracing::info!(
+        %local,
+        metrics = %admin_local,
+        tls = tls.map_or("off", ServerTls::describe),
+        "gateway listening"
+    );
+    tracing::info!(
+        rlimit_nofile = budget.limit,
+        open_at_start = budget.open,
+        fd_reserve = budget.reserve,
+        max_connections = budget.proxy,
+        max_admin_connections = budget.admin,
+        header_read_timeout_seconds = args.conn.header_read_timeout_seconds.as_secs_f64(),
+        idle_timeout_seconds = args.conn.idle_timeout_seconds.as_secs_f64(),
+        body_read_timeout_seconds = args.conn.body_read_timeout_seconds.as_secs_f64(),
+        "connection limits"
+    );
+    if let Some(asked) = args.conn.max_connections
+        && asked > budget.proxy
+    {
+        tracing::warn!(
+            asked,
+            allowed = budget.proxy,
+            "--max-connections is more than the descriptor limit allows after --fd-reserve; using the lower figure"
+        );
+    }
 }
 
 /// The flags that clap cannot check: a config source, header names,

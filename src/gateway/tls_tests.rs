@@ -91,7 +91,7 @@ async fn serve(tls: Arc<ServerTls>) -> SocketAddr {
             .map_or("none".to_owned(), |p| p.names.join(","))
     });
     let clocks = Clocks {
-        header_read: Duration::from_secs(5),
+        header_read: Duration::from_secs(2),
         idle: Duration::from_secs(5),
         body_read: Duration::from_secs(5),
         max_body_bytes: 1024,
@@ -257,5 +257,29 @@ fn a_key_that_is_not_the_certificates_does_not_load() {
         ClientCert::Required,
     );
     assert!(ServerTls::from_args(&a).is_err());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_handshake_is_closed_at_the_header_clock() {
+    let ca = Ca::new("servers");
+    let d = dir("silent");
+    let a = args(&d, &server_cert(&ca), None, ClientCert::Required);
+    let addr = serve(ServerTls::from_args(&a).unwrap().unwrap()).await;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // Half a ClientHello's record header, then nothing.
+    s.write_all(&[0x16, 0x03]).await.unwrap();
+    let start = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(6), s.read(&mut buf))
+        .await
+        .expect("closed by the header clock")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
