@@ -335,7 +335,7 @@ async fn a_stalled_body_gets_408_and_nothing_reaches_the_upstream() {
 async fn over_the_connection_limit_new_connections_are_refused_at_once_or_take_an_idle_place() {
     let dir = scratch("limit");
     let m = model(&dir);
-    let flags = ["--max-connections", "8", "--body-read-timeout-seconds", "4"];
+    let flags = ["--max-connections", "8", "--body-read-timeout-seconds", "6"];
     let gw = gateway(&dir, &format!("http://{}", m.addr), &flags, &[]);
     ready(&gw).await;
     // Eight connections busy (each in a request, its body stalled).
@@ -346,14 +346,12 @@ async fn over_the_connection_limit_new_connections_are_refused_at_once_or_take_a
         busy.push(s);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // The ninth: a 503 and a closed connection at once, not a hang.
+    // The ninth: a 503 and a closed connection at once, not a hang until a
+    // place frees up (the busy ones hold theirs for 6 s).
     let mut ninth = TcpStream::connect(&gw.addr).await.unwrap();
-    let (answer, closed) = until_closed(&mut ninth, Duration::from_secs(3)).await;
+    let (answer, closed) = until_closed(&mut ninth, Duration::from_secs(5)).await;
     let closed = closed.expect("the connection over the limit was left hanging");
-    assert!(
-        closed < Duration::from_millis(500),
-        "refused after {closed:?}"
-    );
+    assert!(closed < Duration::from_secs(2), "refused after {closed:?}");
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(answer.contains("connection_limit"), "{answer}");
 
@@ -368,10 +366,11 @@ async fn over_the_connection_limit_new_connections_are_refused_at_once_or_take_a
         idle.push(TcpStream::connect(&gw.addr).await.unwrap());
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // Served well before any of them would time out (10 s).
     let start = Instant::now();
     assert_eq!(chat(&gw, OPEN_LANE).await, 200);
     assert!(
-        start.elapsed() < Duration::from_secs(1),
+        start.elapsed() < Duration::from_secs(3),
         "{:?}",
         start.elapsed()
     );
@@ -422,7 +421,7 @@ async fn under_a_low_descriptor_limit_idle_sockets_cannot_stop_new_clients_or_re
         let start = Instant::now();
         assert_eq!(chat(&gw, OPEN_LANE).await, 200);
         assert!(
-            start.elapsed() < Duration::from_secs(2),
+            start.elapsed() < Duration::from_secs(3),
             "{:?}",
             start.elapsed()
         );
