@@ -85,6 +85,15 @@ VALUE_SETS: dict[str, dict] = {
                     "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
                     "auth": {"trustLaneHeader": True}},
     },
+    "gateway-tls": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "bindAddress": "[::]",
+                    "routes": {"agent-large": "https://vllm-agent-large.ai-platform:8443"},
+                    "tls": {"secretName": "gateway-tls", "clientCASecretName": "clients-ca",
+                            "clientCert": "optional"},
+                    "auth": {"credentialsSecret": "gateway-credentials"}},
+        "controller": {"bindAddress": "[::]"},
+    },
     "pdb-max-unavailable": {
         "podDisruptionBudget": {"maxUnavailable": "50%"},
         "fullnameOverride": "lk",
@@ -116,6 +125,9 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("gateway header with a space", {"gateway": {"laneHeader": "x lane"}}),
     ("gateway API-key header with a space", {"gateway": {"auth": {"apiKeyHeader": "x key"}}}),
     ("gateway unknown auth key", {"gateway": {"auth": {"trust": True}}}),
+    ("bind address with a port", {"gateway": {"bindAddress": "0.0.0.0:80"}}),
+    ("bind address a host name", {"controller": {"bindAddress": "localhost"}}),
+    ("client cert mode unknown", {"gateway": {"tls": {"clientCert": "maybe"}}}),
 ]
 
 MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}

@@ -105,9 +105,13 @@ enum Mode {
 
 #[derive(Args, Debug, Clone)]
 struct Target {
-    /// `http://HOST:PORT/PATH` of the chat completions endpoint.
+    /// `http://HOST:PORT/PATH` (or `https://`) of the chat completions
+    /// endpoint.
     #[arg(long)]
     url: String,
+    /// PEM CA bundle an `https://` URL's certificate is verified against.
+    #[arg(long)]
+    ca: Option<std::path::PathBuf>,
     /// The lane header's name.
     #[arg(long, default_value = "x-lanekeeper-lane")]
     lane_header: String,
@@ -172,25 +176,71 @@ fn splitmix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Where to connect and what to send.
+/// Where to connect and what to send; TLS (ALPN http/1.1) for `https://`.
 #[derive(Clone)]
 struct Endpoint {
     addr: String,
     host: String,
     path: String,
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    )>,
 }
 
 impl Endpoint {
-    fn parse(url: &str) -> Endpoint {
-        let uri: hyper::Uri = url.parse().expect("--url is a URL");
-        assert_eq!(uri.scheme_str(), Some("http"), "--url must be http://");
-        let authority = uri.authority().expect("--url has a host").to_string();
+    fn parse(target: &Target) -> Endpoint {
+        let uri: hyper::Uri = target.url.parse().expect("--url is a URL");
+        let authority = uri.authority().expect("--url has a host");
+        let tls = match uri.scheme_str() {
+            Some("http") => None,
+            Some("https") => Some(tls_connector(target.ca.as_deref(), authority.host())),
+            _ => panic!("--url must be http:// or https://"),
+        };
         Endpoint {
-            addr: authority.clone(),
-            host: authority,
+            addr: authority.to_string(),
+            host: authority.to_string(),
             path: uri.path_and_query().map_or("/", |p| p.as_str()).to_owned(),
+            tls,
         }
     }
+}
+
+/// A TLS connector trusting `ca` (the compiled-in web roots without it), and
+/// the server name to verify.
+fn tls_connector(
+    ca: Option<&std::path::Path>,
+    host: &str,
+) -> (
+    tokio_rustls::TlsConnector,
+    rustls::pki_types::ServerName<'static>,
+) {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            for cert in rustls::pki_types::CertificateDer::pem_file_iter(path).expect("--ca reads")
+            {
+                roots
+                    .add(cert.expect("--ca is PEM"))
+                    .expect("--ca is a certificate");
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_owned())
+        .expect("--url's host is a server name");
+    (
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+        name,
+    )
 }
 
 fn body(model: &str) -> Bytes {
@@ -202,6 +252,20 @@ fn body(model: &str) -> Bytes {
         })
         .to_string(),
     )
+}
+
+/// HTTP/1.1 over a connected stream; the connection driven by a task.
+async fn handshake<T>(io: T) -> std::io::Result<SendRequest<Full<Bytes>>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
 }
 
 /// One keep-alive connection, reopened when the server closes it.
@@ -227,12 +291,12 @@ impl Conn {
         if self.sender.is_none() {
             let stream = tokio::net::TcpStream::connect(&self.endpoint.addr).await?;
             stream.set_nodelay(true)?;
-            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(std::io::Error::other)?;
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
+            let sender = match &self.endpoint.tls {
+                None => handshake(stream).await?,
+                Some((connector, name)) => {
+                    handshake(connector.connect(name.clone(), stream).await?).await?
+                }
+            };
             self.sender = Some(sender);
         }
         Ok(self.sender.as_mut().expect("just set"))
@@ -396,7 +460,7 @@ async fn open_loop(target: Target, rate: f64, window: Window) {
         warmup,
         tenants,
     } = window;
-    let endpoint = Endpoint::parse(&target.url);
+    let endpoint = Endpoint::parse(&target);
     let body = body(target.model.as_deref().unwrap_or(&target.lane));
     let headers = headers(&target);
     let identity = Identity::new(&target, tenants);
@@ -471,7 +535,7 @@ async fn closed_loop(target: Target, window: Window) {
         warmup,
         tenants,
     } = window;
-    let endpoint = Endpoint::parse(&target.url);
+    let endpoint = Endpoint::parse(&target);
     let body = body(target.model.as_deref().unwrap_or(&target.lane));
     let headers = headers(&target);
     let identity = Identity::new(&target, tenants);
@@ -514,7 +578,7 @@ async fn closed_loop(target: Target, window: Window) {
 }
 
 async fn hold(target: Target, clients: usize, lanes: usize, lane_prefix: String, tenants: usize) {
-    let endpoint = Endpoint::parse(&target.url);
+    let endpoint = Endpoint::parse(&target);
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..clients)
         .map(|k| {

@@ -23,7 +23,10 @@
 # or more cores: the proxy under test on PROXY_CPUS [1], the load generator
 # and the fake model on LOAD_CPUS [0], with taskset; 0 leaves placement to
 # the kernel), MIMALLOC [1] (also measure lanekeeper built with
-# mimalloc, `--features mimalloc`), LANEKEEPER_CACHE
+# mimalloc, `--features mimalloc`), TLS [1] (also measure lanekeeper and
+# nginx each terminating TLS, `lanekeeper-tls` and `nginx-tls`, with a test
+# CA and certificate made here with openssl), LITELLM [1] (0 leaves LiteLLM
+# out), LANEKEEPER_CACHE
 # [~/.cache/lanekeeper] (LiteLLM's virtualenv), LITELLM_VERSION [1.108.7],
 # KEEP (a directory to copy the raw results and logs into), SKIP_BUILD (use
 # the binaries already built).
@@ -59,6 +62,9 @@ PIN=${PIN:-1}
 PROXY_CPUS=${PROXY_CPUS:-1}
 LOAD_CPUS=${LOAD_CPUS:-0}
 MIMALLOC=${MIMALLOC:-1}
+TLS=${TLS:-1}
+LITELLM_KEY=none
+LITELLM=${LITELLM:-1}
 LITELLM_VERSION=${LITELLM_VERSION:-1.108.7}
 CACHE=${LANEKEEPER_CACHE:-$HOME/.cache/lanekeeper}
 MEM_LANES=100
@@ -80,20 +86,23 @@ apt_install() {
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
-for tool in jq curl python3 taskset; do
+for tool in jq curl python3 taskset openssl; do
 	command -v "$tool" >/dev/null || apt_install "$tool"
 done
 if [ "$WHAT" != memory ]; then
 	[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || apt_install nginx
 	NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 	LITELLM_VENV=$CACHE/litellm
-	if [ ! -x "$LITELLM_VENV/bin/litellm" ]; then
-		log "installing litellm[proxy]==$LITELLM_VERSION into $LITELLM_VENV (a few minutes)"
-		mkdir -p "$CACHE"
-		python3 -m venv "$LITELLM_VENV"
-		"$LITELLM_VENV/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION"
+	LITELLM_INSTALLED=none
+	if [ "$LITELLM" = 1 ]; then
+		if [ ! -x "$LITELLM_VENV/bin/litellm" ]; then
+			log "installing litellm[proxy]==$LITELLM_VERSION into $LITELLM_VENV (a few minutes)"
+			mkdir -p "$CACHE"
+			python3 -m venv "$LITELLM_VENV"
+			"$LITELLM_VENV/bin/pip" install -q "litellm[proxy]==$LITELLM_VERSION"
+		fi
+		LITELLM_INSTALLED=$("$LITELLM_VENV/bin/pip" show litellm | awk '/^Version:/ {print $2}')
 	fi
-	LITELLM_INSTALLED=$("$LITELLM_VENV/bin/pip" show litellm | awk '/^Version:/ {print $2}')
 fi
 
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | jq -r .target_directory)
@@ -237,19 +246,36 @@ start_fake_model() {
 	FAKE=$(listening_on "$1")
 }
 
-# start_gateway NAME CONFIG [BINARY]: the proxy under test, PROXY_THREADS
-# runtime threads.
+# start_gateway NAME CONFIG [BINARY [FLAG...]]: the proxy under test,
+# PROXY_THREADS runtime threads.
 start_gateway() {
 	local name=$1 config=$2 binary=${3:-$LANEKEEPER}
+	shift $(($# < 3 ? $# : 3))
 	# --trust-lane-header: the lane and tenant from the headers, as nginx
 	# and LiteLLM take them here (no credential on either side).
 	start "$name" "${ON_PROXY[@]}" "$binary" gateway --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
-		--worker-threads "$PROXY_THREADS" --config "$config" --trust-lane-header "${ROUTES[@]//FAKE/$FAKE}"
+		--worker-threads "$PROXY_THREADS" --config "$config" --trust-lane-header "${ROUTES[@]//FAKE/$FAKE}" "$@"
 	GW_PID=$LAST_PID
 	GW=$(listening_on "$name")
 	GW_METRICS=$(sed -n 's/.*listening on [^ ]* metrics on \([^ ]*\).*/\1/p' "$WORK/$name.log" | head -n 1)
 	wait_http "$name" "http://$GW_METRICS/readyz"
 }
+
+# A test CA and a certificate for 127.0.0.1 (ECDSA P-256) in $WORK/tls.
+make_certs() {
+	local d=$WORK/tls
+	mkdir -p "$d"
+	openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+		-subj /CN=gateway-load-ca -keyout "$d/ca.key" -out "$d/ca.crt" \
+		-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign 2>/dev/null
+	openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=127.0.0.1 \
+		-keyout "$d/server.key" -out "$d/server.csr" 2>/dev/null
+	printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n' >"$d/ext.cnf"
+	openssl x509 -req -in "$d/server.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+		-days 2 -extfile "$d/ext.cnf" -out "$d/server.crt" 2>/dev/null
+	TLS_ARGS=(--ca "$d/ca.crt")
+}
+TLS_ARGS=()
 
 machine() {
 	log "machine: $(nproc) cores, $(awk '/^MemTotal:/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1); load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -277,12 +303,36 @@ latency() {
 		start_gateway lanekeeper-mimalloc "$WORK/lanes.json" "$LANEKEEPER_MIMALLOC"
 		MIMALLOC_URL=http://$GW/v1/chat/completions
 	fi
+	if [ "$TLS" = 1 ]; then
+		make_certs
+		start_gateway lanekeeper-tls "$WORK/lanes.json" "$LANEKEEPER" \
+			--tls-cert "$WORK/tls/server.crt" --tls-key "$WORK/tls/server.key"
+		LK_TLS_URL=https://$GW/v1/chat/completions
+	fi
 	GW_PID=$lk_pid GW=$lk_url
 
 	# nginx: one limit_req zone keyed by the lane header, LANE_RPS per lane with
 	# a burst of one second (nodelay: a token bucket); unknown lanes get 400.
-	local nginx_port lanes_re
+	local nginx_port nginx_tls_port lanes_re tls_server=
 	nginx_port=$(free_port)
+	nginx_tls_port=$(free_port)
+	if [ "$TLS" = 1 ]; then
+		# The same server terminating TLS (TLS 1.2 and 1.3, as lanekeeper).
+		tls_server="server {
+        listen 127.0.0.1:$nginx_tls_port ssl;
+        ssl_certificate $WORK/tls/server.crt;
+        ssl_certificate_key $WORK/tls/server.key;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        keepalive_requests 1000000;
+        location / {
+            if (\$known_lane = 0) { return 400; }
+            limit_req zone=lanes burst=$LANE_RPS nodelay;
+            proxy_pass http://fake_model;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }
+    }"
+	fi
 	lanes_re=$(
 		IFS='|'
 		echo "${LANES[*]}"
@@ -315,11 +365,14 @@ http {
             proxy_set_header Connection "";
         }
     }
+    $tls_server
 }
 EOF
 	start nginx "${ON_PROXY[@]}" "$NGINX" -e "$WORK/nginx/error.log" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
 	wait_port nginx "$nginx_port"
 	NGINX_URL=http://127.0.0.1:$nginx_port
+	NGINX_TLS_URL=https://127.0.0.1:$nginx_tls_port
+	[ "$TLS" = 1 ] && wait_port nginx "$nginx_tls_port"
 
 	# LiteLLM: one model group per lane (the body's "model" is the lane), one
 	# deployment each with an rpm limit, enforced by usage-based-routing-v2's
@@ -328,6 +381,10 @@ EOF
 	# It refuses to start without a master key: a random one, sent by every
 	# client to every path (the others ignore it).
 	local litellm_port rpm lane
+	[ "$LITELLM" = 1 ] || {
+		latency_run
+		return
+	}
 	litellm_port=$(free_port)
 	LITELLM_KEY=sk-$(python3 -c 'import secrets; print(secrets.token_hex(24))')
 	rpm=$((LANE_RPS * 60 / PROXY_THREADS))
@@ -364,21 +421,34 @@ EOF
 		--timeout_worker_healthcheck 600 --telemetry False
 	wait_http litellm "http://127.0.0.1:$litellm_port/health/liveliness" 1500
 	LITELLM_URL=http://127.0.0.1:$litellm_port
+	latency_run
+}
 
+# The rounds of (a) and (b) over every path started by latency.
+latency_run() {
 	local -A URLS=(
 		[direct]="http://$FAKE/v1/chat/completions"
 		[lanekeeper]="http://$GW/v1/chat/completions"
 		[nginx]="$NGINX_URL/v1/chat/completions"
-		[litellm]="$LITELLM_URL/v1/chat/completions"
 	)
-	local targets=(direct lanekeeper nginx litellm) target
+	local targets=(direct lanekeeper) target
 	if [ "$MIMALLOC" = 1 ]; then
 		URLS[lanekeeper-mimalloc]=$MIMALLOC_URL
-		targets=(direct lanekeeper lanekeeper-mimalloc nginx litellm)
+		targets+=(lanekeeper-mimalloc)
+	fi
+	targets+=(nginx)
+	if [ "$TLS" = 1 ]; then
+		URLS[lanekeeper-tls]=$LK_TLS_URL
+		URLS[nginx-tls]="$NGINX_TLS_URL/v1/chat/completions"
+		targets+=(lanekeeper-tls nginx-tls)
+	fi
+	if [ "$LITELLM" = 1 ]; then
+		URLS[litellm]="$LITELLM_URL/v1/chat/completions"
+		targets+=(litellm)
 	fi
 	# Every path answers before measuring (and the lanes are known).
 	for target in "${targets[@]}"; do
-		curl -fsS -o /dev/null -H 'content-type: application/json' -H 'x-lanekeeper-lane: p1-agent-assist' \
+		curl -fsS -o /dev/null ${TLS_ARGS[@]:+--cacert "$WORK/tls/ca.crt"} -H 'content-type: application/json' -H 'x-lanekeeper-lane: p1-agent-assist' \
 			-H "authorization: Bearer $LITELLM_KEY" \
 			-d '{"model":"p1-agent-assist","messages":[{"role":"user","content":"Say ok."}]}' "${URLS[$target]}" || {
 			echo "$target does not answer a chat completion:" >&2
@@ -407,7 +477,7 @@ EOF
 	# LiteLLM below its own maximum too, if it could not keep up with RATE.
 	local litellm_max litellm_rate
 	litellm_max=$(jq -s '[.[] | select(.target == "litellm" and .mode == "max") | .rate] | sort | .[length / 2 | floor]' "$results")
-	if jq -e --argjson m "$litellm_max" --argjson r "$RATE" -n '$m < 0.95 * $r' >/dev/null; then
+	if [ "$LITELLM" = 1 ] && jq -e --argjson m "$litellm_max" --argjson r "$RATE" -n '$m < 0.95 * $r' >/dev/null; then
 		litellm_rate=$(jq -n --argjson m "$litellm_max" '[$m * 0.8 | floor, 1] | max')
 		for round in $(seq 1 "$ROUNDS"); do
 			log "round $round: LiteLLM at 80 % of its own maximum, $litellm_rate req/s"
@@ -427,7 +497,7 @@ EOF
 load() {
 	local mode=$1 url=$2 target=$3 round=$4
 	shift 4
-	"${ON_LOAD[@]}" "$GEN" "$mode" --url "$url" --header "authorization: Bearer $LITELLM_KEY" \
+	"${ON_LOAD[@]}" "$GEN" "$mode" --url "$url" --header "authorization: Bearer ${LITELLM_KEY:-none}" "${TLS_ARGS[@]}" \
 		--tenants "$TENANTS" --connections "$CONNECTIONS" --duration "$DURATION" --warmup "$WARMUP" "$@" |
 		jq -c --arg t "$target" --argjson r "$round" '. + {target: $t, round: $r}' | tee -a "$results" >&2
 }
@@ -444,7 +514,7 @@ table() {
 		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
 		. as $all
 		| ($all | map(.target) | unique) as $present
-		| ["direct", "lanekeeper", "lanekeeper-mimalloc", "nginx", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
+		| ["direct", "lanekeeper", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
 		| ($all | map(select(.mode == "rate" and .target == "direct")) | map({key: (.round | tostring), value: .}) | from_entries) as $direct
 		| def added($x; f): minus($x | f; $direct[$x.round | tostring] | f);
 		def row($t):
@@ -488,6 +558,9 @@ table() {
 			+ " | \(ratio(in_round("lanekeeper"; $n; "rate") | added(.; .p99_ms); in_round("nginx"; $n; "rate") | added(.; .p99_ms)) | r(100)) | \(ratio(in_round("lanekeeper"; $n; "max") | .rate; in_round("nginx"; $n; "max") | .rate) | r(100)) |"),
 		"",
 		"medians, lanekeeper / nginx: added p99 \(ratio($by.lanekeeper.add99; $by.nginx.add99) | r(100))× (aim: at most 1), max rate \(ratio($by.lanekeeper.max; $by.nginx.max) | r(100))× (aim: at least 1); lanekeeper / litellm max rate \(ratio($by.lanekeeper.max; $by.litellm.max) | r(100))×",
+		(if $by["lanekeeper-tls"] and $by["nginx-tls"] then
+			"TLS, each terminating it, lanekeeper-tls / nginx-tls: added p99 \(ratio($by["lanekeeper-tls"].add99; $by["nginx-tls"].add99) | r(100))× (aim: at most 1), max rate \(ratio($by["lanekeeper-tls"].max; $by["nginx-tls"].max) | r(100))×; what TLS adds to p99 (TLS minus plain, ms): lanekeeper \(minus($by["lanekeeper-tls"].add99; $by.lanekeeper.add99) | r(1000)), nginx \(minus($by["nginx-tls"].add99; $by.nginx.add99) | r(1000))"
+		  else empty end),
 		(if $by["lanekeeper-mimalloc"] then
 			"allocator, mimalloc / the system allocator (shipped): max rate \(ratio($by["lanekeeper-mimalloc"].max; $by.lanekeeper.max) | r(100))×, added p99 \($by["lanekeeper-mimalloc"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms"
 		  else empty end),

@@ -189,7 +189,7 @@ enum Command {
     Diff(lanekeeper::sim::cli::DiffArgs),
     /// The data path: an OpenAI-compatible admission proxy in front of the
     /// pool, enforcing a profile's `lanes.json` (docs/gateway.md).
-    Gateway(lanekeeper::gateway::GatewayArgs),
+    Gateway(Box<lanekeeper::gateway::GatewayArgs>),
     /// Print the hash of a workload's pod template, the value of a
     /// CapacityProfile's `capacity.calibration.configHash` (the controller
     /// compares it with the same hash of the scale target).
@@ -278,11 +278,13 @@ struct RunArgs {
     /// Namespace to watch (repeatable). Default: all namespaces.
     #[arg(long = "namespace", value_name = "NAMESPACE")]
     namespaces: Vec<String>,
-    /// Address of the Prometheus metrics endpoint (/metrics).
-    #[arg(long, default_value = ":8080")]
+    /// Address of the Prometheus metrics endpoint (/metrics): loopback
+    /// unless given (`:PORT` is every interface, as the chart passes it).
+    #[arg(long, default_value = "127.0.0.1:8080")]
     metrics_addr: String,
-    /// Address of the health endpoints (/healthz, /readyz).
-    #[arg(long, default_value = ":8081")]
+    /// Address of the health endpoints (/healthz, /readyz): loopback unless
+    /// given (`:PORT` is every interface).
+    #[arg(long, default_value = "127.0.0.1:8081")]
     health_addr: String,
     /// Seconds between periodic evaluations of every profile (lets
     /// time-based hysteresis advance without events).
@@ -618,7 +620,7 @@ fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Simulate(args) => sim::cli::run_simulate(&args, out).map_err(CliError::from),
         Command::Diff(args) => sim::cli::run_diff(&args, out).map_err(CliError::from),
         Command::CalibrationHash(args) => run_calibration_hash(&args, out),
-        Command::Gateway(args) => run_gateway(args, cli.log_format),
+        Command::Gateway(args) => run_gateway(*args, cli.log_format),
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use axum::http::HeaderName;
 
@@ -16,13 +17,20 @@ use super::surface::{AllowedPath, parse_allowed};
         .args(["config", "configmap"]),
 ))]
 pub struct GatewayArgs {
-    /// Address to serve requests on.
+    /// Address to serve requests on (loopback unless given: a pod passes
+    /// `0.0.0.0:PORT`, as the chart does).
     #[arg(
         long,
         env = "LANEKEEPER_GATEWAY_LISTEN",
-        default_value = "0.0.0.0:8080"
+        default_value = "127.0.0.1:8080"
     )]
     pub listen: SocketAddr,
+    /// Connections: timeouts, limits and the file-descriptor reserve.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// TLS towards clients and towards the routes, and routes' credentials.
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// A mounted `lanes.json`, reloaded when its contents change (this or
     /// `--configmap` is required).
     #[arg(long, env = "LANEKEEPER_GATEWAY_CONFIG", conflicts_with = "configmap")]
@@ -36,11 +44,12 @@ pub struct GatewayArgs {
     /// list).
     #[arg(long = "route", env = "LANEKEEPER_GATEWAY_ROUTES", value_delimiter = ',', value_parser = parse_route)]
     pub routes: Vec<(String, String)>,
-    /// Address of `/metrics`, `/healthz` and `/readyz`.
+    /// Address of `/metrics`, `/healthz` and `/readyz` (loopback unless
+    /// given).
     #[arg(
         long,
         env = "LANEKEEPER_GATEWAY_METRICS_ADDR",
-        default_value = "0.0.0.0:9090"
+        default_value = "127.0.0.1:9090"
     )]
     pub metrics_addr: SocketAddr,
     /// The header naming a request's lane (the LaneContract's name).
@@ -116,14 +125,99 @@ impl GatewayArgs {
     }
 }
 
+/// How long each stage of a client connection may take, how many
+/// connections may be open, and how many file descriptors stay in reserve.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConnArgs {
+    /// Seconds a client has to send a request's headers, from the
+    /// connection's start (TLS handshake included) or from the first byte of
+    /// a later request; then the connection is closed.
+    #[arg(long, env = "LANEKEEPER_GATEWAY_HEADER_READ_TIMEOUT_SECONDS", default_value = "10", value_parser = parse_seconds)]
+    pub header_read_timeout_seconds: Duration,
+    /// Seconds a keep-alive connection may wait for its next request.
+    #[arg(long, env = "LANEKEEPER_GATEWAY_IDLE_TIMEOUT_SECONDS", default_value = "75", value_parser = parse_seconds)]
+    pub idle_timeout_seconds: Duration,
+    /// Seconds a client has to send a request's whole body once its headers
+    /// are in (408 beyond).
+    #[arg(long, env = "LANEKEEPER_GATEWAY_BODY_READ_TIMEOUT_SECONDS", default_value = "30", value_parser = parse_seconds)]
+    pub body_read_timeout_seconds: Duration,
+    /// The most client connections open at once (default, and upper bound:
+    /// what the file-descriptor limit allows after `--fd-reserve`).
+    #[arg(long, env = "LANEKEEPER_GATEWAY_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// File descriptors kept free for the config watcher, the Kubernetes
+    /// client, the metrics listener and logging.
+    #[arg(long, env = "LANEKEEPER_GATEWAY_FD_RESERVE", default_value_t = 64)]
+    pub fd_reserve: u64,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    #[arg(long, env = "LANEKEEPER_GATEWAY_SHUTDOWN_GRACE_SECONDS", default_value = "25", value_parser = parse_seconds)]
+    pub shutdown_grace_seconds: Duration,
+}
+
+/// TLS towards clients (with optional client certificates) and towards the
+/// routes, and each route's own upstream credential.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// PEM certificate chain served to clients (with `--tls-key`); re-read
+    /// when it changes.
+    #[arg(long, env = "LANEKEEPER_GATEWAY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "LANEKEEPER_GATEWAY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle that client certificates must chain to (mTLS).
+    #[arg(long, env = "LANEKEEPER_GATEWAY_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Whether a client certificate is required or optional with
+    /// `--tls-client-ca`.
+    #[arg(long, env = "LANEKEEPER_GATEWAY_TLS_CLIENT_CERT", value_enum, default_value_t = ClientCert::Required)]
+    pub tls_client_cert: ClientCert,
+    /// PEM CA bundle for `https://` routes (default: the public web roots).
+    #[arg(long, env = "LANEKEEPER_GATEWAY_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
+    /// `NAME=FILE`: a file holding a bearer token sent as `Authorization` to
+    /// route NAME only; re-read when it changes (repeat the flag; the
+    /// environment variable takes a comma-separated list).
+    #[arg(long = "route-credential", env = "LANEKEEPER_GATEWAY_ROUTE_CREDENTIALS", value_delimiter = ',', value_parser = parse_credential)]
+    pub route_credentials: Vec<(String, PathBuf)>,
+}
+
+/// Whether a client certificate is required with `--tls-client-ca`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCert {
+    /// A handshake without a certificate chaining to the CA is refused.
+    Required,
+    /// A client may send none; one it sends must chain to the CA.
+    Optional,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(v > 0.0 && v <= 86_400.0) {
+        return Err(format!("{s:?}: seconds must be above 0 and at most 86400"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+fn parse_credential(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, file)) if !name.is_empty() && !file.is_empty() => {
+            Ok((name.to_owned(), PathBuf::from(file)))
+        }
+        _ => Err(format!("route credential {s:?} is not NAME=FILE")),
+    }
+}
+
 fn parse_route(s: &str) -> Result<(String, String), String> {
     let (name, url) = s
         .split_once('=')
         .ok_or_else(|| format!("route {s:?} is not NAME=URL"))?;
     let url = url.trim_end_matches('/');
-    if name.is_empty() || !(url.starts_with("http://")) {
+    if name.is_empty() || !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err(format!(
-            "route {s:?}: need a name and an http:// base URL (TLS to the pool is not supported)"
+            "route {s:?}: need a name and an http:// or https:// base URL"
         ));
     }
     url.parse::<axum::http::Uri>()
@@ -161,6 +255,16 @@ pub enum GatewayError {
     /// The Kubernetes client could not be made.
     #[error("kubernetes client: {0}")]
     Kube(#[from] kube::Error),
+    /// A TLS file (certificate, key, CA bundle) is unreadable or invalid.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// A `--route-credential` names no `--route` or its file is unreadable.
+    #[error("route credential: {0}")]
+    Credential(String),
+    /// The file-descriptor limit leaves too few connections after the
+    /// reserve.
+    #[error("file descriptors: {0}")]
+    FdLimit(String),
 }
 
 impl GatewayError {
@@ -171,6 +275,7 @@ impl GatewayError {
             GatewayError::NoConfigSource
                 | GatewayError::NotNamespaced { .. }
                 | GatewayError::Header(_)
+                | GatewayError::Credential(_)
         )
     }
 }
@@ -203,7 +308,26 @@ mod tests {
         );
         assert!(parse_route("pool").is_err());
         assert!(parse_route("=http://x").is_err());
-        assert!(parse_route("pool=https://x").is_err());
+        assert_eq!(
+            parse_route("pool=https://pool:8443").unwrap().1,
+            "https://pool:8443"
+        );
+        assert!(parse_route("pool=ftp://x").is_err());
+    }
+
+    #[test]
+    fn seconds_and_credentials_parse() {
+        assert_eq!(parse_seconds("0.5").unwrap(), Duration::from_millis(500));
+        for bad in ["0", "-1", "abc", "NaN", "inf", "100000"] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_credential("pool=/var/run/token").unwrap(),
+            ("pool".to_owned(), PathBuf::from("/var/run/token"))
+        );
+        for bad in ["pool", "=f", "pool="] {
+            assert!(parse_credential(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -8,17 +8,25 @@
 //! request takes upstream (`dispatch`), the upstream client (`upstream`),
 //! the config and replica sources (`sources`), what the connection proved
 //! about the client (`peer`), who is calling and so which lane and tenant
-//! a request gets (`identity`), the shared state and the driver of queued
-//! requests (`state`), and typed metrics (`metrics`); the forwarded paths
-//! (`surface`), each decision's record (`decision`) and honest ends of cut
-//! answers (`cut`). Every decision is the core's.
+//! a request gets (`identity`), the accept loop and its connection limit
+//! (`listen`), one connection under its clocks (`conn`), the descriptor
+//! budget (`fds`), TLS towards clients (`tls`) and towards the routes
+//! (`upstream_tls`), the routes' upstream credentials (`credential`), the
+//! shared state and the driver of queued requests (`state`), and typed
+//! metrics (`metrics`); the forwarded paths (`surface`), each decision's
+//! record (`decision`) and honest ends of cut answers (`cut`). Every
+//! decision is the core's.
 #![deny(clippy::too_many_lines)]
 
 mod args;
+mod conn;
+mod credential;
 mod cut;
 mod decision;
 mod dispatch;
+mod fds;
 mod identity;
+mod listen;
 mod metrics;
 mod peer;
 mod request;
@@ -27,10 +35,14 @@ mod run;
 mod sources;
 mod state;
 mod surface;
+mod tls;
 mod upstream;
+mod upstream_tls;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;
 
 pub use args::{GatewayArgs, GatewayError};
 pub use identity::IdentityArgs;

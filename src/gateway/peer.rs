@@ -7,10 +7,6 @@
 /// name and its DNS and URI subject alternative names, as written in the
 /// certificate. Only present when the certificate chained to the configured
 /// client CA.
-#[allow(
-    dead_code,
-    reason = "inserted by the TLS listener, read by identity (issue 21)"
-)]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct PeerCertificate {
     /// Common name, then SAN DNS names, then SAN URIs.

@@ -1,9 +1,11 @@
-//! Starting and stopping: bind both listeners, start the config and replica
-//! sources and the driver, serve until SIGTERM or Ctrl-C.
+//! Starting and stopping: check the flags and files, bind both listeners,
+//! start the config and replica sources, the TLS and credential watchers and
+//! the driver, serve (`listen`) until SIGTERM or Ctrl-C, then drain.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -12,10 +14,15 @@ use axum::response::{IntoResponse, Response};
 use tokio::task::JoinHandle;
 
 use super::args::{GatewayArgs, GatewayError, split_namespaced};
+use super::conn::Clocks;
+use super::fds;
 use super::identity::{follow_secrets, watch_credentials};
+use super::listen::{self, Listener, Slots};
 use super::request::handle;
 use super::sources::{watch_configmap, watch_endpoints, watch_file};
 use super::state::{Gateway, drive};
+use super::tls::ServerTls;
+use super::upstream::Upstream;
 
 /// The client routes: every path and method goes through [`handle`].
 pub(super) fn proxy_router(gw: Arc<Gateway>) -> Router {
@@ -41,6 +48,106 @@ async fn bind(
 
 /// Runs the gateway until SIGTERM or Ctrl-C.
 pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
+    let (configmap, endpoints) = check_flags(&args)?;
+    let tls = ServerTls::from_args(&args.tls)?;
+    Upstream::check(&args)?;
+    let budget = fds::read(args.conn.fd_reserve, args.conn.max_connections)?;
+    let gw = Arc::new(Gateway::new(args.clone(), endpoints.is_none()));
+    warn_if_trusting(&args);
+    let listener = bind("listen on", args.listen).await?;
+    let admin = bind("serve metrics on", args.metrics_addr).await?;
+    let local = listener.local_addr().unwrap_or(args.listen);
+    let admin_local = admin.local_addr().unwrap_or(args.metrics_addr);
+    announce(&args, &budget, tls.as_deref(), local, admin_local);
+    // A line tests and scripts can wait for (port 0 picks a free port); a
+    // closed stdout is no reason to stop serving.
+    let _ = writeln!(
+        std::io::stdout(),
+        "listening on {local} metrics on {admin_local}"
+    );
+
+    let mut tasks = start_sources(&gw, configmap, endpoints).await?;
+    tasks.push(tokio::spawn(drive(gw.clone())));
+    let every = Duration::from_millis(args.reload_millis.max(10));
+    tasks.push(tokio::spawn(gw.upstream.credentials.clone().watch(every)));
+    if let Some(t) = &tls {
+        tasks.push(tokio::spawn(t.clone().watch(every)));
+    }
+    let clocks = Clocks {
+        header_read: args.conn.header_read_timeout_seconds,
+        idle: args.conn.idle_timeout_seconds,
+        body_read: args.conn.body_read_timeout_seconds,
+        max_body_bytes: args.max_body_bytes,
+    };
+    let grace = args.conn.shutdown_grace_seconds;
+    let admin = Listener {
+        tcp: admin,
+        router: admin_router(gw.clone()),
+        tls: None,
+        clocks,
+        slots: Slots::new(budget.admin),
+    };
+    tasks.push(tokio::spawn(listen::serve(
+        admin,
+        std::future::pending(),
+        grace,
+    )));
+    let proxy = Listener {
+        tcp: listener,
+        router: proxy_router(gw),
+        tls,
+        clocks,
+        slots: Slots::new(budget.proxy),
+    };
+    listen::serve(proxy, shutdown_signal(), grace).await;
+    for t in tasks {
+        t.abort();
+    }
+    Ok(())
+}
+
+/// The log lines of a start: where it listens, with what limits.
+fn announce(
+    args: &GatewayArgs,
+    budget: &fds::FdBudget,
+    tls: Option<&ServerTls>,
+    local: SocketAddr,
+    admin_local: SocketAddr,
+) {
+    tracing::info!(
+        %local,
+        metrics = %admin_local,
+        tls = tls.map_or("off", ServerTls::describe),
+        "gateway listening"
+    );
+    tracing::info!(
+        rlimit_nofile = budget.limit,
+        open_at_start = budget.open,
+        fd_reserve = budget.reserve,
+        max_connections = budget.proxy,
+        max_admin_connections = budget.admin,
+        header_read_timeout_seconds = args.conn.header_read_timeout_seconds.as_secs_f64(),
+        idle_timeout_seconds = args.conn.idle_timeout_seconds.as_secs_f64(),
+        body_read_timeout_seconds = args.conn.body_read_timeout_seconds.as_secs_f64(),
+        "connection limits"
+    );
+    if let Some(asked) = args.conn.max_connections
+        && asked > budget.proxy
+    {
+        tracing::warn!(
+            asked,
+            allowed = budget.proxy,
+            "--max-connections is more than the descriptor limit allows after --fd-reserve; using the lower figure"
+        );
+    }
+}
+
+/// The flags that clap cannot check: a config source, header names,
+/// `NAMESPACE/NAME` values.
+#[expect(clippy::type_complexity, reason = "two optional NAMESPACE/NAME pairs")]
+fn check_flags(
+    args: &GatewayArgs,
+) -> Result<(Option<(String, String)>, Option<(String, String)>), GatewayError> {
     if args.config.is_none() && args.configmap.is_none() {
         return Err(GatewayError::NoConfigSource);
     }
@@ -61,39 +168,7 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         .as_deref()
         .map(|v| split_namespaced("--endpoints-service", v))
         .transpose()?;
-    let gw = Arc::new(Gateway::new(args.clone(), endpoints.is_none()));
-    warn_if_trusting(&args);
-    let listener = bind("listen on", args.listen).await?;
-    let admin = bind("serve metrics on", args.metrics_addr).await?;
-    let local = listener.local_addr().unwrap_or(args.listen);
-    let admin_local = admin.local_addr().unwrap_or(args.metrics_addr);
-    tracing::info!(%local, metrics = %admin_local, "gateway listening");
-    // A line tests and scripts can wait for (port 0 picks a free port); a
-    // closed stdout is no reason to stop serving.
-    let _ = writeln!(
-        std::io::stdout(),
-        "listening on {local} metrics on {admin_local}"
-    );
-
-    let mut tasks = start_sources(&gw, configmap, endpoints).await?;
-    tasks.push(tokio::spawn(drive(gw.clone())));
-    let admin_app = admin_router(gw.clone());
-    tasks.push(tokio::spawn(async move {
-        if let Err(e) = axum::serve(admin, admin_app).await {
-            tracing::error!(error = %e, "metrics server stopped");
-        }
-    }));
-    let served = axum::serve(listener, proxy_router(gw))
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
-    for t in tasks {
-        t.abort();
-    }
-    served.map_err(|source| GatewayError::Io {
-        what: "serve on",
-        addr: local,
-        source,
-    })
+    Ok((configmap, endpoints))
 }
 
 /// The config source (a file or a ConfigMap) and the replica count.

@@ -69,7 +69,7 @@ impl Gateway {
         let metrics = GatewayMetrics::new();
         metrics.replicas(replicas);
         Gateway {
-            upstream: Upstream::new(&args.routes, args.private_headers()),
+            upstream: Upstream::new(&args),
             surface: Surface::new(&args.allow_paths),
             ids: IdMaker::new(),
             decisions: DecisionLog::new(

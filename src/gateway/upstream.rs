@@ -3,6 +3,7 @@
 //! answer back unbuffered.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -10,16 +11,18 @@ use axum::http::{HeaderName, HeaderValue, Uri, header, request::Parts};
 use axum::response::Response;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use lanes::trim_chat_history;
 use serde_json::Value;
 
+use super::args::{GatewayArgs, GatewayError};
+use super::credential::RouteCredentials;
 use super::cut::stream_back;
 use super::decision::REQUEST_ID;
 use super::dispatch::Dispatch;
 use super::metrics::TenantClass;
 use super::respond;
+use super::upstream_tls::{self, Connector};
 
 /// Headers that belong to one hop, never forwarded.
 const HOP_BY_HOP: [&str; 9] = [
@@ -34,25 +37,45 @@ const HOP_BY_HOP: [&str; 9] = [
     "host",
 ];
 
-/// The HTTP client and the routes' base URLs.
+/// The HTTP client, the routes' base URLs and their credentials.
 pub(super) struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<Connector, Full<Bytes>>,
     routes: HashMap<String, String>,
     /// Client headers never forwarded besides the fixed ones (the lane and
     /// tenant headers' configured names).
     private: Vec<HeaderName>,
+    pub(super) credentials: Arc<RouteCredentials>,
 }
 
 impl Upstream {
-    pub(super) fn new(routes: &[(String, String)], private: Vec<HeaderName>) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
+    /// Whether `--upstream-ca` and `--route-credential` load (run checks
+    /// before [`Upstream::new`], which cannot fail).
+    pub(super) fn check(args: &GatewayArgs) -> Result<(), GatewayError> {
+        upstream_tls::client_config(args.tls.upstream_ca.as_deref())?;
+        RouteCredentials::new(&args.tls.route_credentials, &args.routes)?;
+        Ok(())
+    }
+
+    pub(super) fn new(args: &GatewayArgs) -> Upstream {
+        let private = args.private_headers();
+        let tls = upstream_tls::client_config(args.tls.upstream_ca.as_deref())
+            .or_else(|e| {
+                tracing::error!(error = %e, "--upstream-ca no longer loads; using the public roots");
+                upstream_tls::client_config(None)
+            })
+            .expect("the compiled-in roots load");
+        let credentials = RouteCredentials::new(&args.tls.route_credentials, &args.routes)
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "route credentials no longer load; sending none");
+                RouteCredentials::default()
+            });
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+            .build(upstream_tls::connector(tls));
         Upstream {
             client,
-            routes: routes.iter().cloned().collect(),
+            routes: args.routes.iter().cloned().collect(),
+            credentials: Arc::new(credentials),
             private,
         }
     }
@@ -168,10 +191,11 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
         return respond::unknown_route(lane, &route);
     };
     let (body, trimmed) = trimmed(&out.parts, out.body.clone(), d.history_turns);
-    let req = match upstream_request(upstream, base, &out, body, &d) {
+    let mut req = match upstream_request(upstream, base, &out, body, &d) {
         Ok(r) => r,
         Err(e) => return respond::bad_route(lane, &route, &e),
     };
+    upstream.credentials.apply(&route, req.headers_mut());
     let remaining = Duration::from_secs_f64(
         (d.remaining_seconds - out.passed.elapsed().as_secs_f64()).clamp(0.001, 86_400.0 * 7.0),
     );

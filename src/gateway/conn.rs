@@ -1,0 +1,340 @@
+//! One client connection, served by hyper's HTTP/1 server under the
+//! gateway's clocks: the headers of a request within
+//! `--header-read-timeout-seconds` (from the connection's start, TLS
+//! handshake included, or from the first byte of a later request), the body
+//! within `--body-read-timeout-seconds` (408 beyond), the next request of a
+//! keep-alive connection within `--idle-timeout-seconds`. A watchdog closes
+//! the connection at the first deadline that passes; while a request is
+//! being served there is none (the request's own deadline bounds it).
+//!
+//! hyper's own `header_read_timeout` also runs while a keep-alive
+//! connection waits for its next request, so one clock would serve as both
+//! the header and the idle timeout; hence the connection's [`Activity`]:
+//! its reads say when a request head starts, its requests when they end.
+
+use std::convert::Infallible;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{Notify, watch};
+use tower_service::Service;
+
+use super::peer::PeerCertificate;
+use super::respond;
+
+/// The clocks and the body limit of every connection of a listener.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Clocks {
+    pub(super) header_read: Duration,
+    pub(super) idle: Duration,
+    pub(super) body_read: Duration,
+    pub(super) max_body_bytes: usize,
+}
+
+/// `head_since` between requests.
+const NO_HEAD: u64 = u64::MAX;
+
+/// What a connection is doing, shared by its reads, its requests, its
+/// watchdog and the listener (which may evict it when it is idle).
+pub(super) struct Activity {
+    start: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds from `start` to the first byte of the request head now
+    /// being read (0: the first request's clock starts with the
+    /// connection); [`NO_HEAD`] between requests.
+    head_since: AtomicU64,
+    /// Milliseconds from `start` to the end of the last request.
+    idle_since: AtomicU64,
+    evicted: AtomicBool,
+    changed: Notify,
+}
+
+impl Activity {
+    pub(super) fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            head_since: AtomicU64::new(0),
+            idle_since: AtomicU64::new(0),
+            evicted: AtomicBool::new(false),
+            changed: Notify::new(),
+        }
+    }
+
+    fn millis(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(NO_HEAD - 1)
+    }
+
+    /// No request is being served (what the listener may evict).
+    pub(super) fn is_idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether the listener asked it to close.
+    pub(super) fn is_evicted(&self) -> bool {
+        self.evicted.load(Ordering::Acquire)
+    }
+
+    /// Completes once the listener asked the connection to close (used
+    /// before the connection is served: during its TLS handshake).
+    pub(super) async fn until_evicted(&self) {
+        while !self.is_evicted() {
+            self.changed.notified().await;
+        }
+    }
+
+    /// Asks the connection to close if it is idle when it looks.
+    pub(super) fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    fn bytes_read(&self) {
+        if self.is_idle()
+            && self
+                .head_since
+                .compare_exchange(NO_HEAD, self.millis(), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.changed.notify_one();
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.head_since.store(NO_HEAD, Ordering::Release);
+        // An eviction asked for while idle is stale once a request starts.
+        self.evicted.store(false, Ordering::Release);
+        InFlight(self.clone())
+    }
+
+    /// When the connection closes if nothing happens first; none while a
+    /// request is served.
+    fn deadline(&self, c: &Clocks) -> Option<Instant> {
+        if !self.is_idle() {
+            return None;
+        }
+        let at = |ms: u64| self.start + Duration::from_millis(ms);
+        match self.head_since.load(Ordering::Acquire) {
+            NO_HEAD => Some(at(self.idle_since.load(Ordering::Acquire)) + c.idle),
+            head => Some(at(head) + c.header_read),
+        }
+    }
+}
+
+/// A request being served: from its complete head until its response body
+/// is done (or dropped).
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let a = &self.0;
+        a.idle_since.store(a.millis(), Ordering::Release);
+        a.in_flight.fetch_sub(1, Ordering::AcqRel);
+        a.changed.notify_one();
+    }
+}
+
+/// The connection's stream, telling its [`Activity`] when bytes arrive.
+struct Watched<T> {
+    io: T,
+    activity: Arc<Activity>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.activity.bytes_read();
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, b)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// A response body that keeps its request in flight until it is done.
+struct Tracked {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// 408: the body did not arrive in time; the connection closes after it.
+fn body_timeout(limit: Duration) -> Response<Body> {
+    let mut r = respond::error(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        "body_timeout",
+        format!(
+            "the request body did not arrive within {} s",
+            limit.as_secs_f64()
+        ),
+    );
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// The whole body within the size limit and the body clock.
+async fn read_body(body: Incoming, c: &Clocks) -> Result<Bytes, Response<Body>> {
+    let collect = Limited::new(body, c.max_body_bytes).collect();
+    match tokio::time::timeout(c.body_read, collect).await {
+        Err(_) => Err(body_timeout(c.body_read)),
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(respond::body_too_large(c.max_body_bytes)),
+        Ok(Err(e)) => Err(respond::body_unreadable(&e.to_string())),
+    }
+}
+
+/// One request: counted in flight, its body read under the body clock, the
+/// connection's client certificate attached, then the router.
+async fn serve_request(
+    mut router: Router,
+    activity: Arc<Activity>,
+    peer: Option<PeerCertificate>,
+    clocks: Clocks,
+    request: Request<Incoming>,
+) -> Response<Tracked> {
+    let in_flight = activity.begin();
+    let (mut parts, body) = request.into_parts();
+    if let Some(p) = peer {
+        parts.extensions.insert(p);
+    }
+    let response = match read_body(body, &clocks).await {
+        Ok(bytes) => match router
+            .call(Request::from_parts(parts, Body::from(bytes)))
+            .await
+        {
+            Ok(r) => r,
+            Err(never) => match never {},
+        },
+        Err(r) => r,
+    };
+    response.map(|body| Tracked {
+        body,
+        _in_flight: in_flight,
+    })
+}
+
+/// Serves one connection until it ends, a deadline passes, the listener
+/// evicts it while idle, or (after `shutdown`) its last request is done.
+pub(super) async fn serve<T>(
+    io: T,
+    activity: Arc<Activity>,
+    router: Router,
+    peer: Option<PeerCertificate>,
+    clocks: Clocks,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |req| {
+            let fut = serve_request(router.clone(), activity.clone(), peer.clone(), clocks, req);
+            async move { Ok::<_, Infallible>(fut.await) }
+        })
+    };
+    let io = TokioIo::new(Watched {
+        io,
+        activity: activity.clone(),
+    });
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
+    tokio::pin!(conn);
+    let mut draining = false;
+    loop {
+        let deadline = activity.deadline(&clocks);
+        tokio::select! {
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    tracing::debug!(error = %e, "client connection ended with an error");
+                }
+                return;
+            }
+            () = sleep_until(deadline) => {
+                if activity.deadline(&clocks).is_some_and(|d| d <= Instant::now()) {
+                    tracing::debug!("closing a client connection at its header or idle deadline");
+                    return;
+                }
+            }
+            () = activity.changed.notified() => {
+                if activity.is_evicted() && activity.is_idle() {
+                    tracing::debug!("closing an idle client connection to make room");
+                    return;
+                }
+            }
+            _ = shutdown.changed(), if !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
