@@ -8,12 +8,13 @@
 //! tick, within the pool's per-tick budget of work units.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::fmt::Write as _;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Exp1, StandardNormal};
+use rustc_hash::FxHashMap;
 
 use crate::api::ObjectKey;
 use crate::policy::{self, Approvals, EngineState, Evaluation, World, key};
@@ -473,7 +474,7 @@ struct Sim<'a> {
     /// Per lane: attempts in the pool's queue, not started yet (counted
     /// with the gateway's queue as the lane's queued work).
     pool_waiting: Vec<u64>,
-    waiting: HashMap<(usize, Ticket), Attempt>,
+    waiting: FxHashMap<(usize, Ticket), Attempt>,
     next_id: u64,
     trace: Option<Trace>,
     pending_refusals: Vec<(Attempt, Refusal)>,
@@ -747,7 +748,7 @@ impl<'a> Sim<'a> {
             published: vec![None; np],
             pool_queue: vec![VecDeque::new(); np],
             pool_waiting: vec![0; nl],
-            waiting: HashMap::new(),
+            waiting: FxHashMap::default(),
             next_id: 0,
             trace: None,
             pending_refusals: Vec::new(),
@@ -1006,6 +1007,16 @@ impl<'a> Sim<'a> {
     /// `now − lag`.
     fn evaluate(&mut self, now: f64) {
         let snap = self.snapshot_at(now);
+        // Later windows start no earlier: the latencies of the seconds
+        // before this one's are not read again.
+        let c = &self.sc.controller;
+        let lo = (now - c.telemetry_lag_seconds - c.window_seconds).floor();
+        for seconds in &mut self.lat {
+            let done = (lo.max(0.0) as usize).min(seconds.len());
+            for v in seconds[..done].iter_mut().filter(|v| v.capacity() > 0) {
+                *v = Vec::new();
+            }
+        }
         let approvals = self.approvals_at(now);
         let (eval, next) = policy::evaluate(self.world, &snap, &approvals, &self.state);
         self.state = next;
@@ -1466,7 +1477,10 @@ impl<'a> Sim<'a> {
         }
         let latency = at - a.origin;
         self.done[p][s] += 1;
-        self.lat[p][s].push(latency as f32);
+        if self.policy == Strategy::Lanekeeper {
+            // Only lanekeeper's controller reads the profile's latencies.
+            self.lat[p][s].push(latency as f32);
+        }
         let ln = &mut self.out.lanes[li];
         ln.latencies.push(latency as f32);
         if latency <= self.lanes[li].deadline + 1e-9 {

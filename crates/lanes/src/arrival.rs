@@ -8,7 +8,7 @@ use crate::fair_queue::{Key, Waiting};
 use crate::history::history_turns;
 use crate::lane::{Lane, effective_rate};
 use crate::pressure::Pressure;
-use crate::remembered::Seen;
+use crate::remembered::{IdRef, Seen};
 use crate::verdict::{
     Attempt, Limit, Outcome, Pass, Refusal, Request, Resolution, Ticket, Verdict,
 };
@@ -22,8 +22,8 @@ struct Arrival {
     attempts: u32,
     /// Where its deadline starts (kept across deferrals).
     first_arrival: f64,
-    /// Its request id's key, if it has one.
-    key: Option<u64>,
+    /// Its request id, if it has one.
+    key: Option<IdRef>,
 }
 
 impl Core {
@@ -201,14 +201,13 @@ fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, now: f64) -> Arr
         counted = Some(c);
         Seen::new(c.1, deadline, c.2, c.0 == Attempt::Returning)
     };
-    match key {
-        Some(k) => {
-            lane.seen.record(k, classify);
-        }
+    let key = match key {
+        Some(k) => Some(lane.seen.record(k, classify).1),
         None => {
             classify(None);
+            None
         }
-    }
+    };
     let (attempt, first_arrival, attempts) = counted.expect("classified");
     Arrival {
         lane: li,

@@ -31,8 +31,9 @@ pub struct Core {
     by_name: HashMap<String, usize, FxBuildHasher>,
     pub(crate) pressure: PressureGauge,
     pub(crate) next_ticket: u64,
-    /// Ticket → (lane, tenant, key) of every waiting request.
-    pub(crate) tickets: HashMap<Ticket, (usize, TenantId, Key)>,
+    /// Ticket → (lane, tenant, key) of every waiting request. Tickets are
+    /// the core's own counter (no client chooses one): a cheap hash will do.
+    pub(crate) tickets: HashMap<Ticket, (usize, TenantId, Key), FxBuildHasher>,
     /// Resolutions produced inside `admit` (a queued request deferred to
     /// make room for an earlier arrival), handed out by the next `poll`.
     pub(crate) pending: Vec<(Ticket, Resolution)>,
@@ -83,7 +84,7 @@ impl Core {
             lanes,
             by_name,
             next_ticket: 0,
-            tickets: HashMap::new(),
+            tickets: HashMap::default(),
             pending: Vec::new(),
         })
     }
@@ -141,8 +142,8 @@ impl Core {
     }
 
     /// Every waiting request's ticket at its lane's new position.
-    fn index_tickets(&self) -> HashMap<Ticket, (usize, TenantId, Key)> {
-        let mut tickets = HashMap::new();
+    fn index_tickets(&self) -> HashMap<Ticket, (usize, TenantId, Key), FxBuildHasher> {
+        let mut tickets = HashMap::default();
         for (i, lane) in self.lanes.iter().enumerate() {
             for (tenant, key, w) in lane.queue.iter() {
                 tickets.insert(w.ticket, (i, tenant, key));

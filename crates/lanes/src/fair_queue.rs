@@ -10,6 +10,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
+use crate::remembered::IdRef;
 use crate::verdict::{Attempt, Ticket};
 
 /// A total order on finite f64 (never NaN here).
@@ -46,8 +47,8 @@ pub(crate) struct Waiting {
     pub(crate) first_arrival: f64,
     /// When it joined the queue (the TTL's start).
     pub(crate) queued_at: f64,
-    /// Its request id's key in the lane's remembered ids, if it has one.
-    pub(crate) request_key: Option<u64>,
+    /// Its request id in the lane's remembered ids, if it has one.
+    pub(crate) request_key: Option<IdRef>,
 }
 
 /// A request found by one of the indexes: when, its key, its tenant.
@@ -66,6 +67,10 @@ struct TenantQueue {
 #[derive(Debug, Default)]
 pub(crate) struct FairQueue {
     ids: HashMap<String, TenantId>,
+    /// The tenant interned last: most requests come from the tenant the
+    /// previous one came from, and comparing its name is cheaper than
+    /// hashing it.
+    last: TenantId,
     tenants: Vec<TenantQueue>,
     free: Vec<TenantId>,
     /// (finish tag, generation, tenant), smallest tag first.
@@ -75,6 +80,10 @@ pub(crate) struct FairQueue {
     by_arrival: BTreeMap<Key, TenantId>,
     /// By (queued at, seq): the order in which TTLs run out.
     by_queued: BTreeMap<(OrdF64, u64), (OrdF64, TenantId)>,
+    /// The first and last of `by_arrival` and the first of `by_queued`,
+    /// kept at hand: `next_wake` asks for them on every arrival, and they
+    /// change only when a request joins or leaves at an end.
+    ends: Ends,
     /// The tag of the request served last (the virtual time V).
     virtual_time: f64,
     seq: u64,
@@ -98,6 +107,7 @@ impl FairQueue {
         self.by_arrival.insert(key, id);
         self.by_queued
             .insert((OrdF64(w.queued_at), self.seq), (key.0, id));
+        self.ends.pushed((key.0.0, key, id), w.queued_at);
         let tq = &mut self.tenants[id as usize];
         let was_empty = tq.waiting.is_empty();
         tq.waiting.insert(key, w);
@@ -110,7 +120,16 @@ impl FairQueue {
     }
 
     fn intern(&mut self, tenant: &str) -> TenantId {
+        // A tenant with requests waiting is interned (and one without is
+        // not).
+        if let Some(tq) = self.tenants.get(self.last as usize)
+            && !tq.waiting.is_empty()
+            && tq.name == tenant
+        {
+            return self.last;
+        }
         if let Some(&id) = self.ids.get(tenant) {
+            self.last = id;
             return id;
         }
         let id = match self.free.pop() {
@@ -122,6 +141,7 @@ impl FairQueue {
         };
         self.tenants[id as usize].name = tenant.to_owned();
         self.ids.insert(tenant.to_owned(), id);
+        self.last = id;
         id
     }
 
@@ -137,6 +157,16 @@ impl FairQueue {
         let w = tq.waiting.remove(&key)?;
         self.by_arrival.remove(&key);
         self.by_queued.remove(&(OrdF64(w.queued_at), key.1));
+        let is = |e: Option<Found>| e.is_some_and(|f| f.1.1 == key.1);
+        if is(self.ends.oldest) {
+            self.ends.oldest = first_arrival(&self.by_arrival);
+        }
+        if is(self.ends.newest) {
+            self.ends.newest = last_arrival(&self.by_arrival);
+        }
+        if is(self.ends.first_queued) {
+            self.ends.first_queued = first_queued(&self.by_queued);
+        }
         if tq.waiting.is_empty() {
             let name = std::mem::take(&mut tq.name);
             tq.heap_gen = 0;
@@ -166,24 +196,18 @@ impl FairQueue {
 
     /// The request with the latest first arrival.
     pub(crate) fn newest(&self) -> Option<Found> {
-        self.by_arrival
-            .iter()
-            .next_back()
-            .map(|(k, t)| (k.0.0, *k, *t))
+        self.ends.newest
     }
 
     /// The request that joined the queue first.
     pub(crate) fn oldest_queued(&self) -> Option<Found> {
-        self.by_queued
-            .iter()
-            .next()
-            .map(|(k, (fa, t))| (k.0.0, (*fa, k.1), *t))
+        self.ends.first_queued
     }
 
     /// The earliest deadline start among the waiting (the oldest first
     /// arrival).
     pub(crate) fn oldest_arrival(&self) -> Option<Found> {
-        self.by_arrival.iter().next().map(|(k, t)| (k.0.0, *k, *t))
+        self.ends.oldest
     }
 
     /// Every waiting request with its tenant id and key (for re-indexing
@@ -203,6 +227,49 @@ impl FairQueue {
         }
         out
     }
+}
+
+/// The ends of a queue's indexes.
+#[derive(Debug, Default)]
+struct Ends {
+    oldest: Option<Found>,
+    newest: Option<Found>,
+    /// (queued at, key, tenant).
+    first_queued: Option<Found>,
+}
+
+impl Ends {
+    /// A request joined with first arrival `f` (its key and tenant) at
+    /// `queued_at`: it may be a new end.
+    fn pushed(&mut self, f: Found, queued_at: f64) {
+        if self.oldest.is_none_or(|o| f.1 < o.1) {
+            self.oldest = Some(f);
+        }
+        if self.newest.is_none_or(|n| f.1 > n.1) {
+            self.newest = Some(f);
+        }
+        let q = (queued_at, f.1, f.2);
+        if self
+            .first_queued
+            .is_none_or(|o| (OrdF64(q.0), q.1.1) < (OrdF64(o.0), o.1.1))
+        {
+            self.first_queued = Some(q);
+        }
+    }
+}
+
+fn first_arrival(by_arrival: &BTreeMap<Key, TenantId>) -> Option<Found> {
+    by_arrival.first_key_value().map(|(k, t)| (k.0.0, *k, *t))
+}
+
+fn last_arrival(by_arrival: &BTreeMap<Key, TenantId>) -> Option<Found> {
+    by_arrival.last_key_value().map(|(k, t)| (k.0.0, *k, *t))
+}
+
+fn first_queued(by_queued: &BTreeMap<(OrdF64, u64), (OrdF64, TenantId)>) -> Option<Found> {
+    by_queued
+        .first_key_value()
+        .map(|(k, (fa, t))| (k.0.0, (*fa, k.1), *t))
 }
 
 #[cfg(test)]
@@ -256,5 +323,39 @@ mod tests {
         assert_eq!(q.newest().map(|f| f.0), Some(3.0));
         assert_eq!(q.oldest_arrival().map(|f| f.0), Some(1.0));
         assert_eq!(q.oldest_queued().map(|f| f.0), Some(3.0));
+    }
+
+    #[test]
+    fn the_ends_kept_at_hand_are_the_indexes_ends() {
+        let mut q = FairQueue::default();
+        let mut live: Vec<(TenantId, Key)> = Vec::new();
+        // A fixed pseudo-random walk of pushes, removals and pops.
+        let mut x: u64 = 47;
+        for i in 0..5_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let r = x >> 33;
+            match r % 4 {
+                0 | 1 => {
+                    let w = Waiting {
+                        queued_at: (i / 3) as f64,
+                        ..waiting(i, (r % 97) as f64)
+                    };
+                    live.push(q.push(["a", "b", "c"][(r % 3) as usize], w));
+                }
+                2 if !live.is_empty() => {
+                    let (t, k) = live.swap_remove((r as usize) % live.len());
+                    assert!(q.remove(t, k).is_some());
+                }
+                _ => {
+                    q.pop();
+                    live.retain(|&(t, k)| q.tenants[t as usize].waiting.contains_key(&k));
+                }
+            }
+            assert_eq!(q.oldest_arrival(), first_arrival(&q.by_arrival));
+            assert_eq!(q.newest(), last_arrival(&q.by_arrival));
+            assert_eq!(q.oldest_queued(), first_queued(&q.by_queued));
+        }
     }
 }

@@ -43,6 +43,7 @@ pub mod config;
 mod core;
 mod fair_queue;
 mod history;
+mod id_ring;
 mod lane;
 mod pressure;
 mod remembered;

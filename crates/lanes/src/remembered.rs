@@ -2,16 +2,28 @@
 //! a deferred request's first arrival), and the originals and retries of
 //! the last seconds (the retry budget).
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 
+use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
+
+use crate::id_ring::IdRing;
 
 /// Most request ids remembered per lane; the oldest are forgotten first.
 pub const MAX_REMEMBERED_IDS: usize = 1_000_000;
 /// Retries are counted against originals over this sliding window.
 pub const RETRY_WINDOW_SECONDS: usize = 10;
+
+/// The index's tables.
+const SHARDS: usize = 16;
+
+/// The table of a key: bits 32..36, which a table of fewer than 2^32 slots
+/// does not use to place a key (its low bits) or to tell keys apart in a
+/// group (its top 7).
+fn shard(key: u64) -> usize {
+    ((key >> 32) as usize) % SHARDS
+}
 
 /// Deadlines are remembered in an `f32`, exact for whole seconds up to
 /// this (194 days); a longer deadline is remembered this long.
@@ -49,18 +61,73 @@ impl Seen {
     }
 }
 
-/// Request ids by a keyed 64-bit hash of the id: a million ids cost about
-/// 40 bytes each (a 24-byte table slot and a 16-byte expiry entry) and no
-/// string compare (a collision, about one in 10^7 among a million ids,
-/// would count one request as another's retry). The key is random per
-/// lane, so clients cannot aim collisions, and the map hashes the
-/// already-random key cheaply.
+/// One write of an id: what is remembered of it (stale in every write of
+/// it but the last, the live one). 24 bytes. The write is forgotten at the
+/// forget time it had when written: `first_arrival + deadline`, unless an
+/// update in place changed those (then [`Remembered::moved`] keeps it).
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    key: u64,
+    first_arrival: f64,
+    deadline: f32,
+    attempts: u16,
+    deferred: bool,
+    /// The index points here.
+    live: bool,
+}
+
+impl Entry {
+    fn seen(&self) -> Seen {
+        Seen {
+            first_arrival: self.first_arrival,
+            deadline: self.deadline,
+            attempts: self.attempts,
+            deferred: self.deferred,
+        }
+    }
+
+    fn write(key: u64, s: Seen) -> Entry {
+        Entry {
+            key,
+            first_arrival: s.first_arrival,
+            deadline: s.deadline,
+            attempts: s.attempts,
+            deferred: s.deferred,
+            live: true,
+        }
+    }
+}
+
+/// A request id as an arrival found it: its key, and where its write was
+/// (so that marking it deferred later need not look the key up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IdRef {
+    key: u64,
+    pos: u64,
+}
+
+/// Request ids by a keyed 64-bit hash of the id, no string compare (a
+/// collision, about one in 10^7 among a million ids, would count one
+/// request as another's retry). The key is random per lane, so clients
+/// cannot aim collisions, and it is its own hash in the index.
+///
+/// The writes are kept in the order they were made ([`IdRing`], 24 bytes
+/// each), which is also the order their memory runs out in; the index
+/// holds only the position of each id's last write (4 bytes and a control
+/// byte a slot). A million ids take about 35 MB, not the 80 MB of a map of
+/// ids beside a queue of their expiries.
 #[derive(Debug, Default)]
 pub(crate) struct Remembered {
     keys: RandomState,
-    ids: HashMap<u64, Seen, FxBuildHasher>,
-    /// (forget at, id key), oldest first.
-    expiry: VecDeque<(f64, u64)>,
+    /// Every id's last write, by the low 32 bits of its position, in
+    /// [`SHARDS`] tables (by bits of the key the tables do not use): each
+    /// doubles on its own, so growing never holds two copies of the whole
+    /// index at once.
+    index: [HashTable<u32>; SHARDS],
+    writes: IdRing<Entry>,
+    /// The forget time of each write updated in place to another first
+    /// arrival or deadline (only when a config shortens a deadline).
+    moved: HashMap<u64, f64, FxBuildHasher>,
 }
 
 impl Remembered {
@@ -69,70 +136,120 @@ impl Remembered {
         self.keys.hash_one(id)
     }
 
+    /// The position of an id's last write.
+    fn find(&self, key: u64) -> Option<u64> {
+        let writes = &self.writes;
+        self.index[shard(key)]
+            .find(key, |&low| writes.get(writes.position(low)).key == key)
+            .map(|&low| writes.position(low))
+    }
+
+    /// When the write at `pos` is forgotten.
+    fn forget_at(&self, pos: u64) -> f64 {
+        match self.moved.is_empty() {
+            true => self.writes.get(pos).seen().forget_at(),
+            false => match self.moved.get(&pos) {
+                Some(&at) => at,
+                None => self.writes.get(pos).seen().forget_at(),
+            },
+        }
+    }
+
     /// Marks a remembered id as deferred (its return keeps its place).
-    pub(crate) fn mark_deferred(&mut self, key: Option<u64>) {
-        if let Some(s) = key.and_then(|k| self.ids.get_mut(&k)) {
-            s.deferred = true;
+    pub(crate) fn mark_deferred(&mut self, id: Option<IdRef>) {
+        let Some(IdRef { key, pos }) = id else {
+            return;
+        };
+        let pos = if self.writes.holds(pos)
+            && self.writes.get(pos).live
+            && self.writes.get(pos).key == key
+        {
+            Some(pos)
+        } else {
+            // Written again since (or forgotten).
+            self.find(key)
+        };
+        if let Some(pos) = pos {
+            self.writes.get_mut(pos).deferred = true;
         }
     }
 
     /// Forgets the ids whose deadline has passed, and the oldest ones beyond
     /// [`MAX_REMEMBERED_IDS`].
     pub(crate) fn sweep(&mut self, now: f64) {
-        while let Some(&(at, k)) = self.expiry.front() {
-            if at > now && self.ids.len() <= MAX_REMEMBERED_IDS {
+        while let Some(&Entry { key, .. }) = self.writes.front() {
+            let head = self.writes.head();
+            let at = self.forget_at(head);
+            if at > now && self.len() <= MAX_REMEMBERED_IDS {
                 break;
             }
-            self.expiry.pop_front();
-            // An id seen again later has a later forget time (and a later
-            // entry): keep it.
-            if self.ids.get(&k).is_some_and(|s| s.forget_at() <= at) {
-                self.ids.remove(&k);
+            // An id written again later with a later forget time (a later
+            // write) is kept. The live write itself always goes: its id
+            // was never given a later forget time.
+            let writes = &mut self.writes;
+            if let Ok(e) = self.index[shard(key)]
+                .find_entry(key, |&low| writes.get(writes.position(low)).key == key)
+            {
+                let live = writes.position(*e.get());
+                if writes.get(live).seen().forget_at() <= at {
+                    e.remove();
+                    writes.get_mut(live).live = false;
+                }
+            }
+            self.writes.pop_front();
+            if !self.moved.is_empty() {
+                self.moved.remove(&head);
             }
         }
     }
 
     /// Looks an id up and remembers what `update` makes of it (given what
-    /// was remembered, if anything), in one lookup; returns what was
-    /// remembered before. One expiry entry per forget time (a return after a
-    /// deferral keeps its first arrival, so it adds none).
+    /// was remembered, if anything); returns what was remembered before,
+    /// and the id as found. A new write when the id is new or its forget
+    /// time is later (a return after a deferral keeps its first arrival,
+    /// so it adds none).
     pub(crate) fn record(
         &mut self,
         key: u64,
         update: impl FnOnce(Option<&Seen>) -> Seen,
-    ) -> Option<Seen> {
-        let (before, forget_at, later) = match self.ids.entry(key) {
-            Entry::Occupied(mut e) => {
-                let before = *e.get();
-                let seen = update(Some(&before));
-                e.insert(seen);
-                (
-                    Some(before),
-                    seen.forget_at(),
-                    seen.forget_at() > before.forget_at(),
-                )
-            }
-            Entry::Vacant(e) => {
-                let seen = update(None);
-                e.insert(seen);
-                (None, seen.forget_at(), true)
-            }
+    ) -> (Option<Seen>, IdRef) {
+        let Some(pos) = self.find(key) else {
+            let seen = update(None);
+            let writes = &mut self.writes;
+            let pos = writes.push(Entry::write(key, seen));
+            self.index[shard(key)]
+                .insert_unique(key, pos as u32, |&low| writes.get(writes.position(low)).key);
+            return (None, IdRef { key, pos });
         };
-        if later {
-            self.expiry.push_back((forget_at, key));
+        let before = self.writes.get(pos).seen();
+        let seen = update(Some(&before));
+        if seen.forget_at() > before.forget_at() {
+            self.writes.get_mut(pos).live = false;
+            let at = self.writes.push(Entry::write(key, seen));
+            let writes = &self.writes;
+            if let Some(low) = self.index[shard(key)]
+                .find_mut(key, |&low| writes.get(writes.position(low)).key == key)
+            {
+                *low = at as u32;
+            }
+            return (Some(before), IdRef { key, pos: at });
         }
-        before
+        let at = self.forget_at(pos);
+        if seen.forget_at() != at {
+            self.moved.insert(pos, at);
+        }
+        *self.writes.get_mut(pos) = Entry::write(key, seen);
+        (Some(before), IdRef { key, pos })
     }
 
     /// Ids remembered now.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.ids.len()
+        self.index.iter().map(HashTable::len).sum()
     }
 
     #[cfg(test)]
-    pub(crate) fn get(&self, key: u64) -> Option<&Seen> {
-        self.ids.get(&key)
+    pub(crate) fn get(&self, key: u64) -> Option<Seen> {
+        self.find(key).map(|pos| self.writes.get(pos).seen())
     }
 }
 
@@ -183,15 +300,67 @@ mod tests {
     fn ids_are_forgotten_after_their_deadline_unless_seen_again() {
         let mut r = Remembered::default();
         let (a, b) = (r.key("a"), r.key("b"));
-        assert!(r.record(a, |_| seen(0.0, 10.0)).is_none());
+        assert!(r.record(a, |_| seen(0.0, 10.0)).0.is_none());
         r.record(b, |_| seen(0.0, 10.0));
-        let before = r.record(b, |_| seen(5.0, 10.0));
+        let (before, _) = r.record(b, |_| seen(5.0, 10.0));
         assert_eq!(before.map(|s| s.first_arrival), Some(0.0));
         r.sweep(12.0);
         assert!(r.get(a).is_none());
         assert!(r.get(b).is_some(), "seen again at 5 s: kept until 15 s");
         r.sweep(15.0);
         assert_eq!(r.len(), 0);
+    }
+
+    #[test]
+    fn a_write_shortened_in_place_is_forgotten_when_it_was_due() {
+        let mut r = Remembered::default();
+        let a = r.key("a");
+        r.record(a, |_| seen(0.0, 10.0));
+        // A config shortened the deadline: the id is not given a later
+        // forget time, so it keeps its write, due at 10 s.
+        let (before, id) = r.record(a, |_| seen(2.0, 5.0));
+        assert_eq!(before.map(|s| s.forget_at()), Some(10.0));
+        assert_eq!(r.get(a).map(|s| s.first_arrival), Some(2.0));
+        r.sweep(9.0);
+        assert!(r.get(a).is_some(), "its write is due at 10 s, not 7 s");
+        r.sweep(10.0);
+        assert!(r.get(a).is_none());
+        assert!(r.moved.is_empty());
+        // Its reference no longer marks anything.
+        r.mark_deferred(Some(id));
+        assert_eq!(r.len(), 0);
+    }
+
+    #[test]
+    fn an_id_written_again_is_marked_through_its_last_write() {
+        let mut r = Remembered::default();
+        let a = r.key("a");
+        let (_, first) = r.record(a, |_| seen(0.0, 10.0));
+        let (_, second) = r.record(a, |_| seen(3.0, 10.0));
+        assert_ne!(first, second, "a later forget time is a new write");
+        r.mark_deferred(Some(first));
+        assert!(r.get(a).is_some_and(|s| s.deferred));
+        r.sweep(10.0);
+        assert!(r.get(a).is_some(), "its last write is due at 13 s");
+        r.sweep(13.0);
+        assert_eq!(r.len(), 0);
+        assert_eq!(r.writes.len(), 0);
+    }
+
+    #[test]
+    fn the_oldest_ids_go_beyond_the_most_remembered() {
+        let mut r = Remembered::default();
+        for i in 0..=MAX_REMEMBERED_IDS {
+            r.record(i as u64, |_| seen(0.0, 100.0));
+        }
+        r.sweep(1.0);
+        assert_eq!(r.len(), MAX_REMEMBERED_IDS);
+        assert!(r.get(0).is_none() && r.get(1).is_some());
+    }
+
+    #[test]
+    fn a_write_takes_24_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
     }
 
     #[test]
