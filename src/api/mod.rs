@@ -3,12 +3,14 @@
 pub mod calibration;
 pub mod common;
 pub mod lane;
+pub mod objective;
 pub mod policy;
 pub mod profile;
 pub mod state;
 
 pub use common::Decimal;
 pub use lane::*;
+pub use objective::{Band, ObjectiveSpec, ObjectiveStatus};
 pub use policy::*;
 pub use profile::*;
 pub use state::*;

@@ -350,6 +350,7 @@ pub fn lane_status(
         demand_units_per_second: d.map(|d| d.demand_units_per_second),
         admitted_units_per_second: d.map(|d| d.admitted_units_per_second),
         borrowed_units_per_second: d.map(|d| d.borrowed_units_per_second),
+        objective: None,
         conditions: conditions(existing, wanted, generation, now),
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use lanes::{Attempt, GatewayConfig, Outcome, Pressure};
+use lanes::{Attempt, GatewayConfig, Outcome, Pressure, Qualified, Refusal};
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -95,6 +95,7 @@ pub struct GatewayMetrics {
     replicas: IntGauge,
     cuts: IntCounterVec,
     refused_before_admission: IntCounterVec,
+    qualified: IntCounterVec,
 }
 
 fn registered<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -215,6 +216,12 @@ impl GatewayMetrics {
                 &["lane", "reason"],
             ),
             refused_before_admission: refused_before_admission(&r),
+            qualified: counters(
+                &r,
+                "lanekeeper_gateway_qualified_requests_total",
+                "Requests that count for the lane's objective, by lane and outcome: good (answered within the deadline) or bad (failed, timed out, answered late, or refused inside the lane's floor).",
+                &["lane", "outcome"],
+            ),
             registry: r,
         }
     }
@@ -241,6 +248,10 @@ impl GatewayMetrics {
                 cuts: [Cut::Deadline, Cut::UpstreamError]
                     .map(|c| self.cuts.with_label_values(&[&l.name, c.as_str()])),
                 families: (self.requests.clone(), self.shadow.clone()),
+                qualified: [Qualified::Good, Qualified::Bad].map(|q| {
+                    self.qualified
+                        .with_label_values(&[&l.name, q.label().expect("counted")])
+                }),
             })
             .collect()
     }
@@ -311,6 +322,8 @@ pub struct LaneMeter {
     deadline_misses: IntCounter,
     /// By [`Cut`]: deadline, upstream error.
     cuts: [IntCounter; 2],
+    /// By [`Qualified`]: good, bad.
+    qualified: [IntCounter; 2],
     families: (IntCounterVec, IntCounterVec),
 }
 
@@ -336,6 +349,22 @@ impl LaneMeter {
                 ])
             })
             .inc();
+    }
+
+    /// A request was refused (or deferred, or expired): counted by outcome,
+    /// and for the objective when the refusal broke a promise.
+    pub fn refused(&self, class: TenantClass, r: &Refusal) {
+        self.request(class, r.attempt, r.outcome);
+        self.qualified(lanes::qualified::refused(r));
+    }
+
+    /// A request counted for the lane's objective (not counted: nothing).
+    pub fn qualified(&self, q: Qualified) {
+        match q {
+            Qualified::Good => self.qualified[0].inc(),
+            Qualified::Bad => self.qualified[1].inc(),
+            Qualified::NotCounted => {}
+        }
     }
 
     /// Observe mode: enforcing would have ended the request so.

@@ -67,7 +67,8 @@ fn lane() -> Value {
             "queue": {"maxDepth": 20000, "ttlSeconds": 7000},
             "retry": {"maxAttempts": 3, "budgetPercent": 5},
             "routes": {"primary": ["batch-medium"], "approvedFallbacks": ["batch-small"]},
-            "optionalContext": {"historyTurns": 20, "degradedHistoryTurns": 8}
+            "optionalContext": {"historyTurns": 20, "degradedHistoryTurns": 8},
+            "objective": {"withinDeadlinePercent": "99.9", "latencyP99Seconds": "15", "window": "28d"}
         }
     })
 }
@@ -507,6 +508,44 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
         ),
         // LaneContract
         (
+            "objective of 100 %",
+            with(
+                l(),
+                "/spec/objective/withinDeadlinePercent",
+                Some(json!("100")),
+            ),
+            "withinDeadlinePercent must be within (0, 100)",
+        ),
+        (
+            "objective of 0 %",
+            with(
+                l(),
+                "/spec/objective/withinDeadlinePercent",
+                Some(json!("0")),
+            ),
+            "withinDeadlinePercent must be within (0, 100)",
+        ),
+        (
+            "objective window under an hour",
+            with(l(), "/spec/objective/window", Some(json!("59m"))),
+            "window must be at least 1h",
+        ),
+        (
+            "objective window of zero days",
+            with(l(), "/spec/objective/window", Some(json!("0d"))),
+            "window must be a whole number of minutes, hours, days or weeks, such as 28d",
+        ),
+        (
+            "objective window in years",
+            with(l(), "/spec/objective/window", Some(json!("1y"))),
+            "window must be a whole number of minutes, hours, days or weeks, such as 28d",
+        ),
+        (
+            "objective p99 of zero",
+            with(l(), "/spec/objective/latencyP99Seconds", Some(json!("0"))),
+            "latencyP99Seconds must be greater than 0",
+        ),
+        (
             "floor > ceiling",
             with(l(), "/spec/floorUnitsPerSecond", Some(json!("250"))),
             "floorUnitsPerSecond must be <= ceilingUnitsPerSecond",
@@ -852,6 +891,26 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
 /// Good objects besides the three above: boundary values that must pass.
 fn good_variants() -> Vec<(&'static str, Value)> {
     vec![
+        (
+            "objective window of exactly an hour, in minutes",
+            with(lane(), "/spec/objective/window", Some(json!("60m"))),
+        ),
+        (
+            "objective window of exactly an hour",
+            with(lane(), "/spec/objective/window", Some(json!("1h"))),
+        ),
+        (
+            "objective just under 100 %",
+            with(
+                lane(),
+                "/spec/objective/withinDeadlinePercent",
+                Some(json!("99.999")),
+            ),
+        ),
+        (
+            "objective without a window (28d)",
+            with(lane(), "/spec/objective/window", None),
+        ),
         (
             "resumeAfterStableSeconds 0 (resume as soon as below resumeBelow)",
             with(

@@ -42,6 +42,7 @@ mod fair_queue;
 mod history;
 mod lane;
 mod pressure;
+pub mod qualified;
 mod remembered;
 mod spare;
 pub mod validate;
@@ -59,6 +60,7 @@ pub use crate::pressure::{
     DEFAULT_RESUME_AFTER_STABLE_SECONDS, LATENCY_RISE_FACTOR, LATENCY_RISE_LOOKBACK_SECONDS,
     LATENCY_WINDOW_SECONDS, Pressure,
 };
+pub use crate::qualified::{Qualified, Served};
 pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::validate::ConfigError;
