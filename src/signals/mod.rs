@@ -16,6 +16,7 @@ use crate::api::{CapacityProfile, LaneContract};
 use crate::snapshot::{LaneSignals, PodSignals, ProfileSignals};
 
 pub mod prometheus;
+pub mod rules;
 pub mod scrape;
 
 /// A pool pod as the controller keeps it (stripped of everything else).

@@ -34,6 +34,8 @@ mod plan_cli;
 mod prometheus_inc47;
 mod prometheus_queries;
 mod prometheus_scrape;
+mod rules_cli;
+mod rules_promtool;
 mod sim_cli;
 mod sim_inc47;
 mod sim_model;
