@@ -115,10 +115,12 @@ pub struct ObjectiveStatus {
 }
 
 fn burn_rates_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let rate = serde_json::json!({"type": "number"});
+    let rate = |w: &str| {
+        serde_json::json!({"type": "number", "description": format!("Burn rate over the last {w}.")})
+    };
     schemars::json_schema!({
         "type": "object",
-        "properties": {"5m": rate, "30m": rate, "1h": rate, "6h": rate},
+        "properties": {"5m": rate("5m"), "30m": rate("30m"), "1h": rate("1h"), "6h": rate("6h")},
     })
 }
 
