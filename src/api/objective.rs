@@ -84,6 +84,16 @@ pub enum Band {
 }
 
 impl Band {
+    /// 0 for Routine up to 3 for Exhausted (the metric's value).
+    pub fn severity(self) -> u8 {
+        match self {
+            Band::Routine => 0,
+            Band::Cautious => 1,
+            Band::Restricted => 2,
+            Band::Exhausted => 3,
+        }
+    }
+
     /// The band's name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -115,9 +125,7 @@ pub struct ObjectiveStatus {
 }
 
 fn burn_rates_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let rate = |w: &str| {
-        serde_json::json!({"type": "number", "description": format!("Burn rate over the last {w}.")})
-    };
+    let rate = |w: &str| serde_json::json!({"type": "number", "description": format!("Burn rate over the last {w}.")});
     schemars::json_schema!({
         "type": "object",
         "properties": {"5m": rate("5m"), "30m": rate("30m"), "1h": rate("1h"), "6h": rate("6h")},

@@ -7,6 +7,7 @@
 mod actions;
 pub mod allocation;
 pub mod bind;
+pub mod budget;
 pub mod decision;
 pub mod drain;
 pub mod evidence;
@@ -91,10 +92,15 @@ pub fn evaluate_profile(
     let shares = shares::share(b, &ev, &ladder, &limits, prev, at);
     warnings.extend(overcommitted(ev.capacity, shares.floors_total));
     warnings.extend(b.warnings.iter().cloned().map(Warning::Binding));
-    let lanes = shares::decisions(&ev, &shares, &limits, at);
+    let mut lanes = shares::decisions(&ev, &shares, &limits, at);
+    let (objectives, bands) = budget::objectives(&ev.lanes, snapshot, &prev.objectives);
+    for (d, o) in lanes.iter_mut().zip(objectives) {
+        d.objective = o;
+    }
     let admitted_total = shares.admitted_total();
     let (sizing, drain, drained) = pool_step(profile, &ev, level, at, prev);
-    let next = next_state(&ev, &ladder, &sizing, drained, shares, prev);
+    let mut next = next_state(&ev, &ladder, &sizing, drained, shares, prev);
+    next.objectives = bands;
     let decision = ProfileDecision {
         namespace: profile.namespace_str().to_owned(),
         name: profile.metadata.name.clone().unwrap_or_default(),
@@ -250,6 +256,7 @@ fn next_state(
         lane_rates: lane_rates(ev, prev),
         ramps: shares.ramps,
         approval_used: ladder.approval_consumed.or(prev.approval_used),
+        objectives: BTreeMap::new(),
     }
 }
 
