@@ -248,7 +248,19 @@ pub struct LaneSignals {
 }
 
 /// The windows burn rates are measured over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub enum BurnWindow {
     /// Five minutes.
     #[serde(rename = "5m")]

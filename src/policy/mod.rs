@@ -8,6 +8,7 @@ mod actions;
 pub mod allocation;
 pub mod bind;
 pub mod budget;
+mod burn;
 pub mod decision;
 pub mod drain;
 pub mod evidence;
@@ -85,7 +86,7 @@ pub fn evaluate_profile(
 ) -> (ProfileDecision, ProfileState) {
     let (profile, policy, at) = (b.profile, b.policy, snapshot.at);
     let ev = Evidence::gather(b, snapshot, prev);
-    let ladder = climb(policy, &ev, at, approval, prev);
+    let ladder = climb(policy, &ev, snapshot, approval, prev);
     let level = ladder.level;
     // Actions of all levels up to the current one.
     let (limits, mut warnings) = apply_actions(policy, level, &ev.lanes);
@@ -137,7 +138,7 @@ pub fn evaluate_profile(
 fn climb(
     policy: Option<&DegradationPolicy>,
     ev: &Evidence<'_>,
-    at: i64,
+    snapshot: &Snapshot,
     approval: Option<Approval>,
     prev: &ProfileState,
 ) -> LadderOutcome {
@@ -154,8 +155,11 @@ fn climb(
                 .sum()
         })
         .collect();
+    let at = snapshot.at;
     let inputs = LevelInputs {
         at,
+        lanes: &snapshot.lanes,
+        namespace: policy.map_or("", |p| p.namespace_str()),
         capacity: ev.capacity,
         utilization: ev.utilization,
         demand_after: &demand_after,

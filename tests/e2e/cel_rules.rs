@@ -86,7 +86,8 @@ fn policy() -> Value {
                 {"name": "conserve",
                  "enterWhen": {"forSeconds": 60, "utilizationPercentAbove": 85, "inFlightAbove": 1350, "queueDepthAbove": 5000,
                                "p95LatencySecondsAbove": "8", "errorRatioAbove": "0.05",
-                               "retryAmplificationAbove": "1.25"},
+                               "retryAmplificationAbove": "1.25",
+                               "burnRateAbove": {"lanes": ["p0-disruption-assist"], "factor": "14.4", "windows": ["1h", "5m"]}},
                  "exitWhen": {"utilizationPercentBelow": 80, "inFlightBelow": 1200, "queueDepthBelow": 1000,
                               "p95LatencySecondsBelow": "5", "errorRatioBelow": "0.02"},
                  "actions": {"rejectOptionalContext": true}},
@@ -844,6 +845,33 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
             "retryAmplificationAbove must be >= 1",
         ),
         (
+            "burn-rate trigger without lanes",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/burnRateAbove/lanes",
+                Some(json!([])),
+            ),
+            "burnRateAbove.lanes must name at least one lane",
+        ),
+        (
+            "burn-rate trigger without windows",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/burnRateAbove/windows",
+                Some(json!([])),
+            ),
+            "burnRateAbove.windows must name at least one window",
+        ),
+        (
+            "burn-rate factor 0",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/burnRateAbove/factor",
+                Some(json!("0")),
+            ),
+            "burnRateAbove.factor must be greater than 0",
+        ),
+        (
             "cool-down factor 101",
             with(d(), "/spec/hysteresis/cooldownFactor", Some(json!("101"))),
             "cooldownFactor must be within 0..100",
@@ -891,6 +919,16 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
 /// Good objects besides the three above: boundary values that must pass.
 fn good_variants() -> Vec<(&'static str, Value)> {
     vec![
+        (
+            "a level entered by a burn rate alone",
+            with(
+                policy(),
+                "/spec/levels/1/enterWhen",
+                Some(
+                    json!({"burnRateAbove": {"lanes": ["p0-disruption-assist"], "factor": "6", "windows": ["6h", "30m"]}}),
+                ),
+            ),
+        ),
         (
             "objective window of exactly an hour, in minutes",
             with(lane(), "/spec/objective/window", Some(json!("60m"))),
