@@ -10,7 +10,6 @@ use crate::api::{Band, LaneBand, LaneContract, ObjectKey};
 use crate::snapshot::{BurnRates, BurnWindow, Snapshot};
 
 use super::decision::{LaneObjective, round6};
-use super::key;
 
 /// The band of `remaining` percent of the budget; with Unknown (None or
 /// not finite) data, at least `Restricted` and never better than
@@ -37,7 +36,7 @@ pub fn objectives(
         .iter()
         .map(|l| {
             l.spec.objective.as_ref()?;
-            let sig = snapshot.lanes.get(&key(l.namespace_str(), l.name_str()));
+            let sig = snapshot.lanes.get(&l.key());
             let remaining = sig
                 .and_then(|s| s.error_budget_remaining_percent)
                 .filter(|r| r.is_finite());

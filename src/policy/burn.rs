@@ -7,8 +7,17 @@ use crate::api::BurnRateAbove;
 use crate::snapshot::LaneSignals;
 
 use super::decision::round6;
-use super::key;
-use super::ladder::TriggerState;
+
+/// What the trigger says in one evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TriggerState {
+    /// It holds, on known data: why.
+    Holds(String),
+    /// It does not hold, on known data (or on none at all).
+    Clear,
+    /// It does not hold, and a window's source reported it Unknown.
+    Unknown,
+}
 
 /// Whether `b` holds for the lanes of `namespace` in `lanes` (keyed
 /// `namespace/name`). A window whose source reported it Unknown makes the
@@ -22,7 +31,8 @@ pub fn holds(
     let factor = b.factor.value();
     let mut unknown = false;
     for lane in &b.lanes {
-        let sig = lanes.get(&key(namespace, lane));
+        // The snapshot's key of a lane: `namespace/name`.
+        let sig = lanes.get(&format!("{namespace}/{lane}"));
         let mut all_above = !b.windows.is_empty();
         let mut seen = Vec::with_capacity(b.windows.len());
         for w in &b.windows {

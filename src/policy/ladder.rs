@@ -10,6 +10,7 @@ use crate::api::{
 use crate::snapshot::{LaneSignals, ProfileSignals};
 
 use super::allocation::EPS;
+use super::burn;
 use super::decision::{LevelTransition, ProfileState, round6};
 
 /// What the ladder reads in one evaluation.
@@ -171,10 +172,10 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> TriggerState {
         }
     }
     if let Some(b) = &e.burn_rate_above {
-        match super::burn::holds(b, i.namespace, i.lanes) {
-            TriggerState::Clear => {}
-            TriggerState::Unknown => unknown = true,
-            held => return held,
+        match burn::holds(b, i.namespace, i.lanes) {
+            burn::TriggerState::Clear => {}
+            burn::TriggerState::Unknown => unknown = true,
+            burn::TriggerState::Holds(why) => return TriggerState::Holds(why),
         }
     }
     if unknown {

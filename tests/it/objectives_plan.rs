@@ -147,3 +147,43 @@ fn the_golden_is_the_plan() {
         path.display()
     );
 }
+
+/// A number as the docs write it.
+fn fig(v: &Value) -> String {
+    let f = v.as_f64().unwrap();
+    if f.fract() == 0.0 {
+        format!("{}", f as i64)
+    } else {
+        format!("{f}")
+    }
+}
+
+#[test]
+fn the_concepts_table_is_the_plan() {
+    let (_, v) = plan_json();
+    let mut rows = String::from(
+        "| at (s) | budget left | burn 5m / 1h | band | level |\n|---|---|---|---|---|\n",
+    );
+    for s in v["steps"].as_array().unwrap() {
+        let o = &lane(s, "tier0-live-agent")["objective"];
+        let left = o
+            .get("remainingPercent")
+            .map_or("Unknown".to_owned(), |r| format!("{} %", fig(r)));
+        let b = &o["burnRate"];
+        let burn = match (b.get("5m"), b.get("1h")) {
+            (Some(m5), Some(h1)) => format!("{} / {}", fig(m5), fig(h1)),
+            _ => "Unknown".to_owned(),
+        };
+        rows += &format!(
+            "| {} | {left} | {burn} | {} | {} |\n",
+            s["at"],
+            o["band"].as_str().unwrap(),
+            s["profiles"][0]["level"]
+        );
+    }
+    let concepts = std::fs::read_to_string(root().join("docs/concepts.md")).unwrap();
+    assert!(
+        concepts.contains(&rows),
+        "docs/concepts.md's objectives table is not the plan's; it should read:\n{rows}"
+    );
+}

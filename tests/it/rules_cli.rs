@@ -118,3 +118,25 @@ fn an_objective_the_crd_refuses_is_refused() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_rule_quoted_in_the_telemetry_doc_is_in_the_rule_file() {
+    let doc = std::fs::read_to_string(root().join("docs/telemetry.md")).unwrap();
+    let rules = std::fs::read_to_string(root().join("examples/objectives/rules.yaml")).unwrap();
+    let section = doc
+        .split("## Objectives and error budgets")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the section");
+    let quoted: Vec<&str> = section
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr: "))
+        .collect();
+    assert!(!quoted.is_empty());
+    for expr in quoted {
+        assert!(
+            rules.contains(&format!("expr: {expr}\n")),
+            "not in rules.yaml: {expr}"
+        );
+    }
+}
