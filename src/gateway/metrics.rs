@@ -132,6 +132,15 @@ fn refused_before_admission(r: &Registry) -> IntCounterVec {
     )
 }
 
+fn qualified(r: &Registry) -> IntCounterVec {
+    counters(
+        r,
+        "lanekeeper_gateway_qualified_requests_total",
+        "Requests that count for the lane's objective, by lane and outcome: good (answered within the deadline) or bad (failed, timed out, answered late, or refused inside the lane's floor).",
+        &["lane", "outcome"],
+    )
+}
+
 fn histograms(r: &Registry, name: &str, help: &str) -> HistogramVec {
     let opts = HistogramOpts::new(name, help).buckets(WAIT_BUCKETS.to_vec());
     registered(r, HistogramVec::new(opts, &["lane"]).expect("valid metric"))
@@ -216,12 +225,7 @@ impl GatewayMetrics {
                 &["lane", "reason"],
             ),
             refused_before_admission: refused_before_admission(&r),
-            qualified: counters(
-                &r,
-                "lanekeeper_gateway_qualified_requests_total",
-                "Requests that count for the lane's objective, by lane and outcome: good (answered within the deadline) or bad (failed, timed out, answered late, or refused inside the lane's floor).",
-                &["lane", "outcome"],
-            ),
+            qualified: qualified(&r),
             registry: r,
         }
     }
