@@ -30,6 +30,7 @@ mod engine_rules;
 mod fake_model;
 mod gateway;
 mod gateway_doc;
+mod gateway_objective;
 mod objectives_plan;
 mod plan_cli;
 mod prometheus_inc47;

@@ -141,6 +141,123 @@ mod tests {
         }
     }
 
+    mod core {
+        use crate::Core;
+        use crate::config::{
+            Flags, GatewayConfig, Generations, InFlight, LaneConfig, LaneState, Mode, QueueLimits,
+            RetryLimits, Telemetry,
+        };
+        use crate::qualified::{Qualified, refused};
+        use crate::verdict::{Outcome, Request, Verdict};
+
+        fn lane(name: &str, rps: f64, floor: Option<f64>) -> LaneConfig {
+            LaneConfig {
+                name: name.to_owned(),
+                priority: 0,
+                state: LaneState::Admitted,
+                sheddable: true,
+                admitted_units_per_second: rps,
+                admitted_requests_per_second: rps,
+                work_units_per_request: 1.0,
+                burst: rps as u64,
+                queue: QueueLimits {
+                    max_depth: 0,
+                    ttl_seconds: 5,
+                },
+                deadline_seconds: 30,
+                retry: RetryLimits {
+                    max_attempts: 3,
+                    budget_percent: 10,
+                },
+                retry_after_seconds: Some(1),
+                deferral: None,
+                routes: vec!["r".to_owned()],
+                fallback_routes: false,
+                optional_context: None,
+                borrowing: vec![],
+                floor_units_per_second: floor,
+                expected_service_seconds: None,
+                spare_capacity: false,
+            }
+        }
+
+        fn core(lanes: Vec<LaneConfig>, stop_at: i64) -> Core {
+            let cfg = GatewayConfig {
+                schema_version: 1,
+                profile: "ns/p".to_owned(),
+                mode: Mode::Enforce,
+                level: 0,
+                level_name: "normal".to_owned(),
+                pending_approval_level: None,
+                telemetry: Telemetry::Known,
+                capacity_units_per_second: Some(1000.0),
+                flags: Flags::default(),
+                in_flight: Some(InFlight {
+                    conserve_at: stop_at,
+                    stop_at,
+                    resume_below: 1,
+                    resume_after_stable_seconds: Some(30),
+                }),
+                generations: Generations::default(),
+                lanes,
+                content_hash: String::new(),
+            };
+            Core::new(cfg, 1.0, 0.0, 0.0).unwrap()
+        }
+
+        fn req(lane: &str) -> Request<'_> {
+            Request {
+                lane,
+                tenant: None,
+                attempt: None,
+                request_id: None,
+            }
+        }
+
+        #[test]
+        fn a_refusal_under_the_floor_is_bad_and_one_over_it_is_not_counted() {
+            // A floor of 100 req/s; the pool stops sheddable lanes at 2 in
+            // flight: the third request is refused with 2 admitted, far
+            // inside the floor.
+            let mut c = core(vec![lane("floored", 100.0, Some(100.0))], 2);
+            for _ in 0..2 {
+                assert!(matches!(c.admit(&req("floored"), 0.0), Verdict::Pass(_)));
+                c.started(0.0);
+            }
+            let Verdict::Refuse(r) = c.admit(&req("floored"), 0.0) else {
+                panic!("stopped");
+            };
+            assert_eq!(r.outcome, Outcome::RejectedOverload);
+            assert!(r.inside_floor);
+            assert_eq!(refused(&r), Qualified::Bad);
+        }
+
+        #[test]
+        fn a_lane_over_its_floor_or_without_one_is_refused_without_breaking_a_promise() {
+            let mut c = core(
+                vec![lane("floored", 10.0, Some(10.0)), lane("bare", 10.0, None)],
+                1_000,
+            );
+            for name in ["floored", "bare"] {
+                for _ in 0..10 {
+                    assert!(matches!(c.admit(&req(name), 0.5), Verdict::Pass(_)));
+                }
+                let Verdict::Refuse(r) = c.admit(&req(name), 0.5) else {
+                    panic!("{name}: over its rate");
+                };
+                assert!(
+                    matches!(
+                        r.outcome,
+                        Outcome::RejectedRate | Outcome::RejectedQueueFull
+                    ),
+                    "{name}: {r:?}"
+                );
+                assert!(!r.inside_floor, "{name}: 10 admitted of a floor of 10");
+                assert_eq!(refused(&r), Qualified::NotCounted, "{name}");
+            }
+        }
+    }
+
     #[test]
     fn only_good_and_bad_have_a_label() {
         assert_eq!(Qualified::Good.label(), Some("good"));
