@@ -187,3 +187,60 @@ fn the_concepts_table_is_the_plan() {
         "docs/concepts.md's objectives table is not the plan's; it should read:\n{rows}"
     );
 }
+
+#[test]
+fn the_plan_sums_up_each_objective_over_the_timeline() {
+    let (_, v) = plan_json();
+    let o = v["objectives"].as_array().unwrap();
+    let names: Vec<&str> = o.iter().map(|x| x["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["tier0-live-agent", "tier1-drafts", "tier2-summaries"]
+    );
+    // 62 % at the first step, -3 % at the last known one: 65 % of the
+    // budget used; over the window 1.03 x the 0.05 % budget went bad.
+    assert_eq!(o[0]["budgetUsedPercent"], 65.0);
+    assert_eq!(o[0]["attainmentPercent"], 99.9485);
+    assert_eq!(o[0]["finalBand"], "Exhausted");
+    assert_eq!(o[0]["worstBand"], "Exhausted");
+    assert_eq!(o[1]["budgetUsedPercent"], 0.0);
+    assert_eq!(o[1]["attainmentPercent"], 99.95);
+    // No budget data: nothing to sum up but the band.
+    assert!(o[2].get("budgetUsedPercent").is_none());
+    assert!(o[2].get("attainmentPercent").is_none());
+    assert_eq!(o[2]["worstBand"], "Restricted");
+}
+
+#[test]
+fn the_table_ends_with_each_objective() {
+    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .args([
+            "plan",
+            "-f",
+            "examples/objectives/manifests.yaml",
+            "--signals",
+            "examples/objectives/signals.yaml",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let tail: String = text
+        .lines()
+        .filter(|l| l.starts_with("objective "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let concepts = std::fs::read_to_string(root().join("docs/concepts.md")).unwrap();
+    assert!(
+        concepts.contains(&format!("```text\n{tail}```")),
+        "docs/concepts.md should quote:\n{tail}"
+    );
+    assert!(
+        text.ends_with(
+            "objective ai-platform/tier0-live-agent 99.95%: budget 62% -> -3% (used 65%), attainment 99.9485%, band Exhausted (worst Exhausted)\n\
+             objective ai-platform/tier1-drafts 99.5%: budget 90% -> 90% (used 0%), attainment 99.95%, band Routine (worst Routine)\n\
+             objective ai-platform/tier2-summaries 99%: budget unknown, band Restricted (worst Restricted)\n"
+        ),
+        "{text}"
+    );
+}
