@@ -31,6 +31,9 @@
 //!   degraded chat history while conserving (`history`).
 //! - **Several replicas**: each enforces `share` (1/N) of every rate, burst,
 //!   floor, queue depth, watermark and of the spare capacity.
+//! - **Qualified outcomes** for the lanes' objectives: good (answered in
+//!   time), bad (failed, late, or refused inside the lane's floor, which
+//!   each [`Refusal`] says), not counted (`qualified`).
 //! - **Observe mode**: a config with `mode: Observe` is evaluated but never
 //!   enforced (the caller admits everything and counts the verdicts).
 
