@@ -40,6 +40,8 @@ RELEASE = "lanekeeper"
 NAMESPACE = "lanekeeper-system"
 KUBE_VERSION = "1.33.0"
 
+OBJECTIVE_RULES = (ROOT / "examples" / "objectives" / "rules.yaml").read_text()
+
 # Value sets rendered besides the defaults. Each must lint, render and validate.
 VALUE_SETS: dict[str, dict] = {
     "namespaced": {
@@ -94,6 +96,15 @@ VALUE_SETS: dict[str, dict] = {
                     "auth": {"credentialsSecret": "gateway-credentials"}},
         "controller": {"bindAddress": "[::]"},
     },
+    # The rules `lanekeeper rules -f examples/objectives` prints (kept equal
+    # to that command's output by tests/it/rules_cli.rs).
+    "objective-rules-configmap": {
+        "objectiveRules": {"enabled": True, "rules": OBJECTIVE_RULES},
+    },
+    "objective-rules-prometheusrule": {
+        "objectiveRules": {"enabled": True, "kind": "PrometheusRule", "rules": OBJECTIVE_RULES,
+                           "labels": {"release": "kube-prometheus-stack"}},
+    },
     "pdb-max-unavailable": {
         "podDisruptionBudget": {"maxUnavailable": "50%"},
         "fullnameOverride": "lk",
@@ -128,9 +139,10 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("bind address with a port", {"gateway": {"bindAddress": "0.0.0.0:80"}}),
     ("bind address a host name", {"controller": {"bindAddress": "localhost"}}),
     ("client cert mode unknown", {"gateway": {"tls": {"clientCert": "maybe"}}}),
+    ("objective rules of an unknown kind", {"objectiveRules": {"kind": "Recording"}}),
 ]
 
-MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}
+MONITOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
 def fail(msg: str) -> None:
@@ -235,6 +247,10 @@ def check_monitor(obj: dict, path: str) -> None:
     """prometheus-operator kinds: the fields the chart sets, by shape."""
     assert obj["apiVersion"] == "monitoring.coreos.com/v1", path
     spec = obj["spec"]
+    if obj["kind"] == "PrometheusRule":
+        if spec != {"groups": yaml.safe_load(OBJECTIVE_RULES)["groups"]}:
+            fail(f"{path}: the PrometheusRule must carry exactly the groups of `lanekeeper rules`")
+        return
     eps = spec["endpoints"] if obj["kind"] == "ServiceMonitor" else spec["podMetricsEndpoints"]
     allowed = {"port", "path", "interval", "scrapeTimeout"}
     for ep in eps:
@@ -271,6 +287,12 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
             fail(f"{label}: Roles in {got}, expected {namespaces}")
     if c["livenessProbe"]["httpGet"]["path"] != "/healthz" or c["readinessProbe"]["httpGet"]["path"] != "/readyz":
         fail(f"{label}: probes must be /healthz and /readyz")
+    rules = values.get("objectiveRules", {})
+    if rules.get("enabled") and rules.get("kind", "Auto") != "PrometheusRule":
+        # Offline there is no PrometheusRule API: Auto gives the ConfigMap.
+        cms = [o for o in by_kind.get("ConfigMap", []) if o["metadata"]["name"].endswith("-objectives")]
+        if [c["data"]["lanekeeper-objectives.rules.yaml"] for c in cms] != [rules["rules"]]:
+            fail(f"{label}: the objectives ConfigMap must hold the rule file as given")
     gw = values.get("gateway", {})
     if gw.get("enabled"):
         # The gateway reads one ConfigMap, and its Role names that one.

@@ -182,6 +182,10 @@ enum Command {
     /// Evaluate manifests offline against a signal timeline and print the
     /// decisions (no cluster needed).
     Plan(PlanArgs),
+    /// Print the Prometheus recording and alerting rules (a rule file) for
+    /// every lane with an objective: burn rates, budget remaining and
+    /// multi-window burn-rate alerts.
+    Rules(RulesArgs),
     /// Simulate traffic through a gateway enforcing the engine's decisions
     /// (or a baseline) and report per-lane outcomes.
     Simulate(lanekeeper::sim::cli::SimulateArgs),
@@ -313,6 +317,29 @@ struct RunArgs {
 enum Output {
     Table,
     Json,
+}
+
+#[derive(clap::Args)]
+struct RulesArgs {
+    /// Manifest files or directories, as `plan` takes them.
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
+    /// Extra PromQL label matchers for the gateway's series, e.g.
+    /// `job="lanekeeper-gateway"`.
+    #[arg(long, value_name = "MATCHERS")]
+    selector: Option<String>,
+}
+
+fn run_rules(args: &RulesArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let loaded = manifest::load(&args.files)?;
+    for n in &loaded.notes {
+        eprintln!("note: {n}");
+    }
+    let file = lanekeeper::signals::rules::rules(&loaded.world, args.selector.as_deref());
+    if file.groups.is_empty() {
+        eprintln!("note: no lane has an objective: no rules");
+    }
+    write_out(out, &lanekeeper::signals::rules::to_yaml(&file))
 }
 
 #[derive(clap::Args)]
@@ -616,6 +643,7 @@ fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
     match cli.command {
         Command::Crdgen { out_dir } => crdgen(out_dir.as_deref(), out),
         Command::Plan(args) => run_plan(&args, out),
+        Command::Rules(args) => run_rules(&args, out),
         Command::Run(args) => run_operator(&args, cli.log_format),
         Command::Simulate(args) => sim::cli::run_simulate(&args, out).map_err(CliError::from),
         Command::Diff(args) => sim::cli::run_diff(&args, out).map_err(CliError::from),

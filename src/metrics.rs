@@ -26,6 +26,12 @@ pub struct Metrics {
     pub lane_admitted: GaugeVec,
     /// Per lane: all attempts ÷ original requests (only while measured).
     pub lane_retry_amplification: GaugeVec,
+    /// Per lane with an objective: percent of its error budget left (only
+    /// while known).
+    pub lane_error_budget_remaining: GaugeVec,
+    /// Per lane with an objective: its band (0 Routine, 1 Cautious, 2
+    /// Restricted, 3 Exhausted).
+    pub lane_budget_band: GaugeVec,
     /// Desired replicas per profile.
     pub desired_replicas: GaugeVec,
     /// Ready replicas per profile.
@@ -152,6 +158,18 @@ impl Metrics {
                 "Attempts per original request per lane (1 = no retries); absent while retries are not measured.",
                 l,
             ),
+            lane_error_budget_remaining: gauge(
+                &registry,
+                "lanekeeper_lane_error_budget_remaining_percent",
+                "Percent of the lane's error budget left over its objective's window; absent while Unknown.",
+                l,
+            ),
+            lane_budget_band: gauge(
+                &registry,
+                "lanekeeper_lane_budget_band",
+                "The lane's error-budget band: 0 Routine, 1 Cautious, 2 Restricted, 3 Exhausted.",
+                l,
+            ),
             desired_replicas: gauge(
                 &registry,
                 "lanekeeper_desired_replicas",
@@ -263,9 +281,13 @@ impl Metrics {
             let _ = self
                 .lane_admitted
                 .remove_label_values(&[namespace, profile, lane]);
-            let _ = self
-                .lane_retry_amplification
-                .remove_label_values(&[namespace, profile, lane]);
+            for g in [
+                &self.lane_retry_amplification,
+                &self.lane_error_budget_remaining,
+                &self.lane_budget_band,
+            ] {
+                let _ = g.remove_label_values(&[namespace, profile, lane]);
+            }
         }
     }
 
@@ -309,6 +331,8 @@ mod tests {
             &m.lane_demand,
             &m.lane_admitted,
             &m.lane_retry_amplification,
+            &m.lane_error_budget_remaining,
+            &m.lane_budget_band,
         ] {
             g.with_label_values(l).set(1.0);
         }
@@ -333,6 +357,8 @@ mod tests {
             ("lane_demand_units_per_second", "gauge"),
             ("lane_admitted_units_per_second", "gauge"),
             ("lane_retry_amplification", "gauge"),
+            ("lane_error_budget_remaining_percent", "gauge"),
+            ("lane_budget_band", "gauge"),
             ("desired_replicas", "gauge"),
             ("ready_replicas", "gauge"),
             ("telemetry_known", "gauge"),

@@ -10,11 +10,18 @@ use crate::policy::{
 };
 use crate::snapshot::{ProfileSignals, SignalsFile, Snapshot};
 
+mod objectives;
+
+pub use objectives::ObjectiveSummary;
+
 /// The plan: one evaluation per step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     /// Evaluations in time order.
     pub steps: Vec<Evaluation>,
+    /// Each lane with an objective over the timeline (absent without one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objectives: Vec<ObjectiveSummary>,
 }
 
 /// What `plan` says on stderr when it runs the default timeline.
@@ -71,7 +78,8 @@ pub fn plan(world: &World, timeline: &SignalsFile, approvals: &Approvals) -> Pla
         state = next;
         steps.push(eval);
     }
-    Plan { steps }
+    let objectives = objectives::summaries(&world.lanes, &steps);
+    Plan { steps, objectives }
 }
 
 fn num(v: f64) -> String {
@@ -221,5 +229,30 @@ pub fn render_table(plan: &Plan) -> String {
             }
         }
     }
+    for o in &plan.objectives {
+        let _ = writeln!(out, "{}", objective_line(o));
+    }
     out
+}
+
+/// One lane's objective over the timeline, for the table.
+fn objective_line(o: &ObjectiveSummary) -> String {
+    let budget = match (o.first_remaining_percent, o.last_remaining_percent) {
+        (Some(a), Some(b)) => format!(
+            "budget {}% -> {}% (used {}%), attainment {}%",
+            num(a),
+            num(b),
+            num(a - b),
+            opt(o.attainment_percent)
+        ),
+        _ => "budget unknown".to_owned(),
+    };
+    format!(
+        "objective {}/{} {}%: {budget}, band {} (worst {})",
+        o.namespace,
+        o.name,
+        num(o.within_deadline_percent),
+        o.final_band.as_str(),
+        o.worst_band.as_str()
+    )
 }

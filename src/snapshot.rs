@@ -230,10 +230,127 @@ pub struct LaneSignals {
     /// amplification, (originals + retries) ÷ originals.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_requests_per_second: Option<f64>,
+    /// What is left of the lane's error budget over its objective's window,
+    /// in percent of the budget (100: untouched, 0 or less: exhausted).
+    /// Absent or `.nan`: Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_budget_remaining_percent: Option<f64>,
+    /// How fast the lane burns its error budget over each window: bad ÷
+    /// counted requests, divided by the budget's fraction (1: the budget
+    /// lasts exactly the objective's window).
+    #[serde(default, skip_serializing_if = "BurnRates::is_empty")]
+    pub burn_rate: BurnRates,
     /// Lane signals that a configured source failed to give, with the reason
-    /// (`requestsPerSecond`, `retryRequestsPerSecond`).
+    /// (`requestsPerSecond`, `retryRequestsPerSecond`,
+    /// `errorBudgetRemainingPercent`, `burnRate.5m`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unknown: BTreeMap<String, String>,
+}
+
+/// The windows burn rates are measured over.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+pub enum BurnWindow {
+    /// Five minutes.
+    #[serde(rename = "5m")]
+    M5,
+    /// Thirty minutes.
+    #[serde(rename = "30m")]
+    M30,
+    /// One hour.
+    #[serde(rename = "1h")]
+    H1,
+    /// Six hours.
+    #[serde(rename = "6h")]
+    H6,
+}
+
+impl BurnWindow {
+    /// Every window, shortest first.
+    pub const ALL: [BurnWindow; 4] = [
+        BurnWindow::M5,
+        BurnWindow::M30,
+        BurnWindow::H1,
+        BurnWindow::H6,
+    ];
+
+    /// The Prometheus duration (`5m`, `30m`, `1h`, `6h`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BurnWindow::M5 => "5m",
+            BurnWindow::M30 => "30m",
+            BurnWindow::H1 => "1h",
+            BurnWindow::H6 => "6h",
+        }
+    }
+
+    /// The window in seconds.
+    pub fn seconds(self) -> i64 {
+        match self {
+            BurnWindow::M5 => 300,
+            BurnWindow::M30 => 1800,
+            BurnWindow::H1 => 3600,
+            BurnWindow::H6 => 21600,
+        }
+    }
+}
+
+/// A lane's burn rate per window (a missing window is Unknown).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BurnRates {
+    /// Over the last 5 minutes.
+    #[serde(rename = "5m", default, skip_serializing_if = "Option::is_none")]
+    pub m5: Option<f64>,
+    /// Over the last 30 minutes.
+    #[serde(rename = "30m", default, skip_serializing_if = "Option::is_none")]
+    pub m30: Option<f64>,
+    /// Over the last hour.
+    #[serde(rename = "1h", default, skip_serializing_if = "Option::is_none")]
+    pub h1: Option<f64>,
+    /// Over the last 6 hours.
+    #[serde(rename = "6h", default, skip_serializing_if = "Option::is_none")]
+    pub h6: Option<f64>,
+}
+
+impl BurnRates {
+    /// The burn rate over `w`, when known (a NaN is Unknown).
+    pub fn get(&self, w: BurnWindow) -> Option<f64> {
+        let v = match w {
+            BurnWindow::M5 => self.m5,
+            BurnWindow::M30 => self.m30,
+            BurnWindow::H1 => self.h1,
+            BurnWindow::H6 => self.h6,
+        };
+        v.filter(|v| v.is_finite())
+    }
+
+    /// Sets the burn rate over `w`.
+    pub fn set(&mut self, w: BurnWindow, v: Option<f64>) {
+        let slot = match w {
+            BurnWindow::M5 => &mut self.m5,
+            BurnWindow::M30 => &mut self.m30,
+            BurnWindow::H1 => &mut self.h1,
+            BurnWindow::H6 => &mut self.h6,
+        };
+        *slot = v;
+    }
+
+    /// No window known.
+    pub fn is_empty(&self) -> bool {
+        BurnWindow::ALL.iter().all(|w| self.get(*w).is_none())
+    }
 }
 
 impl PodSignals {

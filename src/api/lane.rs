@@ -5,6 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::common::Decimal;
+use super::objective::{ObjectiveSpec, ObjectiveStatus};
 
 /// One traffic lane on a pool: its priority, cost, guaranteed floor, ceiling,
 /// deadline, queue, retry budget, routes, and what may be done to it under
@@ -24,6 +25,7 @@ use super::common::Decimal;
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"Admitted, Capped, Throttled or Paused"}"#,
     printcolumn = r#"{"name":"Demand","type":"number","jsonPath":".status.demandUnitsPerSecond","description":"Demand in work units/s"}"#,
     printcolumn = r#"{"name":"Admitted","type":"number","jsonPath":".status.admittedUnitsPerSecond","description":"Admitted work units/s"}"#,
+    printcolumn = r#"{"name":"Budget","type":"string","jsonPath":".status.objective.band","description":"Error-budget band: Routine, Cautious, Restricted or Exhausted"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -90,6 +92,10 @@ pub struct LaneContractSpec {
     /// runs with `--trust-lane-header`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clients: Vec<super::clients::LaneClient>,
+    /// The lane's objective over qualified outcomes, and with it an error
+    /// budget (`lanekeeper rules` turns it into Prometheus rules).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<ObjectiveSpec>,
 }
 
 fn default_weight() -> i32 {
@@ -235,6 +241,10 @@ pub struct LaneContractStatus {
     /// Work units per second borrowed from other lanes' idle floors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub borrowed_units_per_second: Option<f64>,
+    /// The objective's error budget: band, remaining, burn rates (lanes with
+    /// an objective).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<ObjectiveStatus>,
     /// Conditions: `Bound`, `ContractRespected`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

@@ -5,6 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::common::Decimal;
+use crate::snapshot::BurnWindow;
 
 /// The ordered ladder of degradation levels of one CapacityProfile: when each
 /// level is entered, what it does, and how the way back down is governed.
@@ -201,7 +202,7 @@ pub const DEFAULT_APPROVAL_VALID_FOR: i64 = 3600;
 /// hold.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.utilizationPercentAbove) || has(self.inFlightAbove) || (has(self.overCapacity) && self.overCapacity) || has(self.queueDepthAbove) || has(self.p95LatencySecondsAbove) || has(self.errorRatioAbove) || has(self.retryAmplificationAbove)").message("enterWhen needs at least one trigger"))]
+#[x_kube(validation = Rule::new("has(self.utilizationPercentAbove) || has(self.inFlightAbove) || (has(self.overCapacity) && self.overCapacity) || has(self.queueDepthAbove) || has(self.p95LatencySecondsAbove) || has(self.errorRatioAbove) || has(self.retryAmplificationAbove) || has(self.burnRateAbove)").message("enterWhen needs at least one trigger"))]
 pub struct EnterWhen {
     /// How long the triggers must hold (any of them, at every evaluation, on
     /// known data) before the level is entered, in seconds, counted from the
@@ -239,6 +240,32 @@ pub struct EnterWhen {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("quantity(self).compareTo(quantity('1')) >= 0").message("retryAmplificationAbove must be >= 1"))]
     pub retry_amplification_above: Option<Decimal>,
+    /// Holds when one of the listed lanes burns its error budget faster
+    /// than `factor` over every listed window, e.g. `{lanes: [p0], factor:
+    /// "14.4", windows: ["1h", "5m"]}`: a fast burn climbs the ladder before
+    /// the objective has failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burn_rate_above: Option<BurnRateAbove>,
+}
+
+/// A burn-rate trigger: lanes, a factor and the windows that must all be
+/// above it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BurnRateAbove {
+    /// LaneContracts (same namespace and profile, with an objective) whose
+    /// burn rates are watched; any one of them can hold the trigger.
+    #[x_kube(validation = Rule::new("size(self) >= 1").message("burnRateAbove.lanes must name at least one lane"))]
+    pub lanes: Vec<String>,
+    /// The burn-rate factor (1: the budget lasts exactly the objective's
+    /// window; 14.4: 2 % of a 30-day budget in an hour).
+    #[x_kube(validation = Rule::new("quantity(self).isGreaterThan(quantity('0'))").message("burnRateAbove.factor must be greater than 0"))]
+    pub factor: Decimal,
+    /// The windows (`5m`, `30m`, `1h`, `6h`) that must all be above the
+    /// factor: a long one so that it is real, a short one so that it is
+    /// still going on.
+    #[x_kube(validation = Rule::new("size(self) >= 1").message("burnRateAbove.windows must name at least one window"))]
+    pub windows: Vec<BurnWindow>,
 }
 
 fn is_zero(v: &i64) -> bool {

@@ -466,6 +466,37 @@ pub struct PrometheusQueries {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
     pub pod_error_ratio: Option<String>,
+    /// Error budget remaining per lane, in percent of the budget over the
+    /// lane's objective window (`lanekeeper rules` records it as
+    /// `lanekeeper:lane_error_budget_remaining:percent`): one series per lane
+    /// named in the `laneLabel` label. May be negative (overspent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_error_budget_remaining_percent: Option<String>,
+    /// Error-budget burn rate per lane over the last 5 minutes
+    /// (`lanekeeper:lane_burn_rate:5m`): one series per lane named in the
+    /// `laneLabel` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_burn_rate_5m: Option<String>,
+    /// Error-budget burn rate per lane over the last 30 minutes
+    /// (`lanekeeper:lane_burn_rate:30m`): one series per lane named in the
+    /// `laneLabel` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_burn_rate_30m: Option<String>,
+    /// Error-budget burn rate per lane over the last 1 hour
+    /// (`lanekeeper:lane_burn_rate:1h`): one series per lane named in the
+    /// `laneLabel` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_burn_rate_1h: Option<String>,
+    /// Error-budget burn rate per lane over the last 6 hours
+    /// (`lanekeeper:lane_burn_rate:6h`): one series per lane named in the
+    /// `laneLabel` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_burn_rate_6h: Option<String>,
 }
 
 impl PrometheusQueries {

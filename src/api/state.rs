@@ -12,6 +12,19 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::objective::Band;
+
+/// A lane's error-budget band as the engine remembers it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneBand {
+    /// The band.
+    pub band: Band,
+    /// When the lane entered it (Unix seconds live, the timeline's clock in
+    /// `plan`).
+    pub since: i64,
+}
+
 /// State the engine carries between evaluations of one profile. Everything
 /// the hysteresis needs is here, so it can be stored in status and read back
 /// after a restart.
@@ -83,6 +96,10 @@ pub struct ProfileState {
     /// The approval last used to enter a level (it approves nothing more).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_used: Option<Approval>,
+    /// Per lane with an objective: its error-budget band and since when (an
+    /// Unknown budget never relaxes it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub objectives: BTreeMap<String, LaneBand>,
 }
 
 /// A released lane's staged recovery.

@@ -6,7 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::calibration::CalibrationCheck;
 use crate::api::{
     CapacityProfile, CapacityProfileStatus, DegradationPolicy, DegradationPolicyStatus,
-    LaneContract, LaneContractStatus, Transition,
+    LaneContract, LaneContractStatus, ObjectiveStatus, Transition,
 };
 use crate::policy::{Drain, LaneDecision, ProfileDecision, ProfileState, Telemetry, Warning};
 
@@ -350,6 +350,14 @@ pub fn lane_status(
         demand_units_per_second: d.map(|d| d.demand_units_per_second),
         admitted_units_per_second: d.map(|d| d.admitted_units_per_second),
         borrowed_units_per_second: d.map(|d| d.borrowed_units_per_second),
+        objective: d
+            .and_then(|d| d.objective.as_ref())
+            .map(|o| ObjectiveStatus {
+                band: o.band,
+                remaining_percent: o.remaining_percent,
+                burn_rates: o.burn_rate.clone(),
+                since: Some(time(o.since)),
+            }),
         conditions: conditions(existing, wanted, generation, now),
     }
 }

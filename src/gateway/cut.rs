@@ -115,6 +115,7 @@ async fn next(mut s: Stream) -> Option<(Result<Bytes, CutError>, Stream)> {
         () = &mut s.until => Cut::Deadline,
     };
     s.d.meter().cut(cut);
+    s.d.failed();
     if s.sse {
         s.relay = Relay::Abort(cut);
         Some((Ok(error_event(cut)), s))

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use lanes::{Attempt, Core, Pass};
+use lanes::{Attempt, Core, Pass, Served};
 
 use super::metrics::LaneMeter;
 
@@ -60,6 +60,7 @@ impl Dispatch {
                 started: Instant::now(),
                 latency: None,
                 deadline: None,
+                failed: false,
             },
         }
     }
@@ -80,6 +81,12 @@ impl Dispatch {
         self.slot.deadline = deadline;
     }
 
+    /// The upstream failed (unreachable, a 5xx, a broken-off answer): the
+    /// request counts as bad for the lane's objective.
+    pub(super) fn failed(&mut self) {
+        self.slot.failed = true;
+    }
+
     /// The upstream answered with headers after `latency` seconds.
     pub(super) fn set_latency(&mut self, latency: f64) {
         self.slot.latency = Some(latency);
@@ -96,6 +103,7 @@ struct InFlight {
     started: Instant,
     latency: Option<f64>,
     deadline: Option<Instant>,
+    failed: bool,
 }
 
 impl Drop for InFlight {
@@ -103,9 +111,15 @@ impl Drop for InFlight {
         if !self.armed {
             return;
         }
-        if self.deadline.is_some_and(|t| Instant::now() > t) {
+        let late = self.deadline.is_some_and(|t| Instant::now() > t);
+        if late {
             self.meters[self.lane].deadline_missed();
         }
+        self.meters[self.lane].qualified(lanes::qualified::served(Served {
+            answered: self.latency.is_some(),
+            failed: self.failed,
+            late,
+        }));
         let latency = self
             .latency
             .unwrap_or_else(|| self.started.elapsed().as_secs_f64());

@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use lanes::{Attempt, GatewayConfig, Outcome, Pressure};
+use lanes::{Attempt, GatewayConfig, Outcome, Pressure, Qualified, Refusal};
 
 use super::identity::AuthRefusal;
 use prometheus::core::Collector;
@@ -98,6 +98,7 @@ pub struct GatewayMetrics {
     cuts: IntCounterVec,
     refused_before_admission: IntCounterVec,
     auth_refusals: IntCounterVec,
+    qualified: IntCounterVec,
 }
 
 fn registered<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -131,6 +132,15 @@ fn refused_before_admission(r: &Registry) -> IntCounterVec {
         "lanekeeper_gateway_refused_before_admission_total",
         "Requests answered by the gateway before admission (no lane's bucket touched), by reason: not_found, method_not_allowed, invalid_attempt, invalid_request_id, unknown_lane, no_config, body_too_large, body_unreadable.",
         &["reason"],
+    )
+}
+
+fn qualified(r: &Registry) -> IntCounterVec {
+    counters(
+        r,
+        "lanekeeper_gateway_qualified_requests_total",
+        "Requests that count for the lane's objective, by lane and outcome: good (answered within the deadline) or bad (failed, timed out, answered late, or refused inside the lane's floor).",
+        &["lane", "outcome"],
     )
 }
 
@@ -219,6 +229,7 @@ impl GatewayMetrics {
             ),
             refused_before_admission: refused_before_admission(&r),
             auth_refusals: auth_refusals(&r),
+            qualified: qualified(&r),
             registry: r,
         }
     }
@@ -251,6 +262,10 @@ impl GatewayMetrics {
                 cuts: [Cut::Deadline, Cut::UpstreamError]
                     .map(|c| self.cuts.with_label_values(&[&l.name, c.as_str()])),
                 families: (self.requests.clone(), self.shadow.clone()),
+                qualified: [Qualified::Good, Qualified::Bad].map(|q| {
+                    self.qualified
+                        .with_label_values(&[&l.name, q.label().expect("counted")])
+                }),
             })
             .collect()
     }
@@ -335,6 +350,8 @@ pub struct LaneMeter {
     deadline_misses: IntCounter,
     /// By [`Cut`]: deadline, upstream error.
     cuts: [IntCounter; 2],
+    /// By [`Qualified`]: good, bad.
+    qualified: [IntCounter; 2],
     families: (IntCounterVec, IntCounterVec),
 }
 
@@ -360,6 +377,22 @@ impl LaneMeter {
                 ])
             })
             .inc();
+    }
+
+    /// A request was refused (or deferred, or expired): counted by outcome,
+    /// and for the objective when the refusal broke a promise.
+    pub fn refused(&self, class: TenantClass, r: &Refusal) {
+        self.request(class, r.attempt, r.outcome);
+        self.qualified(lanes::qualified::refused(r));
+    }
+
+    /// A request counted for the lane's objective (not counted: nothing).
+    pub fn qualified(&self, q: Qualified) {
+        match q {
+            Qualified::Good => self.qualified[0].inc(),
+            Qualified::Bad => self.qualified[1].inc(),
+            Qualified::NotCounted => {}
+        }
     }
 
     /// Observe mode: enforcing would have ended the request so.

@@ -334,7 +334,7 @@ async fn settle(
             Ok(dispatch.expect("a pass is dispatched"))
         }
         Verdict::Refuse(r) => {
-            meter.request(class, r.attempt, r.outcome);
+            meter.refused(class, &r);
             Err(respond::refusal(name, &r))
         }
         Verdict::UnknownLane => Err(respond::lane_gone(name)),
@@ -381,7 +381,7 @@ async fn wait_turn(
             Ok((d, p.waited_seconds))
         }
         Ok((Resolution::Refuse(r), _)) => {
-            meter.request(class, r.attempt, r.outcome);
+            meter.refused(class, &r);
             Err(respond::refusal(lane, &r))
         }
         Ok((Resolution::Pass(_), None)) | Err(_) => Err(respond::queue_dropped(lane)),

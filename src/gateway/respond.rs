@@ -260,6 +260,7 @@ mod tests {
             outcome,
             limit,
             retry_after_seconds: retry_after,
+            inside_floor: false,
         }
     }
 

@@ -208,6 +208,7 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
     let response = match tokio::time::timeout(remaining, upstream.client.request(req)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
+            d.failed();
             d.meter()
                 .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
             return respond::upstream_unreachable(lane, &route, &e.to_string());
@@ -222,6 +223,7 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
     d.set_latency(latency);
     d.meter().upstream_latency(latency);
     if response.status().is_server_error() {
+        d.failed();
         d.meter()
             .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
     }

@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{Decimal, SheddingMode};
+use crate::api::{Band, Decimal, SheddingMode};
 pub use crate::api::{DrainReason, DrainedPod, ProfileState};
+use crate::snapshot::BurnRates;
 pub use crate::snapshot::CalibrationStale;
 
 pub use super::bind::BindProblem;
@@ -171,6 +172,25 @@ pub struct LaneDecision {
     pub limited_by: Option<String>,
     /// Borrowing grants, with their expiry.
     pub borrowing: Vec<BorrowGrant>,
+    /// The error budget of the lane's objective (lanes with one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<LaneObjective>,
+}
+
+/// A lane's error budget in one step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneObjective {
+    /// The band.
+    pub band: Band,
+    /// Percent of the budget left (absent: Unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining_percent: Option<f64>,
+    /// Burn rates by window (absent windows are Unknown).
+    #[serde(default, skip_serializing_if = "BurnRates::is_empty")]
+    pub burn_rate: BurnRates,
+    /// When the lane entered the band (same clock as `at`).
+    pub since: i64,
 }
 
 /// A borrowing grant.

@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use crate::api::{
     Approval, ApprovalMode, DegradationPolicy, EnterWhen, ExitWhen, LevelSpec, MissingTelemetry,
 };
-use crate::snapshot::ProfileSignals;
+use crate::snapshot::{LaneSignals, ProfileSignals};
 
 use super::allocation::EPS;
+use super::burn;
 use super::decision::{LevelTransition, ProfileState, round6};
 
 /// What the ladder reads in one evaluation.
@@ -30,6 +31,10 @@ pub struct LevelInputs<'a> {
     pub retries_unknown: bool,
     /// Pool signals.
     pub signals: Option<&'a ProfileSignals>,
+    /// Lane signals, keyed `namespace/name` (the burn rates).
+    pub lanes: &'a BTreeMap<String, LaneSignals>,
+    /// The profile's namespace (its lanes' keys).
+    pub namespace: &'a str,
     /// The approval in force, if any.
     pub approval: Option<Approval>,
     /// The end of the released lanes' ramps (the next stable window starts no
@@ -164,6 +169,13 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> TriggerState {
             Some(_) => {}
             None if i.retries_unknown || !i.lanes_known => unknown = true,
             None => {}
+        }
+    }
+    if let Some(b) = &e.burn_rate_above {
+        match burn::holds(b, i.namespace, i.lanes) {
+            burn::TriggerState::Clear => {}
+            burn::TriggerState::Unknown => unknown = true,
+            burn::TriggerState::Holds(why) => return TriggerState::Holds(why),
         }
     }
     if unknown {

@@ -7,6 +7,8 @@
 mod actions;
 pub mod allocation;
 pub mod bind;
+pub mod budget;
+mod burn;
 pub mod decision;
 pub mod drain;
 pub mod evidence;
@@ -84,17 +86,22 @@ pub fn evaluate_profile(
 ) -> (ProfileDecision, ProfileState) {
     let (profile, policy, at) = (b.profile, b.policy, snapshot.at);
     let ev = Evidence::gather(b, snapshot, prev);
-    let ladder = climb(policy, &ev, at, approval, prev);
+    let ladder = climb(policy, &ev, snapshot, approval, prev);
     let level = ladder.level;
     // Actions of all levels up to the current one.
     let (limits, mut warnings) = apply_actions(policy, level, &ev.lanes);
     let shares = shares::share(b, &ev, &ladder, &limits, prev, at);
     warnings.extend(overcommitted(ev.capacity, shares.floors_total));
     warnings.extend(b.warnings.iter().cloned().map(Warning::Binding));
-    let lanes = shares::decisions(&ev, &shares, &limits, at);
+    let mut lanes = shares::decisions(&ev, &shares, &limits, at);
+    let (objectives, bands) = budget::objectives(&ev.lanes, snapshot, &prev.objectives);
+    for (d, o) in lanes.iter_mut().zip(objectives) {
+        d.objective = o;
+    }
     let admitted_total = shares.admitted_total();
     let (sizing, drain, drained) = pool_step(profile, &ev, level, at, prev);
-    let next = next_state(&ev, &ladder, &sizing, drained, shares, prev);
+    let mut next = next_state(&ev, &ladder, &sizing, drained, shares, prev);
+    next.objectives = bands;
     let decision = ProfileDecision {
         namespace: profile.namespace_str().to_owned(),
         name: profile.metadata.name.clone().unwrap_or_default(),
@@ -131,7 +138,7 @@ pub fn evaluate_profile(
 fn climb(
     policy: Option<&DegradationPolicy>,
     ev: &Evidence<'_>,
-    at: i64,
+    snapshot: &Snapshot,
     approval: Option<Approval>,
     prev: &ProfileState,
 ) -> LadderOutcome {
@@ -148,8 +155,11 @@ fn climb(
                 .sum()
         })
         .collect();
+    let at = snapshot.at;
     let inputs = LevelInputs {
         at,
+        lanes: &snapshot.lanes,
+        namespace: policy.map_or("", |p| p.namespace_str()),
         capacity: ev.capacity,
         utilization: ev.utilization,
         demand_after: &demand_after,
@@ -250,6 +260,7 @@ fn next_state(
         lane_rates: lane_rates(ev, prev),
         ramps: shares.ramps,
         approval_used: ladder.approval_consumed.or(prev.approval_used),
+        objectives: BTreeMap::new(),
     }
 }
 

@@ -264,6 +264,7 @@ fn lane_decision(
                 expires_at: at + lease,
             })
             .collect(),
+        objective: None,
     }
 }
 

@@ -13,9 +13,10 @@ use futures::future::BoxFuture;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{CapacityProfile, LaneContract};
-use crate::snapshot::{LaneSignals, PodSignals, ProfileSignals};
+use crate::snapshot::{BurnWindow, LaneSignals, PodSignals, ProfileSignals};
 
 pub mod prometheus;
+pub mod rules;
 pub mod scrape;
 
 /// A pool pod as the controller keeps it (stripped of everything else).
@@ -161,10 +162,48 @@ pub fn merge(base: &mut SourceOutput, overlay: SourceOutput) {
         let e = base.lanes.entry(k).or_default();
         e.requests_per_second = l.requests_per_second.or(e.requests_per_second);
         e.retry_requests_per_second = l.retry_requests_per_second.or(e.retry_requests_per_second);
+        e.error_budget_remaining_percent = l
+            .error_budget_remaining_percent
+            .or(e.error_budget_remaining_percent);
+        for w in BurnWindow::ALL {
+            let v = l.burn_rate.get(w).or(e.burn_rate.get(w));
+            e.burn_rate.set(w, v);
+        }
         e.unknown.extend(l.unknown);
     }
     base.unknown.extend(overlay.unknown);
     if base.profile.available_units_per_second.is_some() || base.profile.ready_replicas.is_some() {
         base.unknown.remove("capacity");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::BurnRates;
+
+    #[test]
+    fn merging_keeps_each_lanes_budget_and_burn_rates() {
+        let lane = |remaining: Option<f64>, m5: Option<f64>, h1: Option<f64>| LaneSignals {
+            error_budget_remaining_percent: remaining,
+            burn_rate: BurnRates {
+                m5,
+                h1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut base = SourceOutput::default();
+        base.lanes
+            .insert("ns/p0".into(), lane(Some(40.0), Some(2.0), Some(3.0)));
+        let mut overlay = SourceOutput::default();
+        overlay
+            .lanes
+            .insert("ns/p0".into(), lane(None, Some(9.0), None));
+        merge(&mut base, overlay);
+        let l = &base.lanes["ns/p0"];
+        assert_eq!(l.error_budget_remaining_percent, Some(40.0), "kept");
+        assert_eq!(l.burn_rate.m5, Some(9.0), "the overlay's value wins");
+        assert_eq!(l.burn_rate.h1, Some(3.0), "kept");
     }
 }

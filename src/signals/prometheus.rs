@@ -30,11 +30,11 @@ use crate::api::profile::{PrometheusQueries, PrometheusSignals};
 use crate::api::{CapacityProfile, LaneContract};
 use crate::metrics::Metrics;
 use crate::policy::{CAPACITY_SIGNAL, World, bind, key};
-use crate::snapshot::{LaneSignals, SignalsFile, Snapshot};
+use crate::snapshot::{BurnWindow, LaneSignals, SignalsFile, Snapshot};
 
 /// The signal names, as in `spec.signals.prometheus.queries` and in
 /// `status.unknownSignals`.
-pub const SIGNALS: [&str; 8] = [
+pub const SIGNALS: [&str; 13] = [
     CAPACITY_SIGNAL,
     "inFlight",
     "queueDepth",
@@ -43,6 +43,11 @@ pub const SIGNALS: [&str; 8] = [
     "laneRequestsPerSecond",
     "laneRetryRequestsPerSecond",
     "podErrorRatio",
+    "laneErrorBudgetRemainingPercent",
+    "laneBurnRate5m",
+    "laneBurnRate30m",
+    "laneBurnRate1h",
+    "laneBurnRate6h",
 ];
 
 /// A per-lane rate a query gives: which [`LaneSignals`] field it fills, and
@@ -53,6 +58,10 @@ enum LaneRate {
     Originals,
     /// `laneRetryRequestsPerSecond`: retries, `retryRequestsPerSecond`.
     Retries,
+    /// `laneErrorBudgetRemainingPercent`: `errorBudgetRemainingPercent`.
+    BudgetRemaining,
+    /// `laneBurnRate5m`, ...: `burnRate.5m`, ...
+    Burn(BurnWindow),
 }
 
 impl LaneRate {
@@ -61,6 +70,11 @@ impl LaneRate {
         match signal {
             "laneRequestsPerSecond" => Some(Self::Originals),
             "laneRetryRequestsPerSecond" => Some(Self::Retries),
+            "laneErrorBudgetRemainingPercent" => Some(Self::BudgetRemaining),
+            "laneBurnRate5m" => Some(Self::Burn(BurnWindow::M5)),
+            "laneBurnRate30m" => Some(Self::Burn(BurnWindow::M30)),
+            "laneBurnRate1h" => Some(Self::Burn(BurnWindow::H1)),
+            "laneBurnRate6h" => Some(Self::Burn(BurnWindow::H6)),
             _ => None,
         }
     }
@@ -71,6 +85,11 @@ impl LaneRate {
         match self {
             Self::Originals => "laneRequestsPerSecond",
             Self::Retries => "laneRetryRequestsPerSecond",
+            Self::BudgetRemaining => "laneErrorBudgetRemainingPercent",
+            Self::Burn(BurnWindow::M5) => "laneBurnRate5m",
+            Self::Burn(BurnWindow::M30) => "laneBurnRate30m",
+            Self::Burn(BurnWindow::H1) => "laneBurnRate1h",
+            Self::Burn(BurnWindow::H6) => "laneBurnRate6h",
         }
     }
 
@@ -79,6 +98,11 @@ impl LaneRate {
         match self {
             Self::Originals => "requestsPerSecond",
             Self::Retries => "retryRequestsPerSecond",
+            Self::BudgetRemaining => "errorBudgetRemainingPercent",
+            Self::Burn(BurnWindow::M5) => "burnRate.5m",
+            Self::Burn(BurnWindow::M30) => "burnRate.30m",
+            Self::Burn(BurnWindow::H1) => "burnRate.1h",
+            Self::Burn(BurnWindow::H6) => "burnRate.6h",
         }
     }
 
@@ -86,7 +110,21 @@ impl LaneRate {
         match self {
             Self::Originals => l.requests_per_second = Some(v),
             Self::Retries => l.retry_requests_per_second = Some(v),
+            Self::BudgetRemaining => l.error_budget_remaining_percent = Some(v),
+            Self::Burn(w) => l.burn_rate.set(w, Some(v)),
         }
+    }
+
+    /// Whether the signal is about `lane`: the objective's signals only
+    /// concern lanes with an objective.
+    fn applies(self, lane: &LaneContract) -> bool {
+        matches!(self, Self::Originals | Self::Retries) || lane.spec.objective.is_some()
+    }
+
+    /// Whether a negative value is a value (an overspent budget), not a
+    /// fault.
+    fn signed(self) -> bool {
+        self == Self::BudgetRemaining
     }
 }
 
@@ -455,13 +493,23 @@ pub struct QueryEvaluation {
 
 /// What a value must pass to become a signal.
 fn check(p: &Point, at: i64, staleness: i64) -> Result<f64, (&'static str, String)> {
+    check_value(p, at, staleness, false)
+}
+
+/// [`check`], with negative values allowed when `signed`.
+fn check_value(
+    p: &Point,
+    at: i64,
+    staleness: i64,
+    signed: bool,
+) -> Result<f64, (&'static str, String)> {
     if p.value.is_nan() {
         return Err(("nan", "nan: the value is NaN".into()));
     }
     if p.value.is_infinite() {
         return Err(("inf", format!("inf: the value is {}", p.value)));
     }
-    if p.value < 0.0 {
+    if p.value < 0.0 && !signed {
         return Err(("negative", format!("negative: the value is {}", p.value)));
     }
     let age = at as f64 - p.sampled_at;
@@ -589,7 +637,7 @@ fn lanes_unknown(e: &mut QueryEvaluation, lanes: &[&LaneContract], signal: &str,
     let Some(rate) = LaneRate::of(signal) else {
         return;
     };
-    for lane in lanes {
+    for lane in lanes.iter().filter(|l| rate.applies(l)) {
         let k = key(&lane.namespace().unwrap_or_default(), &lane.name_any());
         e.output
             .lanes
@@ -620,12 +668,12 @@ fn lane_values(
     let mut missing = Vec::new();
     let mut worst: Option<(&'static str, String)> = None;
     let mut oldest: Option<f64> = None;
-    for lane in lanes {
+    for lane in lanes.iter().filter(|l| rate.applies(l)) {
         let name = lane.name_any();
         let k = key(&lane.namespace().unwrap_or_default(), &name);
         let failed = match by_lane.get(name.as_str()) {
             None => missing_why(),
-            Some(p) => match check(p, at, cfg.staleness_seconds) {
+            Some(p) => match check_value(p, at, cfg.staleness_seconds, rate.signed()) {
                 Ok(v) => {
                     rate.set(e.output.lanes.entry(k).or_default(), v);
                     let a = age(p, at);
@@ -728,6 +776,11 @@ pub fn configured(q: &PrometheusQueries) -> Vec<(&'static str, &str)> {
         &q.lane_requests_per_second,
         &q.lane_retry_requests_per_second,
         &q.pod_error_ratio,
+        &q.lane_error_budget_remaining_percent,
+        &q.lane_burn_rate_5m,
+        &q.lane_burn_rate_30m,
+        &q.lane_burn_rate_1h,
+        &q.lane_burn_rate_6h,
     ]
     .into_iter()
     .zip(SIGNALS)
@@ -1245,5 +1298,11 @@ pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
         pod_error_ratio: Some(format!(
             "pod:error_ratio{{namespace=\"{ns}\",pod=~\"{target}-.*\"}}"
         )),
+        // The objectives' signals are configured, never assumed.
+        lane_error_budget_remaining_percent: None,
+        lane_burn_rate_5m: None,
+        lane_burn_rate_30m: None,
+        lane_burn_rate_1h: None,
+        lane_burn_rate_6h: None,
     }
 }

@@ -74,7 +74,8 @@ fn lane() -> Value {
                 {"jwt": {"issuer": "https://idp.example", "audience": "lanekeeper", "jwksUrl": "https://idp.example/jwks", "subject": "svc"}, "tenantClaim": "team"},
                 {"jwt": {"issuer": "https://idp.example", "audience": "lanekeeper", "jwksConfigMapKeyRef": {"name": "idp-jwks", "key": "jwks.json"}}},
                 {"certificate": {"name": "spiffe://cluster.local/ns/batch/sa/shift-runner"}}
-            ]
+            ],
+            "objective": {"withinDeadlinePercent": "99.9", "latencyP99Seconds": "15", "window": "28d"}
         }
     })
 }
@@ -92,7 +93,8 @@ fn policy() -> Value {
                 {"name": "conserve",
                  "enterWhen": {"forSeconds": 60, "utilizationPercentAbove": 85, "inFlightAbove": 1350, "queueDepthAbove": 5000,
                                "p95LatencySecondsAbove": "8", "errorRatioAbove": "0.05",
-                               "retryAmplificationAbove": "1.25"},
+                               "retryAmplificationAbove": "1.25",
+                               "burnRateAbove": {"lanes": ["p0-disruption-assist"], "factor": "14.4", "windows": ["1h", "5m"]}},
                  "exitWhen": {"utilizationPercentBelow": 80, "inFlightBelow": 1200, "queueDepthBelow": 1000,
                               "p95LatencySecondsBelow": "5", "errorRatioBelow": "0.02"},
                  "actions": {"rejectOptionalContext": true}},
@@ -514,6 +516,44 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
         ),
         // LaneContract
         (
+            "objective of 100 %",
+            with(
+                l(),
+                "/spec/objective/withinDeadlinePercent",
+                Some(json!("100")),
+            ),
+            "withinDeadlinePercent must be within (0, 100)",
+        ),
+        (
+            "objective of 0 %",
+            with(
+                l(),
+                "/spec/objective/withinDeadlinePercent",
+                Some(json!("0")),
+            ),
+            "withinDeadlinePercent must be within (0, 100)",
+        ),
+        (
+            "objective window under an hour",
+            with(l(), "/spec/objective/window", Some(json!("59m"))),
+            "window must be at least 1h",
+        ),
+        (
+            "objective window of zero days",
+            with(l(), "/spec/objective/window", Some(json!("0d"))),
+            "window must be a whole number of minutes, hours, days or weeks, such as 28d",
+        ),
+        (
+            "objective window in years",
+            with(l(), "/spec/objective/window", Some(json!("1y"))),
+            "window must be a whole number of minutes, hours, days or weeks, such as 28d",
+        ),
+        (
+            "objective p99 of zero",
+            with(l(), "/spec/objective/latencyP99Seconds", Some(json!("0"))),
+            "latencyP99Seconds must be greater than 0",
+        ),
+        (
             "floor > ceiling",
             with(l(), "/spec/floorUnitsPerSecond", Some(json!("250"))),
             "floorUnitsPerSecond must be <= ceilingUnitsPerSecond",
@@ -909,6 +949,33 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
             "retryAmplificationAbove must be >= 1",
         ),
         (
+            "burn-rate trigger without lanes",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/burnRateAbove/lanes",
+                Some(json!([])),
+            ),
+            "burnRateAbove.lanes must name at least one lane",
+        ),
+        (
+            "burn-rate trigger without windows",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/burnRateAbove/windows",
+                Some(json!([])),
+            ),
+            "burnRateAbove.windows must name at least one window",
+        ),
+        (
+            "burn-rate factor 0",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/burnRateAbove/factor",
+                Some(json!("0")),
+            ),
+            "burnRateAbove.factor must be greater than 0",
+        ),
+        (
             "cool-down factor 101",
             with(d(), "/spec/hysteresis/cooldownFactor", Some(json!("101"))),
             "cooldownFactor must be within 0..100",
@@ -956,6 +1023,36 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
 /// Good objects besides the three above: boundary values that must pass.
 fn good_variants() -> Vec<(&'static str, Value)> {
     vec![
+        (
+            "a level entered by a burn rate alone",
+            with(
+                policy(),
+                "/spec/levels/1/enterWhen",
+                Some(
+                    json!({"burnRateAbove": {"lanes": ["p0-disruption-assist"], "factor": "6", "windows": ["6h", "30m"]}}),
+                ),
+            ),
+        ),
+        (
+            "objective window of exactly an hour, in minutes",
+            with(lane(), "/spec/objective/window", Some(json!("60m"))),
+        ),
+        (
+            "objective window of exactly an hour",
+            with(lane(), "/spec/objective/window", Some(json!("1h"))),
+        ),
+        (
+            "objective just under 100 %",
+            with(
+                lane(),
+                "/spec/objective/withinDeadlinePercent",
+                Some(json!("99.999")),
+            ),
+        ),
+        (
+            "objective without a window (28d)",
+            with(lane(), "/spec/objective/window", None),
+        ),
         (
             "resumeAfterStableSeconds 0 (resume as soon as below resumeBelow)",
             with(

@@ -383,3 +383,74 @@ async fn an_http_error_is_unknown() {
     assert!(e.output.unknown["inFlight"].contains("busy"));
     let _: BTreeMap<String, String> = e.reasons;
 }
+
+fn lane_with_objective(name: &str) -> LaneContract {
+    let mut l = lane(name);
+    l.spec.objective =
+        Some(serde_json::from_value(json!({"withinDeadlinePercent": "99.9"})).unwrap());
+    l
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn objective_signals_are_lane_signals_and_missing_is_unknown() {
+    let t = t0();
+    let mut s = Series::default();
+    // lane-a: overspent (-35 %) and burning; lane-b: nothing recorded;
+    // lane-c has no objective (its series are ignored, it is never Unknown).
+    s.add("budget", "lane=\"lane-a\"", t - 30, -35.0);
+    s.add("budget", "lane=\"lane-c\"", t - 30, 80.0);
+    s.add("burn5m", "lane=\"lane-a\"", t - 30, 16.5);
+    s.add("burn1h", "lane=\"lane-a\"", t - 30, 15.0);
+    s.add("burn1h", "lane=\"lane-b\"", t - 30, f64::NAN);
+    let Some(prom) = Prom::start("objective_signals_are_lane_signals", &s.render()) else {
+        return;
+    };
+    let owned = [
+        lane_with_objective("lane-a"),
+        lane_with_objective("lane-b"),
+        lane("lane-c"),
+    ];
+    let lanes: Vec<&LaneContract> = owned.iter().collect();
+    let e = eval_at(
+        &prom.url(),
+        json!({
+            "laneErrorBudgetRemainingPercent": "budget",
+            "laneBurnRate5m": "burn5m",
+            "laneBurnRate1h": "burn1h",
+            "laneBurnRate6h": "burn6h_nobody_records",
+        }),
+        &lanes,
+        t,
+    )
+    .await;
+    let a = &e.output.lanes["ns/lane-a"];
+    assert_eq!(
+        a.error_budget_remaining_percent,
+        Some(-35.0),
+        "overspent is a value"
+    );
+    assert_eq!(a.burn_rate.m5, Some(16.5));
+    assert_eq!(a.burn_rate.h1, Some(15.0));
+    assert_eq!(a.burn_rate.m30, None, "not configured");
+    assert_eq!(a.burn_rate.h6, None);
+    assert!(a.unknown["burnRate.6h"].contains("empty"), "{a:?}");
+    let b = &e.output.lanes["ns/lane-b"];
+    assert_eq!(b.error_budget_remaining_percent, None);
+    assert!(
+        b.unknown["errorBudgetRemainingPercent"].contains("missing"),
+        "{b:?}"
+    );
+    assert!(b.unknown["burnRate.1h"].contains("nan"), "{b:?}");
+    assert!(
+        e.output.unknown["laneErrorBudgetRemainingPercent"].contains("lane-b"),
+        "{:?}",
+        e.output.unknown
+    );
+    let c = e.output.lanes.get("ns/lane-c").cloned().unwrap_or_default();
+    assert_eq!(c.error_budget_remaining_percent, None);
+    assert!(c.unknown.is_empty(), "a lane without an objective: {c:?}");
+    // The timeline form: burnRate keyed by window.
+    let y = serde_yaml::to_string(a).unwrap();
+    assert!(y.contains("burnRate:\n  5m: 16.5\n  1h: 15.0"), "{y}");
+    assert!(y.contains("errorBudgetRemainingPercent: -35.0"), "{y}");
+}

@@ -43,6 +43,25 @@ pub fn binaries(test: &str) -> Option<(PathBuf, PathBuf)> {
     }
 }
 
+/// The promtool binary alone, or None after a loud SKIPPED line (a panic
+/// when LANEKEEPER_REQUIRE_PROMETHEUS=1).
+pub fn promtool(test: &str) -> Option<PathBuf> {
+    match on_path("promtool") {
+        Some(t) => Some(t),
+        None => {
+            if std::env::var("LANEKEEPER_REQUIRE_PROMETHEUS").as_deref() == Ok("1") {
+                panic!(
+                    "{test}: promtool not on PATH and LANEKEEPER_REQUIRE_PROMETHEUS=1 (apt-get install -y prometheus)"
+                );
+            }
+            eprintln!(
+                "\n!!!!!!!! SKIPPED {test}: no promtool on PATH (apt-get install -y prometheus) !!!!!!!!\n"
+            );
+            None
+        }
+    }
+}
+
 /// A free loopback port.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

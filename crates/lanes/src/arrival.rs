@@ -142,6 +142,7 @@ impl Core {
                 outcome: Outcome::Deferred,
                 limit: Limit::Deferred,
                 retry_after_seconds: lane.retry_after(),
+                inside_floor: lane.inside_floor(),
             };
             self.pending.push((w.ticket, Resolution::Refuse(refusal)));
         }
@@ -184,6 +185,7 @@ impl Core {
             outcome: Outcome::Deferred,
             limit: Limit::Deferred,
             retry_after_seconds: lane.retry_after(),
+            inside_floor: lane.inside_floor(),
         })
     }
 }
@@ -270,5 +272,6 @@ fn refuse(lane: &Lane, a: &Arrival, outcome: Outcome, limit: Limit) -> Verdict {
             Outcome::RejectedDeadline | Outcome::RejectedRetryBudget => None,
             _ => lane.retry_after(),
         },
+        inside_floor: lane.inside_floor(),
     })
 }

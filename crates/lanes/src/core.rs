@@ -255,5 +255,6 @@ fn lane_removed(lane: usize, attempt: Attempt) -> Refusal {
         outcome: Outcome::RejectedRate,
         limit: Limit::LaneRemoved,
         retry_after_seconds: Some(1),
+        inside_floor: false,
     }
 }

@@ -73,6 +73,14 @@ impl Lane {
         self.cfg.spare_capacity && !self.bucket.paused
     }
 
+    /// Admitted less than its floor over the last second (as of the last
+    /// refill): a refusal now breaks the floor's promise. A paused lane has
+    /// no floor.
+    pub(crate) fn inside_floor(&self) -> bool {
+        let b = &self.bucket;
+        !b.paused && b.floor_rps > 0.0 && b.used.rate(b.last_refill) < b.floor_rps
+    }
+
     /// Adds the tokens accrued since the last refill at `rate`.
     pub(crate) fn refill(&mut self, now: f64, rate: f64) {
         self.bucket.refill(now, rate, self.queue.len());

@@ -33,6 +33,9 @@
 //!   degraded chat history while conserving (`history`).
 //! - **Several replicas**: each enforces `share` (1/N) of every rate, burst,
 //!   floor, queue depth, watermark and of the spare capacity.
+//! - **Qualified outcomes** for the lanes' objectives: good (answered in
+//!   time), bad (failed, late, or refused inside the lane's floor, which
+//!   each [`Refusal`] says), not counted (`qualified`).
 //! - **Observe mode**: a config with `mode: Observe` is evaluated but never
 //!   enforced (the caller admits everything and counts the verdicts).
 
@@ -46,6 +49,7 @@ mod history;
 mod id_ring;
 mod lane;
 mod pressure;
+pub mod qualified;
 mod remembered;
 mod spare;
 pub mod validate;
@@ -67,6 +71,7 @@ pub use crate::pressure::{
     DEFAULT_RESUME_AFTER_STABLE_SECONDS, LATENCY_RISE_FACTOR, LATENCY_RISE_LOOKBACK_SECONDS,
     LATENCY_WINDOW_SECONDS, Pressure,
 };
+pub use crate::qualified::{Qualified, Served};
 pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::validate::ConfigError;

@@ -167,6 +167,9 @@ pub struct Refusal {
     pub limit: Limit,
     /// `Retry-After` seconds, when there is one.
     pub retry_after_seconds: Option<i64>,
+    /// The lane was admitted less than its floor over the last second when
+    /// refused (see [`crate::qualified`]).
+    pub inside_floor: bool,
 }
 
 impl Refusal {

@@ -154,5 +154,6 @@ fn expired(lane: &mut Lane, li: usize, w: &Waiting, past_deadline: bool) -> Refu
             Limit::QueueTtl
         },
         retry_after_seconds: if deferred { lane.retry_after() } else { None },
+        inside_floor: lane.inside_floor(),
     }
 }

@@ -243,6 +243,7 @@ fn profile_events(
         });
     }
     drain_events(effects, out);
+    band_events(reported, decision, out);
     telemetry_events(decision, was("TelemetryKnown"), unknown, out);
     if let Some(c) = &effects.scaling_conflict
         && was("ScalingConflict") != Some("True")
@@ -265,6 +266,45 @@ fn profile_events(
             "DrainBudgetExhausted",
             c.message.clone(),
         ));
+    }
+}
+
+/// A lane whose error-budget band changed: a Warning when it got worse, a
+/// Normal event when it got better (on the profile, naming the lane).
+fn band_events(reported: &Reported, decision: &ProfileDecision, out: &mut Vec<Note>) {
+    let before = reported
+        .profile_before
+        .engine
+        .as_ref()
+        .map(|e| &e.objectives);
+    for lane in &decision.lanes {
+        let Some(o) = &lane.objective else { continue };
+        let was = before.and_then(|b| b.get(&lane.name)).map(|b| b.band);
+        if was == Some(o.band) {
+            continue;
+        }
+        let worse = was.is_none_or(|w| o.band > w);
+        let left = o
+            .remaining_percent
+            .map_or_else(|| "Unknown".to_owned(), |r| format!("{r} %"));
+        let from = was.map_or("no band", |w| w.as_str());
+        out.push(Note {
+            action: format!("Budget{}", o.band.as_str()),
+            ..note(
+                Target::Profile,
+                if worse {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                "BudgetBandChanged",
+                format!(
+                    "lane {}: error budget {from} -> {} (remaining {left})",
+                    lane.name,
+                    o.band.as_str()
+                ),
+            )
+        });
     }
 }
 
@@ -393,6 +433,87 @@ mod tests {
             &Default::default(),
         );
         assert!(n.is_empty(), "{n:?}");
+    }
+
+    fn with_band(band: Option<&str>, remaining: Option<f64>) -> ProfileDecision {
+        let mut d = decision(0, "Known", None);
+        d.lanes = vec![serde_json::from_value(json!({
+            "namespace": "ns", "name": "p0", "priority": 0, "state": "Admitted",
+            "requestsPerSecond": 1.0, "demandSource": "Observed", "demandUnitsPerSecond": 1.0,
+            "admittedUnitsPerSecond": 1.0, "admittedRequestsPerSecond": 1.0,
+            "borrowedUnitsPerSecond": 0.0, "reservedUnitsPerSecond": 0.0,
+            "levelCapUnitsPerSecond": null, "limitedBy": null, "borrowing": [],
+            "objective": band.map(|b| json!({"band": b, "remainingPercent": remaining, "since": 60})),
+        }))
+        .expect("a lane decision")];
+        d
+    }
+
+    fn remembered(band: &str) -> Reported {
+        let mut r = steady();
+        let state: crate::api::ProfileState =
+            serde_json::from_value(json!({"objectives": {"p0": {"band": band, "since": 0}}}))
+                .unwrap();
+        r.profile_before.engine = Some(state);
+        r
+    }
+
+    #[test]
+    fn a_band_change_is_an_event_naming_the_lane_and_a_steady_band_is_none() {
+        let fx = Effects::default();
+        let none = Default::default();
+        let worse = events(
+            &remembered("Cautious"),
+            &with_band(Some("Restricted"), Some(14.5)),
+            &fx,
+            &none,
+        );
+        assert_eq!(reasons(&worse), ["BudgetBandChanged"]);
+        assert_eq!(worse[0].type_, EventType::Warning);
+        assert_eq!(worse[0].action, "BudgetRestricted");
+        assert_eq!(
+            worse[0].note,
+            "lane p0: error budget Cautious -> Restricted (remaining 14.5 %)"
+        );
+        let better = events(
+            &remembered("Exhausted"),
+            &with_band(Some("Cautious"), Some(30.0)),
+            &fx,
+            &none,
+        );
+        assert_eq!(better[0].type_, EventType::Normal);
+        let unknown = events(
+            &remembered("Routine"),
+            &with_band(Some("Restricted"), None),
+            &fx,
+            &none,
+        );
+        assert!(
+            unknown[0].note.ends_with("(remaining Unknown)"),
+            "{unknown:?}"
+        );
+        let same = events(
+            &remembered("Cautious"),
+            &with_band(Some("Cautious"), Some(40.0)),
+            &fx,
+            &none,
+        );
+        assert!(same.is_empty(), "{same:?}");
+        let first = events(
+            &steady(),
+            &with_band(Some("Routine"), Some(90.0)),
+            &fx,
+            &none,
+        );
+        assert_eq!(
+            first[0].note,
+            "lane p0: error budget no band -> Routine (remaining 90 %)"
+        );
+        let without = events(&remembered("Cautious"), &with_band(None, None), &fx, &none);
+        assert!(
+            without.is_empty(),
+            "a lane without an objective: {without:?}"
+        );
     }
 
     #[test]

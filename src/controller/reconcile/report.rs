@@ -192,6 +192,22 @@ fn record_metrics(ctx: &Context, obs: &Observation, decision: &ProfileDecision, 
                 let _ = m.lane_retry_amplification.remove_label_values(&ll);
             }
         }
+        let o = lane.objective.as_ref();
+        match o.and_then(|o| o.remaining_percent) {
+            Some(r) => m.lane_error_budget_remaining.with_label_values(&ll).set(r),
+            None => {
+                let _ = m.lane_error_budget_remaining.remove_label_values(&ll);
+            }
+        }
+        match o {
+            Some(o) => m
+                .lane_budget_band
+                .with_label_values(&ll)
+                .set(f64::from(o.band.severity())),
+            None => {
+                let _ = m.lane_budget_band.remove_label_values(&ll);
+            }
+        }
     }
     if let (Some(done), Some(_)) = (&effects.drain, &obs.profile.spec.drain) {
         use crate::policy::DrainAction;

@@ -1,0 +1,142 @@
+//! `lanekeeper rules` end to end: the committed rule file of
+//! examples/objectives (what the chart check renders into a PrometheusRule
+//! and a ConfigMap, and what the docs quote) is the command's output, lanes
+//! without an objective get no rules, and bad input is refused.
+//!
+//! Regenerate with `cargo run -q -- rules -f examples/objectives/manifests.yaml > examples/objectives/rules.yaml`.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn lanekeeper(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("runs lanekeeper")
+}
+
+#[test]
+fn the_committed_rule_file_is_the_commands_output() {
+    let out = lanekeeper(&["rules", "-f", "examples/objectives/manifests.yaml"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let committed = std::fs::read_to_string(root().join("examples/objectives/rules.yaml")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout) == committed,
+        "examples/objectives/rules.yaml is out of date: regenerate it (see this file's header)"
+    );
+}
+
+#[test]
+fn only_lanes_with_an_objective_get_rules_each_with_its_labels() {
+    let out = lanekeeper(&["rules", "-f", "examples/objectives"]);
+    assert!(out.status.success());
+    let doc: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    let groups = doc["groups"].as_sequence().unwrap();
+    let names: Vec<&str> = groups.iter().map(|g| g["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "lanekeeper-objective-ai-platform-tier0-live-agent",
+            "lanekeeper-objective-ai-platform-tier1-drafts",
+            "lanekeeper-objective-ai-platform-tier2-summaries",
+        ],
+        "batch-backfill has no objective"
+    );
+    for g in groups {
+        for r in g["rules"].as_sequence().unwrap() {
+            let l = &r["labels"];
+            assert_eq!(l["namespace"], "ai-platform");
+            assert_eq!(l["profile"], "support-assist");
+            assert!(
+                g["name"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(l["lane"].as_str().unwrap())
+            );
+        }
+    }
+    // The 99.95 % lane's budget is 0.05 %; the 7d window of tier 2 is used.
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(") / 0.0005\n"), "{text}");
+    assert!(text.contains("[7d]"));
+}
+
+#[test]
+fn the_selector_is_added_to_every_gateway_series() {
+    let out = lanekeeper(&[
+        "rules",
+        "-f",
+        "examples/objectives",
+        "--selector",
+        "job=\"lanekeeper-gateway\"",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let gateway_series = text.matches("lanekeeper_gateway_").count();
+    assert!(gateway_series > 0);
+    assert_eq!(
+        text.matches(",job=\\\"lanekeeper-gateway\\\"").count()
+            + text.matches(",job=\"lanekeeper-gateway\"").count(),
+        gateway_series,
+        "{text}"
+    );
+}
+
+#[test]
+fn an_objective_the_crd_refuses_is_refused() {
+    let dir = std::env::temp_dir().join(format!("lanekeeper-rules-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::fs::read_to_string(root().join("examples/objectives/manifests.yaml")).unwrap();
+    for (bad, message) in [
+        (
+            "withinDeadlinePercent: \"100\"",
+            "withinDeadlinePercent must be within (0, 100)",
+        ),
+        (
+            "withinDeadlinePercent: \"99.5\", window: 30m",
+            "window must be at least 1h",
+        ),
+    ] {
+        let f = dir.join("bad.yaml");
+        std::fs::write(&f, src.replace("withinDeadlinePercent: \"99.5\"", bad)).unwrap();
+        let out = lanekeeper(&["rules", "-f", f.to_str().unwrap()]);
+        assert!(!out.status.success(), "{bad}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(message),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_rule_quoted_in_the_telemetry_doc_is_in_the_rule_file() {
+    let doc = std::fs::read_to_string(root().join("docs/telemetry.md")).unwrap();
+    let rules = std::fs::read_to_string(root().join("examples/objectives/rules.yaml")).unwrap();
+    let section = doc
+        .split("## Objectives and error budgets")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the section");
+    let quoted: Vec<&str> = section
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr: "))
+        .collect();
+    assert!(!quoted.is_empty());
+    for expr in quoted {
+        assert!(
+            rules.contains(&format!("expr: {expr}\n")),
+            "not in rules.yaml: {expr}"
+        );
+    }
+}
