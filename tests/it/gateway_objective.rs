@@ -86,6 +86,8 @@ fn gateway(config: &Path, upstream: &str) -> Proc {
         "127.0.0.1:0".to_owned(),
         "--config".to_owned(),
         config.display().to_string(),
+        // Objectives are counted whoever the caller is.
+        "--trust-lane-header".to_owned(),
     ];
     for r in ["agent-large", "extract-small", "batch-medium", "eval-large"] {
         args.push("--route".to_owned());
