@@ -108,6 +108,27 @@ impl Lag {
             .is_some_and(|p| p.written == want && p.on_top_of.as_deref() == cached_rv)
     }
 
+    /// Whether this leader has written (or tried to write) `want` before:
+    /// then a cache that shows another version (a relist from a stale cache,
+    /// a response lost in a restart) may still be behind the server, and the
+    /// server is asked before writing `want` again.
+    pub fn wrote_before(&self, object: &str, want: &str) -> bool {
+        let pending = self.pending.lock().expect("not poisoned");
+        pending.get(object).is_some_and(|p| p.written == want)
+    }
+
+    /// Records a write of `want` that failed: the server may have taken it
+    /// all the same (a restart between the write and its answer).
+    pub fn failed(&self, object: &str, want: &str) {
+        self.pending.lock().expect("not poisoned").insert(
+            object.to_owned(),
+            Pending {
+                written: want.to_owned(),
+                on_top_of: None,
+            },
+        );
+    }
+
     /// Records a write of `written` on top of `cached_rv`.
     pub fn wrote(&self, object: &str, cached_rv: Option<&str>, written: &str) {
         self.pending.lock().expect("not poisoned").insert(

@@ -77,7 +77,8 @@ audit log).
   resources: ["configmaps"]
   # list, watch: the gateway ConfigMaps are read from a watch (label
   # app.kubernetes.io/managed-by=lanekeeper). get: a Prometheus CA bundle
-  # from a ConfigMap. create: a server-side apply of a ConfigMap that does
+  # from a ConfigMap, and a gateway ConfigMap as the server has it before
+  # writing again a config this leader wrote before. create: a server-side apply of a ConfigMap that does
   # not exist yet is authorized as patch and create.
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]

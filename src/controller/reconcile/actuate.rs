@@ -166,11 +166,17 @@ async fn gateway_config(
         obs.now,
     );
     let object = format!("ConfigMap/{}/{name}", profile.namespace_str());
-    let written = current_hash != Some(cfg.content_hash.as_str())
-        && !ctx
-            .index
-            .lag
-            .in_flight(&object, cached_rv.as_deref(), &cfg.content_hash);
+    let lag = &ctx.index.lag;
+    let mut written = current_hash != Some(cfg.content_hash.as_str())
+        && !lag.in_flight(&object, cached_rv.as_deref(), &cfg.content_hash);
+    if written
+        && lag.wrote_before(&object, &cfg.content_hash)
+        && live_hash(&api, &name).await.as_deref() == Some(cfg.content_hash.as_str())
+    {
+        // Already on the server; the cache is behind it.
+        lag.wrote(&object, cached_rv.as_deref(), &cfg.content_hash);
+        written = false;
+    }
     if written {
         let cm = lanes_configmap::configmap(profile, &cfg, observe);
         api.patch(
@@ -179,7 +185,10 @@ async fn gateway_config(
             &Patch::Apply(&cm),
         )
         .await
-        .map_err(|e| Error::kube("apply gateway configmap", e))?;
+        .map_err(|e| {
+            lag.failed(&object, &cfg.content_hash);
+            Error::kube("apply gateway configmap", e)
+        })?;
         ctx.index
             .lag
             .wrote(&object, cached_rv.as_deref(), &cfg.content_hash);
@@ -191,6 +200,13 @@ async fn gateway_config(
         hash: cfg.content_hash,
         written,
     })
+}
+
+/// The hash annotation of the ConfigMap as the server has it now (a
+/// quorum read), or None when it cannot be read.
+async fn live_hash(api: &Api<ConfigMap>, name: &str) -> Option<String> {
+    let live = api.get_opt(name).await.ok()??;
+    lanes_configmap::from_configmap(&live).1.map(str::to_owned)
 }
 
 /// The pool size: never in observe mode, never without an opinion, never
