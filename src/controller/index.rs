@@ -88,6 +88,8 @@ pub struct TargetView {
 struct Pending {
     written: String,
     on_top_of: Option<String>,
+    /// The write failed: it may or may not be on the server.
+    failed: bool,
 }
 
 /// The guard against writing twice what the watch has not delivered yet:
@@ -105,7 +107,7 @@ impl Lag {
         let pending = self.pending.lock().expect("not poisoned");
         pending
             .get(object)
-            .is_some_and(|p| p.written == want && p.on_top_of.as_deref() == cached_rv)
+            .is_some_and(|p| !p.failed && p.written == want && p.on_top_of.as_deref() == cached_rv)
     }
 
     /// Whether this leader has written (or tried to write) `want` before:
@@ -125,6 +127,7 @@ impl Lag {
             Pending {
                 written: want.to_owned(),
                 on_top_of: None,
+                failed: true,
             },
         );
     }
@@ -136,6 +139,7 @@ impl Lag {
             Pending {
                 written: written.to_owned(),
                 on_top_of: cached_rv.map(str::to_owned),
+                failed: false,
             },
         );
     }
@@ -405,6 +409,21 @@ mod tests {
         lag.wrote("ns/b", None, "h1");
         assert!(lag.in_flight("ns/b", None, "h1"));
         assert!(!lag.in_flight("ns/b", Some("12"), "h1"));
+    }
+
+    #[test]
+    fn a_failed_write_is_never_done_but_makes_the_next_one_look_first() {
+        let lag = Lag::default();
+        assert!(!lag.wrote_before("ns/a", "h1"));
+        lag.failed("ns/a", "h1");
+        // Not done: nothing is cached yet, and nothing may count as written.
+        assert!(!lag.in_flight("ns/a", None, "h1"));
+        assert!(!lag.in_flight("ns/a", Some("10"), "h1"));
+        // But it may be on the server: ask before writing it again.
+        assert!(lag.wrote_before("ns/a", "h1"));
+        assert!(!lag.wrote_before("ns/a", "h2"));
+        lag.wrote("ns/a", Some("10"), "h1");
+        assert!(lag.in_flight("ns/a", Some("10"), "h1"));
     }
 
     #[test]
