@@ -14,9 +14,9 @@ fn root() -> PathBuf {
 }
 
 /// A child process killed when dropped, with the address it printed.
-struct Proc {
+pub(crate) struct Proc {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
     metrics: Option<String>,
 }
 
@@ -48,16 +48,22 @@ fn spawn(bin: &str, args: &[&str]) -> Proc {
     }
 }
 
-fn model(args: &[&str]) -> Proc {
+pub(crate) fn model(args: &[&str]) -> Proc {
     let mut all = vec!["--listen", "127.0.0.1:0"];
     all.extend_from_slice(args);
     spawn(env!("CARGO_BIN_EXE_lanekeeper-fake-model"), &all)
 }
 
 fn gateway(config: &Path, model: &Proc, extra: &[&str]) -> Proc {
+    gateway_to(config, &model.addr, extra)
+}
+
+/// A gateway whose every route is `http://{upstream}` (anything may
+/// listen there, or nothing).
+pub(crate) fn gateway_to(config: &Path, upstream: &str, extra: &[&str]) -> Proc {
     let routes: Vec<String> = ["agent-large", "extract-small", "batch-medium", "eval-large"]
         .iter()
-        .map(|r| format!("{r}=http://{}", model.addr))
+        .map(|r| format!("{r}=http://{upstream}"))
         .collect();
     let mut args = vec![
         "gateway".to_owned(),
@@ -86,14 +92,14 @@ fn gateway(config: &Path, model: &Proc, extra: &[&str]) -> Proc {
 }
 
 /// The INC-47 config at 420 units/s as shipped.
-fn inc47() -> Value {
+pub(crate) fn inc47() -> Value {
     serde_json::from_str(
         &std::fs::read_to_string(root().join("examples/inc-47/lanes-420.json")).unwrap(),
     )
     .unwrap()
 }
 
-fn lane_mut<'a>(cfg: &'a mut Value, name: &str) -> &'a mut Value {
+pub(crate) fn lane_mut<'a>(cfg: &'a mut Value, name: &str) -> &'a mut Value {
     cfg["lanes"]
         .as_array_mut()
         .unwrap()
@@ -117,7 +123,7 @@ fn p2_at(cfg: &mut Value, rps: u32) -> &mut Value {
 }
 
 /// A temp dir for one test's config file.
-fn config_file(test: &str, cfg: &Value) -> PathBuf {
+pub(crate) fn config_file(test: &str, cfg: &Value) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lanekeeper-gw-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("lanes.json");
@@ -132,7 +138,7 @@ fn write_config(path: &Path, cfg: &Value) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()
@@ -173,12 +179,12 @@ async fn stream(c: &reqwest::Client, gw: &Proc, lane: &str) -> reqwest::Response
 }
 
 /// The status of a plain chat request on `lane`.
-async fn status_of(c: &reqwest::Client, gw: &Proc, lane: &str) -> reqwest::StatusCode {
+pub(crate) async fn status_of(c: &reqwest::Client, gw: &Proc, lane: &str) -> reqwest::StatusCode {
     chat(c, gw, Some(lane)).send().await.unwrap().status()
 }
 
 /// Waits until the gateway answers something other than 503 "no config".
-async fn ready(c: &reqwest::Client, gw: &Proc) {
+pub(crate) async fn ready(c: &reqwest::Client, gw: &Proc) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = c
@@ -196,7 +202,7 @@ async fn ready(c: &reqwest::Client, gw: &Proc) {
     }
 }
 
-async fn metrics(c: &reqwest::Client, gw: &Proc) -> String {
+pub(crate) async fn metrics(c: &reqwest::Client, gw: &Proc) -> String {
     c.get(format!("http://{}/metrics", gw.metrics.as_ref().unwrap()))
         .send()
         .await
@@ -207,7 +213,7 @@ async fn metrics(c: &reqwest::Client, gw: &Proc) -> String {
 }
 
 /// The value of the first sample whose line contains every fragment.
-fn sample(text: &str, fragments: &[&str]) -> f64 {
+pub(crate) fn sample(text: &str, fragments: &[&str]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find(|l| fragments.iter().all(|f| l.contains(f)))
