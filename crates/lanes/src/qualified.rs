@@ -143,76 +143,32 @@ mod tests {
 
     mod core {
         use crate::Core;
-        use crate::config::{
-            Flags, GatewayConfig, Generations, InFlight, LaneConfig, LaneState, Mode, QueueLimits,
-            RetryLimits, Telemetry,
-        };
+        use crate::config::{InFlight, LaneConfig};
         use crate::qualified::{Qualified, refused};
-        use crate::verdict::{Outcome, Request, Verdict};
+        use crate::tests::{config, req};
+        use crate::verdict::{Outcome, Verdict};
 
+        /// The core tests' lane at `rps` with no queue and `floor`.
         fn lane(name: &str, rps: f64, floor: Option<f64>) -> LaneConfig {
-            LaneConfig {
-                name: name.to_owned(),
-                priority: 0,
-                state: LaneState::Admitted,
-                sheddable: true,
-                admitted_units_per_second: rps,
-                admitted_requests_per_second: rps,
-                work_units_per_request: 1.0,
-                burst: rps as u64,
-                queue: QueueLimits {
-                    max_depth: 0,
-                    ttl_seconds: 5,
-                },
-                deadline_seconds: 30,
-                retry: RetryLimits {
-                    max_attempts: 3,
-                    budget_percent: 10,
-                },
-                retry_after_seconds: Some(1),
-                deferral: None,
-                routes: vec!["r".to_owned()],
-                fallback_routes: false,
-                clients: vec![],
-                optional_context: None,
-                borrowing: vec![],
-                floor_units_per_second: floor,
-                expected_service_seconds: None,
-                spare_capacity: false,
-            }
+            let mut l = crate::tests::lane(name, rps, rps as u64);
+            l.queue.max_depth = 0;
+            l.retry_after_seconds = Some(1);
+            l.floor_units_per_second = floor;
+            l
         }
 
+        /// A pool of 1,000 units/s that stops sheddable lanes at `stop_at`
+        /// in flight.
         fn core(lanes: Vec<LaneConfig>, stop_at: i64) -> Core {
-            let cfg = GatewayConfig {
-                schema_version: 1,
-                profile: "ns/p".to_owned(),
-                mode: Mode::Enforce,
-                level: 0,
-                level_name: "normal".to_owned(),
-                pending_approval_level: None,
-                telemetry: Telemetry::Known,
-                capacity_units_per_second: Some(1000.0),
-                flags: Flags::default(),
-                in_flight: Some(InFlight {
-                    conserve_at: stop_at,
-                    stop_at,
-                    resume_below: 1,
-                    resume_after_stable_seconds: Some(30),
-                }),
-                generations: Generations::default(),
-                lanes,
-                content_hash: String::new(),
-            };
+            let mut cfg = config(lanes);
+            cfg.capacity_units_per_second = Some(1000.0);
+            cfg.in_flight = Some(InFlight {
+                conserve_at: stop_at,
+                stop_at,
+                resume_below: 1,
+                resume_after_stable_seconds: Some(30),
+            });
             Core::new(cfg, 1.0, 0.0, 0.0).unwrap()
-        }
-
-        fn req(lane: &str) -> Request<'_> {
-            Request {
-                lane,
-                tenant: None,
-                attempt: None,
-                request_id: None,
-            }
         }
 
         #[test]

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use crate::validate::validate;
 use serde_json::json;
 
-fn lane(name: &str, rps: f64, burst: u64) -> LaneConfig {
+pub(crate) fn lane(name: &str, rps: f64, burst: u64) -> LaneConfig {
     LaneConfig {
         name: name.to_owned(),
         priority: 0,
@@ -42,7 +42,7 @@ fn lane(name: &str, rps: f64, burst: u64) -> LaneConfig {
     }
 }
 
-fn config(lanes: Vec<LaneConfig>) -> GatewayConfig {
+pub(crate) fn config(lanes: Vec<LaneConfig>) -> GatewayConfig {
     GatewayConfig {
         schema_version: 1,
         profile: "ns/p".to_owned(),
@@ -60,7 +60,7 @@ fn config(lanes: Vec<LaneConfig>) -> GatewayConfig {
     }
 }
 
-fn req(lane: &str) -> Request<'_> {
+pub(crate) fn req(lane: &str) -> Request<'_> {
     Request {
         lane,
         tenant: None,
