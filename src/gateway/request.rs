@@ -152,7 +152,10 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         Ok(kind) => record.identity = kind.map_or("trusted_header", IdentityKind::as_str),
         Err(r) => return r,
     }
-    record.tenant = asked.tenant.as_deref().map(cut_for_log);
+    record.tenant = asked
+        .tenant
+        .as_deref()
+        .map(|t| respond::prefix(t, 64).to_owned());
     let body = match read_body(body, gw.args.max_body_bytes).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -175,15 +178,6 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         passed,
     };
     forward(&gw.upstream, out, dispatch).await
-}
-
-/// A client's value as the log repeats it: at most 64 bytes.
-fn cut_for_log(v: &str) -> String {
-    let mut end = v.len().min(64);
-    while !v.is_char_boundary(end) {
-        end -= 1;
-    }
-    v[..end].to_owned()
 }
 
 /// Who is calling decides the lane (among its own) and the tenant, unless

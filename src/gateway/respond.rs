@@ -44,11 +44,17 @@ fn echo(v: &str) -> String {
     if v.len() <= ECHO_LIMIT {
         return format!("{v:?}");
     }
-    let mut end = ECHO_LIMIT;
+    format!("{:?}… ({} bytes)", prefix(v, ECHO_LIMIT), v.len())
+}
+
+/// At most `max` bytes of a client's value, cut on a character boundary
+/// (for error messages and log lines).
+pub(super) fn prefix(v: &str, max: usize) -> &str {
+    let mut end = v.len().min(max);
     while !v.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{:?}… ({} bytes)", &v[..end], v.len())
+    &v[..end]
 }
 
 /// 503: no `lanes.json` yet.

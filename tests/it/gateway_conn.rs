@@ -504,6 +504,20 @@ fn exited_within(p: &mut Proc, limit: Duration) -> Option<Duration> {
     None
 }
 
+/// A chat request on the open lane, sent from a task: its status.
+fn chat_in_background(gw: &Proc) -> tokio::task::JoinHandle<reqwest::Result<u16>> {
+    let addr = gw.addr.clone();
+    tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .header("x-lanekeeper-lane", OPEN_LANE)
+            .body(chat_body())
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    })
+}
+
 #[tokio::test]
 async fn sigterm_lets_requests_in_flight_finish_within_the_grace_and_no_longer() {
     let dir = scratch("sigterm");
@@ -512,16 +526,7 @@ async fn sigterm_lets_requests_in_flight_finish_within_the_grace_and_no_longer()
     let mut gw = gateway(&dir, &upstream, &["--shutdown-grace-seconds", "5"], &[]);
     ready(&gw).await;
     // A request in flight when SIGTERM arrives is answered.
-    let addr = gw.addr.clone();
-    let in_flight = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("http://{addr}/v1/chat/completions"))
-            .header("x-lanekeeper-lane", OPEN_LANE)
-            .body(chat_body())
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let in_flight = chat_in_background(&gw);
     tokio::time::sleep(Duration::from_millis(400)).await;
     terminate(&gw);
     assert_eq!(in_flight.await.unwrap().unwrap(), 200);
@@ -534,16 +539,7 @@ async fn sigterm_lets_requests_in_flight_finish_within_the_grace_and_no_longer()
     let upstream = format!("http://{}", m.addr);
     let mut gw = gateway(&dir, &upstream, &["--shutdown-grace-seconds", "1"], &[]);
     ready(&gw).await;
-    let addr = gw.addr.clone();
-    let stuck = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("http://{addr}/v1/chat/completions"))
-            .header("x-lanekeeper-lane", OPEN_LANE)
-            .body(chat_body())
-            .send()
-            .await
-            .map(|r| r.status().as_u16())
-    });
+    let stuck = chat_in_background(&gw);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let start = Instant::now();
     terminate(&gw);
