@@ -43,3 +43,4 @@ mod rules_promtool;
 mod sim_cli;
 mod sim_inc47;
 mod sim_model;
+mod walkthrough;
