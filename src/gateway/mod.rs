@@ -13,7 +13,8 @@
 //! budget (`fds`), TLS towards clients (`tls`) and towards the routes
 //! (`upstream_tls`), the routes' upstream credentials (`credential`), the
 //! shared state and the driver of queued requests (`state`), and typed
-//! metrics (`metrics`); the forwarded paths (`surface`), each decision's
+//! metrics (`metrics`); the fleet's shared lane budgets in Valkey/Redis
+//! (`fleet_store`, leases of each lane's bucket); the forwarded paths (`surface`), each decision's
 //! record (`decision`) and honest ends of cut answers (`cut`). Every
 //! decision is the core's.
 #![deny(clippy::too_many_lines)]
@@ -25,6 +26,7 @@ mod cut;
 mod decision;
 mod dispatch;
 mod fds;
+pub mod fleet_store;
 mod identity;
 mod listen;
 mod metrics;

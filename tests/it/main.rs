@@ -28,6 +28,7 @@ mod engine_evidence;
 mod engine_properties;
 mod engine_rules;
 mod fake_model;
+mod fleet_store_redis;
 mod gateway;
 mod gateway_conn;
 mod gateway_doc;

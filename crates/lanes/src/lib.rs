@@ -45,6 +45,7 @@ pub mod clients;
 pub mod config;
 mod core;
 mod fair_queue;
+pub mod fleet_lease;
 mod history;
 mod id_ring;
 mod lane;

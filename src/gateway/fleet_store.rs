@@ -1,0 +1,175 @@
+//! The shared store of the fleet's lane budgets (Valkey or Redis, one
+//! protocol): leases of each lane's fleet bucket taken and given back with
+//! one atomic server-side script, against the store's clock so that the
+//! replicas' clocks do not matter. The arithmetic is
+//! [`lanes::fleet_lease::FleetBucket`]'s; `tests/it/fleet_store_redis.rs`
+//! checks the script against it on a real server.
+//!
+//! Every call has a deadline of a few milliseconds: a slow or absent store
+//! is an error the caller turns into the replica's local share, never a
+//! request held up or failed.
+
+use std::time::Duration;
+
+use lanes::fleet_lease::FleetLimits;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+/// The lease script: `KEYS[1]` the lane's bucket (a hash of `tokens` and
+/// `updated`), `ARGV` rate, burst, `take` or `give`, a token count and the
+/// key's expiry in milliseconds. Returns the tokens granted (0 for `give`).
+const LEASE_SCRIPT: &str = r"
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local n = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'updated')
+local tokens = tonumber(b[1])
+local updated = tonumber(b[2])
+if tokens == nil or updated == nil then
+  tokens = burst
+  updated = now
+end
+local elapsed = now - updated
+if elapsed < 0 then elapsed = 0 end
+tokens = math.min(burst, tokens + elapsed * rate)
+if updated < now then updated = now end
+local granted = 0
+if ARGV[3] == 'take' then
+  granted = math.max(0, math.min(n, math.floor(tokens)))
+  tokens = tokens - granted
+else
+  tokens = math.min(burst, tokens + n)
+end
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
+  'updated', string.format('%.17g', updated))
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return granted
+";
+
+/// A bucket key lives at least this long after its last lease.
+const MIN_KEY_SECONDS: f64 = 60.0;
+/// And at most this long (a paused lane's bucket refills never).
+const MAX_KEY_SECONDS: f64 = 86_400.0;
+
+/// Why a call to the store did not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetStoreError {
+    /// The store did not answer within the call's deadline.
+    #[error("the shared store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store answered with an error, or the connection failed.
+    #[error("the shared store: {0}")]
+    Store(#[from] redis::RedisError),
+}
+
+/// A connection to the shared store, for one gateway fleet.
+#[derive(Clone)]
+pub struct FleetStore {
+    conn: ConnectionManager,
+    script: redis::Script,
+    prefix: String,
+    deadline: Duration,
+}
+
+impl FleetStore {
+    /// Connects to `url` (`redis://`, `rediss://` for TLS, with a password in
+    /// the URL when the store needs one). Keys start with `prefix` (one per
+    /// fleet: its namespace and profile); every call gets `deadline`.
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        deadline: Duration,
+    ) -> Result<FleetStore, FleetStoreError> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(deadline.max(Duration::from_millis(100))))
+            .set_response_timeout(Some(deadline))
+            .set_number_of_retries(1);
+        let conn = tokio::time::timeout(
+            deadline.max(Duration::from_secs(1)),
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| FleetStoreError::Timeout(deadline))??;
+        Ok(FleetStore {
+            conn,
+            script: redis::Script::new(LEASE_SCRIPT),
+            prefix: prefix.to_string(),
+            deadline,
+        })
+    }
+
+    /// Takes up to `want` tokens of `lane`'s fleet bucket.
+    pub async fn take(
+        &self,
+        lane: &str,
+        limits: FleetLimits,
+        want: u64,
+    ) -> Result<u64, FleetStoreError> {
+        self.call(lane, limits, "take", want).await
+    }
+
+    /// Gives `unused` tokens of an ended lease back to `lane`'s bucket.
+    pub async fn give_back(
+        &self,
+        lane: &str,
+        limits: FleetLimits,
+        unused: u64,
+    ) -> Result<(), FleetStoreError> {
+        if unused == 0 {
+            return Ok(());
+        }
+        self.call(lane, limits, "give", unused).await.map(|_| ())
+    }
+
+    async fn call(
+        &self,
+        lane: &str,
+        limits: FleetLimits,
+        op: &str,
+        n: u64,
+    ) -> Result<u64, FleetStoreError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.script.key(self.bucket_key(lane));
+        invocation
+            .arg(limits.rate.max(0.0))
+            .arg(limits.burst.max(0.0))
+            .arg(op)
+            .arg(n)
+            .arg(key_millis(limits));
+        tokio::time::timeout(self.deadline, invocation.invoke_async(&mut conn))
+            .await
+            .map_err(|_| FleetStoreError::Timeout(self.deadline))?
+            .map_err(FleetStoreError::from)
+    }
+
+    fn bucket_key(&self, lane: &str) -> String {
+        format!("{}:lane:{lane}:bucket", self.prefix)
+    }
+}
+
+/// How long a bucket's key outlives its last lease: long enough that an
+/// expired key (read back as a full bucket) could have refilled anyway.
+fn key_millis(limits: FleetLimits) -> u64 {
+    let refill = if limits.rate > 0.0 {
+        2.0 * limits.burst / limits.rate
+    } else {
+        MAX_KEY_SECONDS
+    };
+    (refill.clamp(MIN_KEY_SECONDS, MAX_KEY_SECONDS) * 1_000.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_outlives_the_time_its_bucket_takes_to_refill() {
+        let l = |rate, burst| FleetLimits { rate, burst };
+        assert_eq!(key_millis(l(50.0, 10.0)), 60_000);
+        assert_eq!(key_millis(l(0.01, 10.0)), 2_000_000);
+        assert_eq!(key_millis(l(0.0, 10.0)), 86_400_000);
+        assert_eq!(key_millis(l(1e-9, 1e9)), 86_400_000);
+    }
+}

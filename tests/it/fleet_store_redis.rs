@@ -1,0 +1,244 @@
+//! The fleet store's lease script on a real `redis-server` (or
+//! `valkey-server`), started here on a free loopback port: it does the
+//! arithmetic of `lanes::fleet_lease::FleetBucket`, concurrent replicas
+//! never get more than the rate plus one burst, and a store that goes away
+//! is an error within the call's deadline, then works again when it is
+//! back. Without a server binary the tests print a loud SKIPPED line;
+//! `LANEKEEPER_REQUIRE_REDIS=1` (CI) makes that a failure.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lanekeeper::gateway::fleet_store::FleetStore;
+use lanes::fleet_lease::{FleetLimits, LEASE_SECONDS, lease_size};
+
+fn on_path(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(bin))
+            .find(|f| f.is_file())
+    })
+}
+
+/// A store server of its own; killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    bin: PathBuf,
+}
+
+impl Server {
+    fn start(test: &str) -> Option<Server> {
+        let Some(bin) = on_path("valkey-server").or_else(|| on_path("redis-server")) else {
+            if std::env::var("LANEKEEPER_REQUIRE_REDIS").as_deref() == Ok("1") {
+                panic!(
+                    "{test}: no redis-server or valkey-server on PATH and LANEKEEPER_REQUIRE_REDIS=1"
+                );
+            }
+            eprintln!(
+                "\n!!!!!!!! SKIPPED {test}: no redis-server/valkey-server on PATH (apt-get install -y redis-server) !!!!!!!!\n"
+            );
+            return None;
+        };
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = spawn(&bin, port);
+        let server = Server { child, port, bin };
+        server.wait_ready();
+        Some(server)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn wait_ready(&self) {
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the store did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn restart(&mut self) {
+        self.stop();
+        self.child = spawn(&self.bin, self.port);
+        self.wait_ready();
+    }
+}
+
+fn spawn(bin: &PathBuf, port: u16) -> Child {
+    Command::new(bin)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts the store")
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+const DEADLINE: Duration = Duration::from_millis(50);
+
+#[tokio::test]
+async fn the_script_is_the_fleet_buckets_arithmetic() {
+    let Some(server) = Server::start("the_script_is_the_fleet_buckets_arithmetic") else {
+        return;
+    };
+    let store = FleetStore::connect(&server.url(), "test", DEADLINE)
+        .await
+        .unwrap();
+    // A slow lane: what accrues between two calls is far below one token.
+    let lane = FleetLimits {
+        rate: 0.001,
+        burst: 10.0,
+    };
+    assert_eq!(
+        store.take("p3", lane, 25).await.unwrap(),
+        10,
+        "a new bucket is full"
+    );
+    assert_eq!(store.take("p3", lane, 1).await.unwrap(), 0, "then empty");
+    store.give_back("p3", lane, 4).await.unwrap();
+    assert_eq!(store.take("p3", lane, 3).await.unwrap(), 3);
+    store.give_back("p3", lane, 1_000).await.unwrap();
+    assert_eq!(
+        store.take("p3", lane, 100).await.unwrap(),
+        10,
+        "given back tokens never lift the bucket above its burst"
+    );
+    assert_eq!(
+        store.take("p4", lane, 2).await.unwrap(),
+        2,
+        "lanes have their own buckets"
+    );
+    let other = FleetStore::connect(&server.url(), "other-fleet", DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(
+        other.take("p3", lane, 10).await.unwrap(),
+        10,
+        "and so do fleets"
+    );
+}
+
+/// Three replicas leasing one lane's bucket as fast as they can for 2 s:
+/// together they get the lane's rate plus one burst, never more, and not
+/// much less.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replicas_share_one_rate() {
+    let Some(server) = Server::start("concurrent_replicas_share_one_rate") else {
+        return;
+    };
+    let lane = FleetLimits {
+        rate: 200.0,
+        burst: 20.0,
+    };
+    let run_for = Duration::from_secs(2);
+    let start = Instant::now();
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let store = FleetStore::connect(&server.url(), "fleet", Duration::from_millis(500))
+            .await
+            .unwrap();
+        replicas.push(tokio::spawn(async move {
+            let mut got = 0;
+            while start.elapsed() < run_for {
+                got += store
+                    .take("p1", lane, lease_size(lane, 1_000.0, 0))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_secs_f64(LEASE_SECONDS / 4.0)).await;
+            }
+            got
+        }));
+    }
+    let mut total = 0;
+    for r in replicas {
+        total += r.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let most = lane.rate * elapsed + lane.burst;
+    assert!(
+        total as f64 <= most,
+        "{total} granted in {elapsed:.2} s, at most {most}"
+    );
+    assert!(
+        total as f64 >= 0.9 * lane.rate * run_for.as_secs_f64(),
+        "{total} granted in {elapsed:.2} s: the replicas starved"
+    );
+}
+
+#[tokio::test]
+async fn a_store_that_goes_away_is_an_error_within_the_deadline_then_back() {
+    let Some(mut server) =
+        Server::start("a_store_that_goes_away_is_an_error_within_the_deadline_then_back")
+    else {
+        return;
+    };
+    let store = FleetStore::connect(&server.url(), "fleet", DEADLINE)
+        .await
+        .unwrap();
+    let lane = FleetLimits {
+        rate: 100.0,
+        burst: 10.0,
+    };
+    assert!(store.take("p1", lane, 1).await.is_ok());
+    server.stop();
+    let asked = Instant::now();
+    assert!(store.take("p1", lane, 1).await.is_err());
+    assert!(
+        asked.elapsed() < DEADLINE * 4,
+        "a down store answered after {:?}",
+        asked.elapsed()
+    );
+    server.restart();
+    let back = Instant::now();
+    loop {
+        if store.take("p1", lane, 1).await.is_ok() {
+            break;
+        }
+        assert!(back.elapsed() < Duration::from_secs(5), "never reconnected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_store_that_is_not_there_fails_to_connect_quickly() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let asked = Instant::now();
+    let r = FleetStore::connect(&format!("redis://127.0.0.1:{port}"), "fleet", DEADLINE).await;
+    assert!(r.is_err());
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(
+        FleetStore::connect("http://not-a-store", "fleet", DEADLINE)
+            .await
+            .is_err()
+    );
+}
