@@ -187,6 +187,35 @@ async fn concurrent_replicas_share_one_rate() {
     );
 }
 
+/// A retry sent to another replica than its original is a retry: the
+/// first sighting of an id is fleet-wide, per lane, and lapses with the
+/// lane's deadline.
+#[tokio::test]
+async fn an_id_is_an_original_once_per_fleet_and_lane() {
+    let Some(server) = Server::start("an_id_is_an_original_once_per_fleet_and_lane") else {
+        return;
+    };
+    let url = server.url();
+    let a = FleetStore::connect(&url, "fleet", DEADLINE).await.unwrap();
+    let b = FleetStore::connect(&url, "fleet", DEADLINE).await.unwrap();
+    let deadline = Duration::from_millis(300);
+    assert!(a.first_sighting("p1", "req-1", deadline).await.unwrap());
+    assert!(
+        !b.first_sighting("p1", "req-1", deadline).await.unwrap(),
+        "the retry on b"
+    );
+    assert!(!a.first_sighting("p1", "req-1", deadline).await.unwrap());
+    assert!(
+        b.first_sighting("p2", "req-1", deadline).await.unwrap(),
+        "another lane"
+    );
+    tokio::time::sleep(deadline + Duration::from_millis(100)).await;
+    assert!(
+        b.first_sighting("p1", "req-1", deadline).await.unwrap(),
+        "forgotten after the deadline"
+    );
+}
+
 #[tokio::test]
 async fn a_store_that_goes_away_is_an_error_within_the_deadline_then_back() {
     let Some(mut server) =

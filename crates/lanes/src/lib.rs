@@ -46,6 +46,7 @@ pub mod config;
 mod core;
 mod fair_queue;
 pub mod fleet_lease;
+pub mod fleet_mode;
 mod history;
 mod id_ring;
 mod lane;
