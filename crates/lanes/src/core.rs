@@ -13,7 +13,7 @@ use crate::config::{GatewayConfig, LaneConfig, Mode};
 use crate::fair_queue::{Key, TenantId};
 use crate::lane::{Lane, effective_rate};
 use crate::pressure::{Pressure, PressureGauge};
-use crate::slots::priority_order;
+use crate::slots::{priority_order, reserve};
 use crate::spare::Spare;
 use crate::validate::{ConfigError, validate};
 use crate::verdict::{Attempt, Limit, Outcome, Refusal, Resolution, Ticket};
@@ -29,6 +29,8 @@ pub struct Core {
     pub(crate) lanes: Vec<Lane>,
     /// Lane indexes in the order free slots go to them (priority first).
     pub(crate) order: Vec<usize>,
+    /// Slots of the in-flight limit kept for the lanes never shed.
+    pub(crate) reserve: u64,
     pub(crate) spare: Spare,
     /// Lane names are the config's own (no client inserts here), so a
     /// cheap hasher will do.
@@ -80,9 +82,11 @@ impl Core {
             .filter(|l| l.cfg.spare_capacity)
             .map(|l| l.cfg.work_units_per_request)
             .fold(0.0, f64::max);
+        let pressure = PressureGauge::new(cfg.in_flight.as_ref(), share, now);
         Ok(Core {
             spare: Spare::new(&cfg, claimed, largest, share, now),
-            pressure: PressureGauge::new(cfg.in_flight.as_ref(), share, now),
+            reserve: reserve(&lanes, pressure.limit()),
+            pressure,
             config: cfg,
             share,
             order: priority_order(&lanes),

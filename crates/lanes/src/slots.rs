@@ -1,8 +1,10 @@
 //! The in-flight limit across lanes: who may take a free slot.
 //!
-//! The sheddable lanes share `inFlight.stopAt`'s slots; a lane that is never
-//! shed (`sheddable: false`) is the reserve and is never held by the limit
-//! (its requests still count in flight). A slot is free again the moment a
+//! The sheddable lanes share `inFlight.stopAt`'s slots less a reserve kept
+//! for the lanes that are never shed (`sheddable: false`): one second of
+//! their requests (their buckets' size). Those lanes are never held by the
+//! limit, and their requests count in flight; the reserve keeps what they
+//! add from taking in flight past `stopAt`. A slot is free again the moment a
 //! request finishes, and [`Core::poll`] hands free slots to the
 //! highest-priority lane with a request ready (waiting, with a token); an
 //! arrival of a lower lane passes at once only when slots are left over for
@@ -14,6 +16,19 @@
 use crate::core::Core;
 use crate::lane::{Lane, effective_rate};
 
+/// The slots kept for the lanes that are never shed: their buckets' size
+/// (one second of their admitted rate, or their floor), leaving at least
+/// one slot of `limit` to the others.
+pub(crate) fn reserve(lanes: &[Lane], limit: Option<u64>) -> u64 {
+    let Some(limit) = limit else { return 0 };
+    let r: f64 = lanes
+        .iter()
+        .filter(|l| !l.cfg.sheddable)
+        .map(|l| l.bucket.cap())
+        .sum();
+    (r.ceil() as u64).min(limit.saturating_sub(1))
+}
+
 /// Lanes in the order free slots go to them: priority, then config order.
 pub(crate) fn priority_order(lanes: &[Lane]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..lanes.len()).collect();
@@ -22,10 +37,17 @@ pub(crate) fn priority_order(lanes: &[Lane]) -> Vec<usize> {
 }
 
 impl Core {
+    /// Slots free to the sheddable lanes now, with `taken` passes of this
+    /// call not counted in flight yet (the reserve kept).
+    pub(crate) fn free_slots(&self, taken: u64) -> u64 {
+        self.pressure
+            .free_slots(taken.saturating_add(self.reserve))
+    }
+
     /// Whether lane `li`'s request may take a slot now, with `taken` passes
     /// of this call not counted in flight yet.
     pub(crate) fn has_slot(&self, li: usize, taken: u64) -> bool {
-        !self.lanes[li].cfg.sheddable || self.pressure.free_slots(taken) > 0
+        !self.lanes[li].cfg.sheddable || self.free_slots(taken) > 0
     }
 
     /// Whether an arrival of lane `li` may take a slot at once: a free one
@@ -34,7 +56,7 @@ impl Core {
         if !self.lanes[li].cfg.sheddable {
             return true;
         }
-        let free = self.pressure.free_slots(0);
+        let free = self.free_slots(0);
         if free == 0 {
             return false;
         }
@@ -78,7 +100,7 @@ impl Core {
             .filter(|l| l.cfg.sheddable && l.cfg.priority <= priority)
             .map(|l| l.queue.len())
             .sum();
-        let need = (ahead as u64 + 1).saturating_sub(self.pressure.free_slots(0));
+        let need = (ahead as u64 + 1).saturating_sub(self.free_slots(0));
         if need == 0 {
             return 0.0;
         }
@@ -99,7 +121,7 @@ impl Core {
     /// the next poll has work (the caller wakes its driver).
     pub(crate) fn slot_freed_for_waiting(&self) -> bool {
         self.pressure.limit().is_some()
-            && self.pressure.free_slots(0) == 1
+            && self.free_slots(0) == 1
             && self
                 .lanes
                 .iter()

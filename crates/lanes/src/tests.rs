@@ -356,8 +356,10 @@ fn a_grant_lapses_at_expires_at_without_a_new_config() {
 
 #[test]
 fn the_limit_holds_sheddable_lanes_and_conserve_ends_after_a_stable_window() {
+    // The never-shed lane keeps a reserve of one slot (its bucket's size):
+    // the sheddable lane has nine.
     let mut cfg = config(vec![lane("shed", 1e6, 1_000_000), {
-        let mut l = lane("never", 1e6, 1_000_000);
+        let mut l = lane("never", 2.0, 1);
         l.sheddable = false;
         l
     }]);
@@ -368,18 +370,22 @@ fn the_limit_holds_sheddable_lanes_and_conserve_ends_after_a_stable_window() {
         resume_after_stable_seconds: Some(30),
     });
     let mut c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
-    for _ in 0..10 {
+    for _ in 0..9 {
         assert!(matches!(c.admit(&req("shed"), 0.0), Verdict::Pass(_)));
         c.started(0.0);
     }
-    assert_eq!(c.pressure(), Pressure::Stop);
-    // At the limit a sheddable request waits for a slot; the reserve
-    // passes.
+    assert_eq!(c.pressure(), Pressure::Conserve);
+    // At the limit a sheddable request waits for a slot; the never-shed
+    // lane passes, into its reserve and past it.
     let Verdict::Queued { ticket, .. } = c.admit(&req("shed"), 0.0) else {
         panic!("a sheddable request waits at the limit");
     };
-    assert!(matches!(c.admit(&req("never"), 0.0), Verdict::Pass(_)));
-    c.started(0.0);
+    for t in [0.0, 0.6] {
+        assert!(matches!(c.admit(&req("never"), t), Verdict::Pass(_)));
+        c.started(t);
+    }
+    assert_eq!(c.in_flight(), 11);
+    assert_eq!(c.pressure(), Pressure::Stop);
     // Down to 5 in flight at t=1 with steady latency: the waiting request
     // passes at once, and the gateway conserves until 30 s of stability
     // below resumeBelow.
@@ -392,7 +398,7 @@ fn the_limit_holds_sheddable_lanes_and_conserve_ends_after_a_stable_window() {
     c.started(1.0);
     assert!(matches!(c.admit(&req("shed"), 1.0), Verdict::Pass(_)));
     c.started(1.0);
-    for _ in 0..5 {
+    for _ in 0..6 {
         c.finished(1.0, 0.2);
     }
     assert_eq!(c.pressure(), Pressure::Conserve);
