@@ -74,8 +74,8 @@ pub use crate::config::{
 pub use crate::core::{Core, DEFAULT_TENANT};
 pub use crate::history::trim_chat_history;
 pub use crate::pressure::{
-    DEFAULT_RESUME_AFTER_STABLE_SECONDS, DRAIN_WINDOW_SECONDS, LATENCY_RISE_FACTOR, LATENCY_RISE_LOOKBACK_SECONDS,
-    LATENCY_WINDOW_SECONDS, Pressure,
+    DEFAULT_RESUME_AFTER_STABLE_SECONDS, DRAIN_WINDOW_SECONDS, LATENCY_RISE_FACTOR,
+    LATENCY_RISE_LOOKBACK_SECONDS, LATENCY_WINDOW_SECONDS, Pressure,
 };
 pub use crate::qualified::{Qualified, Served};
 pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};

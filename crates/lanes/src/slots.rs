@@ -40,8 +40,7 @@ impl Core {
     /// Slots free to the sheddable lanes now, with `taken` passes of this
     /// call not counted in flight yet (the reserve kept).
     pub(crate) fn free_slots(&self, taken: u64) -> u64 {
-        self.pressure
-            .free_slots(taken.saturating_add(self.reserve))
+        self.pressure.free_slots(taken.saturating_add(self.reserve))
     }
 
     /// Whether lane `li`'s request may take a slot now, with `taken` passes

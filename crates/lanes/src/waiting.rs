@@ -63,13 +63,7 @@ impl Core {
     /// Serves in fair order while there are tokens (the lane's own, then
     /// spare capacity) and, for a sheddable lane, free slots; `taken`
     /// counts the passes of this poll.
-    fn serve(
-        &mut self,
-        li: usize,
-        now: f64,
-        taken: &mut u64,
-        out: &mut Vec<(Ticket, Resolution)>,
-    ) {
+    fn serve(&mut self, li: usize, now: f64, taken: &mut u64, out: &mut Vec<(Ticket, Resolution)>) {
         loop {
             let slot = self.has_slot(li, *taken);
             let lane = &mut self.lanes[li];
