@@ -108,3 +108,45 @@ fn resume_at_or_above_conserve_is_a_warning() {
     w.profiles[0].spec.in_flight = None;
     assert!(in_flight(&decide(&w, 560.0, 320.0)).is_empty());
 }
+
+/// `plan` says it, as text and as JSON: INC-47 with `stopAt` 1,000 under
+/// the 1,206 a full pool of 560 units/s holds at the expected demand.
+#[test]
+fn plan_warns_in_text_and_json() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("lanekeeper-in-flight-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let from = "inFlight: {conserveAt: 1350, stopAt: 1500, resumeBelow: 1200}";
+    assert!(INC47.contains(from));
+    let low = dir.join("inc-47.yaml");
+    std::fs::write(
+        &low,
+        INC47.replace(
+            from,
+            "inFlight: {conserveAt: 900, stopAt: 1000, resumeBelow: 800}",
+        ),
+    )
+    .unwrap();
+    let plan = |output: &str| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+            .current_dir(root)
+            .args(["plan", "-f", low.to_str().unwrap(), "-o", output])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let want = "StopAtBelowFullPool: inFlight.stopAt 1000 is below the 1200 requests a full pool holds in flight";
+    let text = plan("table");
+    assert!(text.contains(&format!("warning: {want}")), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&plan("json")).unwrap();
+    let warnings = &json["steps"][0]["profiles"][0]["warnings"];
+    assert!(
+        warnings
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().starts_with(want)),
+        "{warnings}"
+    );
+}
