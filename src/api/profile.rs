@@ -225,15 +225,16 @@ pub struct InFlightSpec {
     /// context (conserve).
     #[x_kube(validation = Rule::new("self >= 1").message("conserveAt must be >= 1"))]
     pub conserve_at: i64,
-    /// At this many requests in flight the gateway stops admitting new requests
-    /// for lanes that may be shed.
+    /// The in-flight limit of the lanes that may be shed: at this many
+    /// requests in flight their requests wait for a slot, which goes to the
+    /// highest-priority lane waiting when a request finishes.
     #[x_kube(validation = Rule::new("self >= 1").message("stopAt must be >= 1"))]
     pub stop_at: i64,
-    /// The gateway resumes normal admission only below this many in flight.
+    /// The gateway leaves conserve only below this many in flight.
     #[x_kube(validation = Rule::new("self >= 0").message("resumeBelow must be >= 0"))]
     pub resume_below: i64,
-    /// Besides being below `resumeBelow`, the gateway leaves conserve or stop
-    /// only once the p95 latency it measures (over 10 s windows) has not been
+    /// Besides being below `resumeBelow`, the gateway leaves conserve only
+    /// once the p95 latency it measures (over 10 s windows) has not been
     /// more than 25 % above its lowest of the minute before for this many
     /// seconds. Default 300 (applied by the gateway when absent); 0: as soon
     /// as in flight is below `resumeBelow`.

@@ -8,10 +8,15 @@ use crate::api::{
     CapacityProfile, CapacityProfileStatus, DegradationPolicy, DegradationPolicyStatus,
     LaneContract, LaneContractStatus, ObjectiveStatus, Transition,
 };
-use crate::policy::{Drain, LaneDecision, ProfileDecision, ProfileState, Telemetry, Warning};
+use crate::policy::{
+    Drain, InFlightProblem, LaneDecision, ProfileDecision, ProfileState, Telemetry, Warning,
+};
 
 /// The condition type saying whether the calibration describes the pool.
 pub const CALIBRATED: &str = "Calibrated";
+
+/// The condition type saying whether the `inFlight` watermarks fit the pool.
+pub const IN_FLIGHT_FITS: &str = "InFlightWatermarksFit";
 
 /// Most transitions kept in a policy's status.
 pub const MAX_TRANSITIONS: usize = 10;
@@ -245,6 +250,40 @@ fn pool_conditions(profile: &CapacityProfile, observed: &Observed) -> Vec<Cond<'
     wanted
 }
 
+/// `InFlightWatermarksFit` (with an `inFlight` section): False when the
+/// decision warns that `stopAt` is below what a full pool holds in flight
+/// or that `resumeBelow >= conserveAt`.
+fn in_flight_condition(profile: &CapacityProfile, d: &ProfileDecision) -> Option<Cond<'static>> {
+    profile.spec.in_flight.as_ref()?;
+    let problems: Vec<&InFlightProblem> = d
+        .warnings
+        .iter()
+        .filter_map(|w| match w {
+            Warning::InFlight(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    Some(match problems.first() {
+        None => Cond {
+            type_: IN_FLIGHT_FITS,
+            status: "True",
+            reason: "Fit",
+            message: "stopAt holds a full pool in flight and resumeBelow is below conserveAt"
+                .into(),
+        },
+        Some(first) => Cond {
+            type_: IN_FLIGHT_FITS,
+            status: "False",
+            reason: first.reason(),
+            message: problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        },
+    })
+}
+
 /// The CapacityProfile status for a decision.
 pub fn profile_status(
     profile: &CapacityProfile,
@@ -262,6 +301,7 @@ pub fn profile_status(
     let known = d.telemetry == Telemetry::Known;
     let mut wanted = decision_conditions(d, observed);
     wanted.extend(pool_conditions(profile, observed));
+    wanted.extend(in_flight_condition(profile, d));
     CapacityProfileStatus {
         observed_generation: generation,
         level: d.level,

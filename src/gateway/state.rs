@@ -226,8 +226,14 @@ impl InFlightSink for Gateway {
     fn finished(&self, latency: f64) {
         self.metrics.in_flight(-1);
         let now = self.now();
-        if let Some(core) = self.lock().core.as_mut() {
-            core.finished(now, latency);
+        // A slot of the in-flight limit a waiting request was held for.
+        let freed = self
+            .lock()
+            .core
+            .as_mut()
+            .is_some_and(|core| core.finished(now, latency));
+        if freed {
+            self.wake.notify_one();
         }
     }
 }

@@ -295,8 +295,64 @@ pub enum Warning {
     ContractOverride(ContractOverride),
     /// A problem of the profile's binding (a duplicate policy).
     Binding(BindProblem),
+    /// The profile's `inFlight` watermarks do not fit its pool.
+    InFlight(InFlightProblem),
     /// A warning read back from text (JSON written by an older version).
     Text(String),
+}
+
+/// What is wrong with a profile's `inFlight` watermarks.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InFlightProblem {
+    /// `stopAt` is below what a full pool holds in flight (Little's law):
+    /// the limit leaves capacity idle while work waits.
+    StopAtBelowFullPool {
+        /// `inFlight.stopAt`.
+        stop_at: i64,
+        /// Requests a full pool holds in flight (at least).
+        full_pool: f64,
+        /// The capacity it was computed from, units/s.
+        capacity: f64,
+    },
+    /// `resumeBelow >= conserveAt`: conserve would be left as it is entered.
+    ResumeAtOrAboveConserve {
+        /// `inFlight.resumeBelow`.
+        resume_below: i64,
+        /// `inFlight.conserveAt`.
+        conserve_at: i64,
+    },
+}
+
+impl InFlightProblem {
+    /// The CamelCase reason (the condition's and the event's).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            InFlightProblem::StopAtBelowFullPool { .. } => "StopAtBelowFullPool",
+            InFlightProblem::ResumeAtOrAboveConserve { .. } => "ResumeAtOrAboveConserve",
+        }
+    }
+}
+
+impl std::fmt::Display for InFlightProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InFlightProblem::StopAtBelowFullPool {
+                stop_at,
+                full_pool,
+                capacity,
+            } => write!(
+                f,
+                "StopAtBelowFullPool: inFlight.stopAt {stop_at} is below the {full_pool} requests a full pool holds in flight (Little's law: capacity {capacity} units/s x the lanes' expectedServiceSeconds); the limit would leave capacity idle while work waits"
+            ),
+            InFlightProblem::ResumeAtOrAboveConserve {
+                resume_below,
+                conserve_at,
+            } => write!(
+                f,
+                "ResumeAtOrAboveConserve: inFlight.resumeBelow {resume_below} is not below conserveAt {conserve_at}; conserve would end as soon as it starts"
+            ),
+        }
+    }
 }
 
 /// A level action a lane contract overrides.
@@ -366,6 +422,7 @@ impl std::fmt::Display for Warning {
                 }
             }
             Warning::Binding(b) => b.fmt(f),
+            Warning::InFlight(p) => p.fmt(f),
             Warning::Text(t) => f.write_str(t),
         }
     }

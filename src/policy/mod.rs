@@ -13,6 +13,7 @@ pub mod decision;
 pub mod drain;
 pub mod evidence;
 pub mod gateway_config;
+mod in_flight;
 pub mod ladder;
 mod shares;
 pub mod sizing;
@@ -92,6 +93,7 @@ pub fn evaluate_profile(
     let (limits, mut warnings) = apply_actions(policy, level, &ev.lanes);
     let shares = shares::share(b, &ev, &ladder, &limits, prev, at);
     warnings.extend(overcommitted(ev.capacity, shares.floors_total));
+    warnings.extend(in_flight::check(profile.spec.in_flight.as_ref(), &ev));
     warnings.extend(b.warnings.iter().cloned().map(Warning::Binding));
     let mut lanes = shares::decisions(&ev, &shares, &limits, at);
     let (objectives, bands) = budget::objectives(&ev.lanes, snapshot, &prev.objectives);

@@ -1466,8 +1466,12 @@ impl<'a> Sim<'a> {
         let p = self.lanes[li].profile;
         self.in_flight[p] -= 1;
         self.pool_count[li] -= 1;
-        if let Some(core) = self.cores[p].as_mut() {
-            core.finished(at, at - a.passed);
+        // A slot of the in-flight limit freed for a waiting request: the
+        // gateway's driver is woken and hands it out at once.
+        if let Some(core) = self.cores[p].as_mut()
+            && core.finished(at, at - a.passed)
+        {
+            self.poll_gateway(p, at);
         }
         let s = self.sec(at);
         if failed {

@@ -250,9 +250,9 @@ fn the_profiles_resume_after_stable_seconds_reaches_lanes_json() {
 }
 
 /// What the gateway's admission core does with the value the controller
-/// wrote: after in flight falls below `resumeBelow` it stays stopped until
-/// the p95 latency has been stable `resumeAfterStableSeconds` (30 here);
-/// with 0 it resumes at once.
+/// wrote: after in flight falls below `resumeBelow` it keeps conserving
+/// until the p95 latency has been stable `resumeAfterStableSeconds` (30
+/// here); with 0 it goes back to normal at once.
 #[test]
 fn the_gateway_resumes_after_the_profiles_stable_window() {
     use lanes::{Core, Pressure};
@@ -280,9 +280,9 @@ fn the_gateway_resumes_after_the_profiles_stable_window() {
         c
     };
     let mut c = core(Some(30));
-    assert_eq!(c.pressure(), Pressure::Stop);
+    assert_eq!(c.pressure(), Pressure::Conserve);
     c.finished(20.0, 0.2);
-    assert_eq!(c.pressure(), Pressure::Stop, "20 s stable of 30");
+    assert_eq!(c.pressure(), Pressure::Conserve, "20 s stable of 30");
     c.finished(31.5, 0.2);
     assert_eq!(c.pressure(), Pressure::Normal);
 
@@ -291,7 +291,7 @@ fn the_gateway_resumes_after_the_profiles_stable_window() {
     // Absent: the default 300 s.
     let mut c = core(None);
     c.finished(200.0, 0.2);
-    assert_eq!(c.pressure(), Pressure::Stop, "200 s stable of 300");
+    assert_eq!(c.pressure(), Pressure::Conserve, "200 s stable of 300");
     c.finished(301.5, 0.2);
     assert_eq!(c.pressure(), Pressure::Normal);
 }

@@ -433,13 +433,21 @@ fn same_seed_same_report_byte_for_byte() {
 
 #[test]
 fn the_p1_surge_is_measured_as_originals_and_retries_apart() {
-    // P1 180 → 320 req/s for 10 minutes at full capacity: the in-flight
-    // reflex holds P1 back and its clients retry. Demand counts originals
-    // only, so the retries do not push the ladder to the read-only level.
+    // P1 180 → 320 req/s for 10 minutes at full capacity, under the
+    // example's earlier in-flight limit (1,500, below the ~2,000 a full pool
+    // holds): the limit holds P1 back and its clients retry. Demand counts
+    // originals only, so the retries do not push the ladder to the
+    // read-only level.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let world = lanekeeper::manifest::load(&[root.join("examples/p1-surge/manifests.yaml")])
+    let mut world = lanekeeper::manifest::load(&[root.join("examples/p1-surge/manifests.yaml")])
         .unwrap()
         .world;
+    world.profiles[0].spec.in_flight = Some(lanekeeper::api::InFlightSpec {
+        conserve_at: 1350,
+        stop_at: 1500,
+        resume_below: 1200,
+        resume_after_stable_seconds: None,
+    });
     let sc = lanekeeper::scenario::load(&root.join("examples/p1-surge/scenario.yaml")).unwrap();
     let (run, rep) = sim::simulate(&world, &sc, Strategy::Lanekeeper).unwrap();
     let p = &rep.profiles[0];

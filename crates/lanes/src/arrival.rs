@@ -1,13 +1,12 @@
 //! [`Core::admit`]: an arriving request, step by step — how it counts for
-//! the retry rules, the retry limits, its deadline, the in-flight stop, a
-//! token (the lane's own or spare capacity), and else a place in the queue
-//! or a refusal.
+//! the retry rules, the retry limits, its deadline, a token (the lane's own
+//! or spare capacity) and a slot of the in-flight limit, and else a place in
+//! the queue or a refusal.
 
 use crate::core::{Core, DEFAULT_TENANT};
 use crate::fair_queue::{Key, Waiting};
 use crate::history::history_turns;
 use crate::lane::{Lane, effective_rate};
-use crate::pressure::Pressure;
 use crate::remembered::{IdRef, Seen};
 use crate::verdict::{
     Attempt, Limit, Outcome, Pass, Refusal, Request, Resolution, Ticket, Verdict,
@@ -47,21 +46,19 @@ impl Core {
         if remaining < lane.expected_service {
             return refuse(lane, &a, Outcome::RejectedDeadline, Limit::Deadline);
         }
-        if self.pressure.state() == Pressure::Stop && lane.cfg.sheddable {
-            return self.refuse_or_defer(&a, Outcome::RejectedOverload, Limit::StopAt);
-        }
         if let Some(pass) = self.pass_now(&a, remaining, now) {
             return Verdict::Pass(pass);
         }
         self.queue_or_refuse(&a, req.tenant, rate, remaining, now)
     }
 
-    /// A token (its own, or spare capacity) and nobody waiting ahead: go.
+    /// A token (its own, or spare capacity), a slot, and nobody waiting
+    /// ahead: go.
     fn pass_now(&mut self, a: &Arrival, remaining: f64, now: f64) -> Option<Pass> {
-        let lane = &mut self.lanes[a.lane];
-        if !lane.queue.is_empty() {
+        if !self.lanes[a.lane].queue.is_empty() || !self.slot_for_arrival(a.lane, now) {
             return None;
         }
+        let lane = &mut self.lanes[a.lane];
         if !(lane.bucket.take()
             || lane.draws_on_spare() && self.spare.take(now, lane.cfg.work_units_per_request))
         {
@@ -109,6 +106,13 @@ impl Core {
         }
         if wait > lane.cfg.queue.ttl_seconds as f64 {
             return self.refuse_or_defer(a, Outcome::RejectedRate, Limit::QueueTtl);
+        }
+        // The wait for a slot of the in-flight limit, behind the lanes above.
+        let slot_wait = self.slot_wait(a.lane, now);
+        if slot_wait.max(wait) + lane.expected_service > remaining
+            || slot_wait > lane.cfg.queue.ttl_seconds as f64
+        {
+            return self.refuse_or_defer(a, Outcome::RejectedOverload, Limit::StopAt);
         }
         if lane.queue.len() >= lane.max_depth && !self.make_room(a) {
             return self.defer(a);

@@ -2,7 +2,8 @@
 //! CapacityProfile's lanes). `new` and `swap` install a config, `admit`
 //! decides on an arriving request, `poll` resolves waiting ones, `next_wake`
 //! says when `poll` next has work, `cancel` gives up a waiting request, and
-//! `started`/`finished` count what is in flight. Every call takes the time.
+//! `started`/`finished` count what is in flight (every pass is counted by
+//! `started` before the next call: the in-flight limit's slots). Every call takes the time.
 
 use std::collections::HashMap;
 
@@ -12,6 +13,7 @@ use crate::config::{GatewayConfig, LaneConfig, Mode};
 use crate::fair_queue::{Key, TenantId};
 use crate::lane::{Lane, effective_rate};
 use crate::pressure::{Pressure, PressureGauge};
+use crate::slots::{priority_order, reserve};
 use crate::spare::Spare;
 use crate::validate::{ConfigError, validate};
 use crate::verdict::{Attempt, Limit, Outcome, Refusal, Resolution, Ticket};
@@ -25,6 +27,10 @@ pub struct Core {
     pub(crate) config: GatewayConfig,
     share: f64,
     pub(crate) lanes: Vec<Lane>,
+    /// Lane indexes in the order free slots go to them (priority first).
+    pub(crate) order: Vec<usize>,
+    /// Slots of the in-flight limit kept for the lanes never shed.
+    pub(crate) reserve: u64,
     pub(crate) spare: Spare,
     /// Lane names are the config's own (no client inserts here), so a
     /// cheap hasher will do.
@@ -76,11 +82,14 @@ impl Core {
             .filter(|l| l.cfg.spare_capacity)
             .map(|l| l.cfg.work_units_per_request)
             .fold(0.0, f64::max);
+        let pressure = PressureGauge::new(cfg.in_flight.as_ref(), share, now);
         Ok(Core {
             spare: Spare::new(&cfg, claimed, largest, share, now),
-            pressure: PressureGauge::new(cfg.in_flight.as_ref(), share, now),
+            reserve: reserve(&lanes, pressure.limit()),
+            pressure,
             config: cfg,
             share,
+            order: priority_order(&lanes),
             lanes,
             by_name,
             next_ticket: 0,
@@ -226,8 +235,17 @@ impl Core {
     }
 
     /// A request that went upstream finished after `latency_seconds`.
-    pub fn finished(&mut self, now: f64, latency_seconds: f64) {
+    /// Returns whether its slot is the one a waiting request was held for
+    /// by the in-flight limit: [`Core::poll`] has work now.
+    pub fn finished(&mut self, now: f64, latency_seconds: f64) -> bool {
         self.pressure.finished(now, latency_seconds);
+        self.slot_freed_for_waiting()
+    }
+
+    /// The in-flight limit in force (`inFlight.stopAt`, this replica's
+    /// share), None without one.
+    pub fn in_flight_limit(&self) -> Option<u64> {
+        self.pressure.limit()
     }
 
     /// The p95 latency over the last window, as measured.

@@ -29,7 +29,12 @@
 //!   `retry.maxAttempts` and the retry budget; a request back after a
 //!   deferral is neither an original nor a retry (`remembered`, `arrival`).
 //! - **Deferral** for lanes with a `deferral` object (`arrival`, `waiting`).
-//! - **In-flight watermarks with hysteresis** (`pressure`), and the
+//! - **In-flight limit by priority**: `stopAt` is the number of slots the
+//!   sheddable lanes share; a freed slot goes to the highest-priority
+//!   waiting lane, a lane that is never shed keeps its reserve, and a
+//!   request whose wait for a slot would miss its deadline is refused at
+//!   once (`slots`). **Conserve with hysteresis** at `conserveAt`, left
+//!   under `resumeBelow` once the p95 is stable (`pressure`), and the
 //!   degraded chat history while conserving (`history`).
 //! - **Several replicas**: each enforces `share` (1/N) of every rate, burst,
 //!   floor, queue depth, watermark and of the spare capacity.
@@ -53,6 +58,7 @@ mod lane;
 mod pressure;
 pub mod qualified;
 mod remembered;
+mod slots;
 mod spare;
 pub mod validate;
 mod verdict;
@@ -70,8 +76,8 @@ pub use crate::config::{
 pub use crate::core::{Core, DEFAULT_TENANT};
 pub use crate::history::trim_chat_history;
 pub use crate::pressure::{
-    DEFAULT_RESUME_AFTER_STABLE_SECONDS, LATENCY_RISE_FACTOR, LATENCY_RISE_LOOKBACK_SECONDS,
-    LATENCY_WINDOW_SECONDS, Pressure,
+    DEFAULT_RESUME_AFTER_STABLE_SECONDS, DRAIN_WINDOW_SECONDS, LATENCY_RISE_FACTOR,
+    LATENCY_RISE_LOOKBACK_SECONDS, LATENCY_WINDOW_SECONDS, Pressure,
 };
 pub use crate::qualified::{Qualified, Served};
 pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
@@ -83,5 +89,7 @@ pub use crate::verdict::{
 /// The time library of [`Borrow::expires_at`].
 pub use jiff;
 
+#[cfg(test)]
+mod slots_tests;
 #[cfg(test)]
 mod tests;

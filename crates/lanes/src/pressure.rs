@@ -1,6 +1,8 @@
-//! In-flight pressure: the watermarks of `inFlight` with hysteresis, and
-//! the latency the gateway measures (its p95 decides when the pool is
-//! stable enough to leave conserve or stop).
+//! In-flight pressure: `inFlight.stopAt` as a concurrency limit (the
+//! slots the sheddable lanes share), `conserveAt` with hysteresis, and the
+//! latency the gateway measures (its p95 decides when the pool is stable
+//! enough to leave conserve). The limit is no latch: a slot is free again
+//! the moment a request finishes.
 
 use std::collections::VecDeque;
 
@@ -16,14 +18,21 @@ pub const LATENCY_RISE_FACTOR: f64 = 1.25;
 /// How far back a rise of the p95 is measured from.
 pub const LATENCY_RISE_LOOKBACK_SECONDS: i64 = 60;
 
+/// Completions are counted over this many seconds for the rate at which
+/// slots free up (the expected wait for one).
+pub const DRAIN_WINDOW_SECONDS: usize = 5;
+
 /// The in-flight pressure state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Pressure {
-    /// Below the watermarks.
+    /// Below the watermarks, or back under `resumeBelow` with the latency
+    /// stable.
     Normal,
-    /// At `conserveAt`: send degraded history.
+    /// Entered at `conserveAt`: send degraded history; left only under
+    /// `resumeBelow` with the p95 stable `resumeAfterStableSeconds`.
     Conserve,
-    /// At `stopAt`: refuse new requests of sheddable lanes (and conserve).
+    /// Every slot of `stopAt` taken now: sheddable lanes wait for one (and
+    /// conserve). Left the moment a request finishes.
     Stop,
 }
 
@@ -62,15 +71,39 @@ impl Watermarks {
         }
     }
 
-    /// The state `n` in flight enters.
-    fn entered(&self, n: f64) -> Pressure {
-        if n >= self.stop_at {
-            Pressure::Stop
-        } else if n >= self.conserve_at {
-            Pressure::Conserve
-        } else {
-            Pressure::Normal
+    /// The slots: `stopAt` (this replica's share), whole, at least one.
+    fn limit(&self) -> u64 {
+        self.stop_at.floor().max(1.0) as u64
+    }
+}
+
+/// Requests finished per second over the last [`DRAIN_WINDOW_SECONDS`]: the
+/// rate at which slots free up.
+#[derive(Debug, Default)]
+struct DrainMeter {
+    /// (second, finished).
+    slots: [(i64, u32); DRAIN_WINDOW_SECONDS],
+}
+
+impl DrainMeter {
+    fn add(&mut self, now: f64) {
+        let sec = now.floor() as i64;
+        let i = sec.rem_euclid(DRAIN_WINDOW_SECONDS as i64) as usize;
+        if self.slots[i].0 != sec {
+            self.slots[i] = (sec, 0);
         }
+        self.slots[i].1 += 1;
+    }
+
+    fn rate(&self, now: f64) -> f64 {
+        let sec = now.floor() as i64;
+        let n: u32 = self
+            .slots
+            .iter()
+            .filter(|(s, _)| *s <= sec && sec - s < DRAIN_WINDOW_SECONDS as i64)
+            .map(|(_, c)| c)
+            .sum();
+        f64::from(n) / DRAIN_WINDOW_SECONDS as f64
     }
 }
 
@@ -143,13 +176,16 @@ impl LatencyWindow {
     }
 }
 
-/// Requests in flight, the pressure state they put the gateway in, and the
-/// measured latency that decides when it may leave it.
+/// Requests in flight against the limit, the pressure state they put the
+/// gateway in, and the measured latency that decides when it may leave
+/// conserve.
 #[derive(Debug)]
 pub(crate) struct PressureGauge {
     watermarks: Option<Watermarks>,
     in_flight: u64,
-    state: Pressure,
+    /// Entered at `conserveAt`, left under `resumeBelow` once stable.
+    conserving: bool,
+    drained: DrainMeter,
     latency: LatencyWindow,
     /// The p95 of each second of the last LATENCY_RISE_LOOKBACK_SECONDS.
     recent_p95: VecDeque<(i64, f64)>,
@@ -163,7 +199,8 @@ impl PressureGauge {
         PressureGauge {
             watermarks: in_flight.map(|f| Watermarks::new(f, share)),
             in_flight: 0,
-            state: Pressure::Normal,
+            conserving: false,
+            drained: DrainMeter::default(),
             latency: LatencyWindow::new(),
             recent_p95: VecDeque::new(),
             checked_second: None,
@@ -179,7 +216,29 @@ impl PressureGauge {
     }
 
     pub(crate) fn state(&self) -> Pressure {
-        self.state
+        match self.watermarks {
+            Some(w) if self.in_flight >= w.limit() => Pressure::Stop,
+            Some(_) if self.conserving => Pressure::Conserve,
+            _ => Pressure::Normal,
+        }
+    }
+
+    /// The in-flight limit in force (None: no `inFlight`).
+    pub(crate) fn limit(&self) -> Option<u64> {
+        self.watermarks.map(|w| w.limit())
+    }
+
+    /// Slots free now, once `taken` more passes are counted in flight
+    /// (`u64::MAX` without a limit).
+    pub(crate) fn free_slots(&self, taken: u64) -> u64 {
+        self.limit().map_or(u64::MAX, |l| {
+            l.saturating_sub(self.in_flight.saturating_add(taken))
+        })
+    }
+
+    /// Requests finished per second lately: the rate slots free up at.
+    pub(crate) fn drain_rate(&self, now: f64) -> f64 {
+        self.drained.rate(now)
     }
 
     pub(crate) fn in_flight(&self) -> u64 {
@@ -193,6 +252,7 @@ impl PressureGauge {
 
     pub(crate) fn finished(&mut self, now: f64, latency_seconds: f64) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        self.drained.add(now);
         if latency_seconds.is_finite() {
             self.latency.record(now, latency_seconds);
         }
@@ -203,21 +263,25 @@ impl PressureGauge {
         self.latency.p95(now)
     }
 
-    /// Enters a higher state at once; leaves for Normal only below
-    /// `resumeBelow` with the latency stable for `resumeAfterStableSeconds`.
+    /// Enters conserve at once at `conserveAt` (or at the limit); leaves
+    /// it only below `resumeBelow` with the latency stable for
+    /// `resumeAfterStableSeconds`. The limit itself needs no leaving: Stop
+    /// is whether every slot is taken now.
     pub(crate) fn update(&mut self, now: f64) {
         let Some(w) = self.watermarks else {
-            self.state = Pressure::Normal;
+            self.conserving = false;
             return;
         };
         self.check_latency(now);
         let n = self.in_flight as f64;
-        self.state = self.state.max(w.entered(n));
+        if n >= w.conserve_at || self.in_flight >= w.limit() {
+            self.conserving = true;
+        }
         if n < w.resume_below {
             let since = *self.below_since.get_or_insert(now);
             let stable_from = since.max(self.stable_since);
-            if self.state != Pressure::Normal && now - stable_from >= w.resume_after_stable {
-                self.state = Pressure::Normal;
+            if self.conserving && now - stable_from >= w.resume_after_stable {
+                self.conserving = false;
             }
         } else {
             self.below_since = None;

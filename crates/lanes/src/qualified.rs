@@ -146,7 +146,7 @@ mod tests {
         use crate::config::{InFlight, LaneConfig};
         use crate::qualified::{Qualified, refused};
         use crate::tests::{config, req};
-        use crate::verdict::{Outcome, Verdict};
+        use crate::verdict::{Limit, Outcome, Verdict};
 
         /// The core tests' lane at `rps` with no queue and `floor`.
         fn lane(name: &str, rps: f64, floor: Option<f64>) -> LaneConfig {
@@ -157,7 +157,7 @@ mod tests {
             l
         }
 
-        /// A pool of 1,000 units/s that stops sheddable lanes at `stop_at`
+        /// A pool of 1,000 units/s that holds sheddable lanes at `stop_at`
         /// in flight.
         fn core(lanes: Vec<LaneConfig>, stop_at: i64) -> Core {
             let mut cfg = config(lanes);
@@ -173,17 +173,29 @@ mod tests {
 
         #[test]
         fn a_refusal_under_the_floor_is_bad_and_one_over_it_is_not_counted() {
-            // A floor of 100 req/s; the pool stops sheddable lanes at 2 in
-            // flight: the third request is refused with 2 admitted, far
-            // inside the floor.
-            let mut c = core(vec![lane("floored", 100.0, Some(100.0))], 2);
+            // A floor of 100 req/s; the pool holds sheddable lanes at 2 in
+            // flight and one request finished in the last 5 s (a slot every
+            // 5 s): the first request over the limit waits 5 s for a slot,
+            // the second would wait 10 s, past its 5 s TTL, and is refused
+            // with 3 admitted, far inside the floor.
+            let mut floored = lane("floored", 100.0, Some(100.0));
+            floored.queue.max_depth = 10;
+            let mut c = core(vec![floored], 2);
             for _ in 0..2 {
                 assert!(matches!(c.admit(&req("floored"), 0.0), Verdict::Pass(_)));
                 c.started(0.0);
             }
+            c.finished(0.0, 0.1);
+            assert!(matches!(c.admit(&req("floored"), 0.0), Verdict::Pass(_)));
+            c.started(0.0);
+            assert!(matches!(
+                c.admit(&req("floored"), 0.0),
+                Verdict::Queued { .. }
+            ));
             let Verdict::Refuse(r) = c.admit(&req("floored"), 0.0) else {
-                panic!("stopped");
+                panic!("held by the limit");
             };
+            assert_eq!(r.limit, Limit::StopAt);
             assert_eq!(r.outcome, Outcome::RejectedOverload);
             assert!(r.inside_floor);
             assert_eq!(refused(&r), Qualified::Bad);

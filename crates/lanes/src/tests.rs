@@ -355,9 +355,11 @@ fn a_grant_lapses_at_expires_at_without_a_new_config() {
 }
 
 #[test]
-fn watermarks_stop_sheddable_lanes_and_resume_after_a_stable_window() {
+fn the_limit_holds_sheddable_lanes_and_conserve_ends_after_a_stable_window() {
+    // The never-shed lane keeps a reserve of one slot (its bucket's size):
+    // the sheddable lane has nine.
     let mut cfg = config(vec![lane("shed", 1e6, 1_000_000), {
-        let mut l = lane("never", 1e6, 1_000_000);
+        let mut l = lane("never", 2.0, 1);
         l.sheddable = false;
         l
     }]);
@@ -368,23 +370,40 @@ fn watermarks_stop_sheddable_lanes_and_resume_after_a_stable_window() {
         resume_after_stable_seconds: Some(30),
     });
     let mut c = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
-    for _ in 0..10 {
+    for _ in 0..9 {
         assert!(matches!(c.admit(&req("shed"), 0.0), Verdict::Pass(_)));
         c.started(0.0);
     }
+    assert_eq!(c.pressure(), Pressure::Conserve);
+    // At the limit a sheddable request waits for a slot; the never-shed
+    // lane passes, into its reserve and past it.
+    let Verdict::Queued { ticket, .. } = c.admit(&req("shed"), 0.0) else {
+        panic!("a sheddable request waits at the limit");
+    };
+    for t in [0.0, 0.6] {
+        assert!(matches!(c.admit(&req("never"), t), Verdict::Pass(_)));
+        c.started(t);
+    }
+    assert_eq!(c.in_flight(), 11);
     assert_eq!(c.pressure(), Pressure::Stop);
-    assert!(
-        matches!(c.admit(&req("shed"), 0.0), Verdict::Refuse(r) if r.outcome == Outcome::RejectedOverload)
-    );
-    assert!(matches!(c.admit(&req("never"), 0.0), Verdict::Pass(_)));
-    // Down to 4 in flight at t=1 with steady latency: still stopped until
-    // 30 s of stability below resumeBelow.
+    // Down to 5 in flight at t=1 with steady latency: the waiting request
+    // passes at once, and the gateway conserves until 30 s of stability
+    // below resumeBelow.
     for _ in 0..6 {
         c.finished(1.0, 0.2);
     }
-    assert_eq!(c.pressure(), Pressure::Stop);
+    assert_eq!(c.pressure(), Pressure::Conserve);
+    let r = c.poll(1.0);
+    assert!(matches!(&r[..], [(t, Resolution::Pass(_))] if *t == ticket));
+    c.started(1.0);
+    assert!(matches!(c.admit(&req("shed"), 1.0), Verdict::Pass(_)));
+    c.started(1.0);
+    for _ in 0..6 {
+        c.finished(1.0, 0.2);
+    }
+    assert_eq!(c.pressure(), Pressure::Conserve);
     c.finished(20.0, 0.2);
-    assert_eq!(c.pressure(), Pressure::Stop);
+    assert_eq!(c.pressure(), Pressure::Conserve);
     c.finished(31.5, 0.2);
     assert_eq!(c.pressure(), Pressure::Normal);
 }
@@ -406,6 +425,7 @@ fn a_rising_latency_restarts_the_stable_window() {
     for _ in 0..3 {
         c.finished(0.5, 0.1);
     }
+    assert_eq!(c.pressure(), Pressure::Conserve);
     // One request a second, 0.1 s each until 8 s, then ten times
     // slower. Checked once a second, the p95 (of the 10 s before) is
     // 0.1 s up to the check at 8 s and 1 s from 9 s; it is more than 25 %
@@ -416,7 +436,7 @@ fn a_rising_latency_restarts_the_stable_window() {
         c.started(f64::from(t));
         c.finished(f64::from(t) + 0.5, if t < 8 { 0.1 } else { 1.0 });
     }
-    assert_eq!(c.pressure(), Pressure::Stop, "68 s + 10 s not yet");
+    assert_eq!(c.pressure(), Pressure::Conserve, "68 s + 10 s not yet");
     c.started(78.0);
     assert_eq!(c.pressure(), Pressure::Normal);
 }

@@ -1,17 +1,18 @@
 //! [`Core::poll`] and [`Core::next_wake`]: waiting requests resolved when
-//! their turn comes (a token, in the fair queue's order) or their wait runs
-//! out (TTL, or a deadline that can no longer be met).
+//! their turn comes (a token, in the fair queue's order, and a slot of the
+//! in-flight limit, highest priority first) or their wait runs out (TTL, or
+//! a deadline that can no longer be met).
 
 use crate::core::Core;
 use crate::fair_queue::Waiting;
 use crate::history::history_turns;
 use crate::lane::{Lane, effective_rate};
-use crate::pressure::Pressure;
 use crate::verdict::{Limit, Outcome, Pass, Refusal, Resolution, Ticket};
 
 impl Core {
     /// Resolves waiting requests at `now`: those whose wait ran out first,
-    /// then those whose turn came.
+    /// then those whose turn came, lane by lane in priority order (free
+    /// slots of the in-flight limit go to the highest priority first).
     pub fn poll(&mut self, now: f64) -> Vec<(Ticket, Resolution)> {
         let mut out = std::mem::take(&mut self.pending);
         self.pressure.update(now);
@@ -22,7 +23,13 @@ impl Core {
             let rate = effective_rate(&self.lanes, li, now);
             self.lanes[li].refill(now, rate);
             self.expire(li, now, &mut out);
-            self.serve(li, now, &mut out);
+        }
+        let mut taken = 0;
+        for k in 0..self.order.len() {
+            let li = self.order[k];
+            if !self.lanes[li].queue.is_empty() {
+                self.serve(li, now, &mut taken, &mut out);
+            }
         }
         out
     }
@@ -53,13 +60,14 @@ impl Core {
         }
     }
 
-    /// Serves in fair order while there are tokens: the lane's own, then
-    /// spare capacity. A sheddable lane serves nothing at `stopAt`.
-    fn serve(&mut self, li: usize, now: f64, out: &mut Vec<(Ticket, Resolution)>) {
-        let stop = self.pressure.state() == Pressure::Stop && self.lanes[li].cfg.sheddable;
+    /// Serves in fair order while there are tokens (the lane's own, then
+    /// spare capacity) and, for a sheddable lane, free slots; `taken`
+    /// counts the passes of this poll.
+    fn serve(&mut self, li: usize, now: f64, taken: &mut u64, out: &mut Vec<(Ticket, Resolution)>) {
         loop {
+            let slot = self.has_slot(li, *taken);
             let lane = &mut self.lanes[li];
-            if stop || lane.queue.is_empty() {
+            if !slot || lane.queue.is_empty() {
                 lane.bucket.tokens = lane.bucket.tokens.min(lane.bucket.cap());
                 return;
             }
@@ -69,6 +77,7 @@ impl Core {
                 return;
             }
             let Some(w) = lane.queue.pop() else { return };
+            *taken += 1;
             lane.bucket.used.add(now);
             self.tickets.remove(&w.ticket);
             let pass = Pass {
@@ -98,13 +107,16 @@ impl Core {
             .reduce(f64::min)
     }
 
-    /// When lane `li`'s queue next needs a poll.
+    /// When lane `li`'s queue next needs a poll. A lane held by the
+    /// in-flight limit waits for a slot (its driver is woken when one frees,
+    /// see [`Core::finished`]), not for a token.
     fn lane_wake(&self, li: usize, now: f64) -> Option<f64> {
         let lane = &self.lanes[li];
         let rate = effective_rate(&self.lanes, li, now);
-        let token =
-            (rate > 0.0).then(|| now + ((1.0 - lane.bucket.tokens_at(now, rate)).max(0.0) / rate));
-        let spare = if lane.draws_on_spare() {
+        let slot = self.has_slot(li, 0);
+        let token = (slot && rate > 0.0)
+            .then(|| now + ((1.0 - lane.bucket.tokens_at(now, rate)).max(0.0) / rate));
+        let spare = if slot && lane.draws_on_spare() {
             self.spare.ready_at(now, lane.cfg.work_units_per_request)
         } else {
             None

@@ -13,7 +13,7 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 
 use super::super::context::{APPROVE_ANNOTATION, Context};
-use super::super::status::CALIBRATED;
+use super::super::status::{CALIBRATED, IN_FLIGHT_FITS};
 use super::actuate::Effects;
 use super::report::Reported;
 use crate::policy::{DrainAction, ProfileDecision, Telemetry};
@@ -85,7 +85,37 @@ pub fn events(
     }
     profile_events(reported, decision, effects, unknown, &mut out);
     calibration_events(reported, &mut out);
+    in_flight_events(reported, &mut out);
     out
+}
+
+/// A Warning when `InFlightWatermarksFit` turns False (or names another
+/// problem), a Normal event when it is True again.
+fn in_flight_events(reported: &Reported, out: &mut Vec<Note>) {
+    let (old, new) = (&reported.profile_before, &reported.profile_after);
+    let Some(c) = condition(&new.conditions, IN_FLIGHT_FITS) else {
+        return;
+    };
+    let was = condition(&old.conditions, IN_FLIGHT_FITS);
+    if c.status == "False" && was.is_none_or(|o| o.status != "False" || o.reason != c.reason) {
+        out.push(Note {
+            action: format!("Check{}", c.reason),
+            ..note(
+                Target::Profile,
+                EventType::Warning,
+                "InFlightWatermarksMisfit",
+                c.message.clone(),
+            )
+        });
+    }
+    if c.status == "True" && was.is_some_and(|o| o.status == "False") {
+        out.push(note(
+            Target::Profile,
+            EventType::Normal,
+            "InFlightWatermarksFit",
+            c.message.clone(),
+        ));
+    }
 }
 
 fn policy_events(p: &super::report::PolicyReport, out: &mut Vec<Note>) {
@@ -422,6 +452,55 @@ mod tests {
             profile_after: st,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn watermarks_that_do_not_fit_are_a_warning_once_and_their_fix_an_event() {
+        let with = |status: &str, reason: &str| {
+            let mut c = cond(IN_FLIGHT_FITS, status, &format!("{reason}: the words"));
+            c.reason = reason.to_owned();
+            profile(vec![c])
+        };
+        let at = |before: CapacityProfileStatus, after: CapacityProfileStatus| {
+            let r = Reported {
+                profile_before: before,
+                profile_after: after,
+                ..Default::default()
+            };
+            events(
+                &r,
+                &decision(0, "Known", None),
+                &Effects::default(),
+                &Default::default(),
+            )
+        };
+        let low = at(with("True", "Fit"), with("False", "StopAtBelowFullPool"));
+        assert_eq!(reasons(&low), ["InFlightWatermarksMisfit"]);
+        assert_eq!(low[0].type_, EventType::Warning);
+        assert_eq!(low[0].note, "StopAtBelowFullPool: the words");
+        assert_eq!(low[0].action, "CheckStopAtBelowFullPool");
+        // First seen without a condition before: said too.
+        assert_eq!(
+            reasons(&at(profile(vec![]), with("False", "StopAtBelowFullPool"))),
+            ["InFlightWatermarksMisfit"]
+        );
+        // Still the same problem (its figures move with demand): said once.
+        assert!(
+            at(
+                with("False", "StopAtBelowFullPool"),
+                with("False", "StopAtBelowFullPool")
+            )
+            .is_empty()
+        );
+        let other = at(
+            with("False", "StopAtBelowFullPool"),
+            with("False", "ResumeAtOrAboveConserve"),
+        );
+        assert_eq!(other[0].action, "CheckResumeAtOrAboveConserve");
+        let fixed = at(with("False", "StopAtBelowFullPool"), with("True", "Fit"));
+        assert_eq!(reasons(&fixed), ["InFlightWatermarksFit"]);
+        assert_eq!(fixed[0].type_, EventType::Normal);
+        assert!(at(with("True", "Fit"), with("True", "Fit")).is_empty());
     }
 
     #[test]
