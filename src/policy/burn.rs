@@ -3,10 +3,38 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::BurnRateAbove;
+use crate::api::{BurnRateAbove, DegradationPolicy, LaneContract, ObjectKey};
 use crate::snapshot::LaneSignals;
 
-use super::decision::round6;
+use super::decision::{Warning, round6};
+
+/// A warning for each lane a `burnRateAbove` trigger of `policy` names that
+/// is not one of `lanes` with an objective.
+pub fn lanes_without_objective(
+    policy: &DegradationPolicy,
+    lanes: &[&LaneContract],
+) -> Vec<Warning> {
+    let with_objective = |name: &str| {
+        lanes
+            .iter()
+            .any(|l| l.name_str() == name && l.spec.objective.is_some())
+    };
+    let mut out = Vec::new();
+    for (i, level) in policy.spec.levels.iter().enumerate() {
+        let Some(b) = &level.enter_when.burn_rate_above else {
+            continue;
+        };
+        for lane in b.lanes.iter().filter(|l| !with_objective(l)) {
+            out.push(Warning::BurnLaneWithoutObjective {
+                policy: policy.key(),
+                level: i + 1,
+                level_name: level.name.clone(),
+                lane: lane.clone(),
+            });
+        }
+    }
+    out
+}
 
 /// What the trigger says in one evaluation.
 #[derive(Clone, Debug, PartialEq)]

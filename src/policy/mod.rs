@@ -12,6 +12,7 @@ mod burn;
 pub mod decision;
 pub mod drain;
 pub mod evidence;
+pub mod freeze;
 pub mod gateway_config;
 pub mod ladder;
 mod shares;
@@ -26,6 +27,7 @@ pub use bind::{BindProblem, Binding, Bound, World, bind, bind_profile};
 pub use decision::*;
 
 pub use actions::contract_overrides;
+pub use burn::lanes_without_objective;
 pub use evidence::{CAPACITY_SIGNAL, calibration_held};
 
 use actions::{apply_actions, lane_cap};
@@ -93,6 +95,9 @@ pub fn evaluate_profile(
     let shares = shares::share(b, &ev, &ladder, &limits, prev, at);
     warnings.extend(overcommitted(ev.capacity, shares.floors_total));
     warnings.extend(b.warnings.iter().cloned().map(Warning::Binding));
+    if let Some(p) = policy {
+        warnings.extend(burn::lanes_without_objective(p, &ev.lanes));
+    }
     let mut lanes = shares::decisions(&ev, &shares, &limits, at);
     let (objectives, bands) = budget::objectives(&ev.lanes, snapshot, &prev.objectives);
     for (d, o) in lanes.iter_mut().zip(objectives) {

@@ -6,6 +6,7 @@ pub mod chart;
 pub mod cli;
 pub mod diff;
 pub mod engine;
+pub mod objectives;
 pub mod report;
 
 pub use crate::scenario::Scenario;
@@ -20,6 +21,7 @@ pub fn simulate(
     policy: Strategy,
 ) -> Result<(Run, SimReport), SimError> {
     let r = run(world, scenario, policy)?;
-    let rep = report(&r, scenario.controller.evaluation_interval_seconds);
+    let mut rep = report(&r, scenario.controller.evaluation_interval_seconds);
+    objectives::attach(&mut rep, world);
     Ok((r, rep))
 }
