@@ -261,6 +261,53 @@ mod tests {
         );
     }
 
+    fn summary(name: &str, worst: Band, used: Option<f64>) -> ObjectiveSummary {
+        ObjectiveSummary {
+            namespace: "ns".into(),
+            name: name.into(),
+            within_deadline_percent: 99.9,
+            first_remaining_percent: used.map(|_| 100.0),
+            last_remaining_percent: used.map(|u| 100.0 - u),
+            budget_used_percent: used,
+            attainment_percent: None,
+            final_band: worst,
+            worst_band: worst,
+        }
+    }
+
+    #[test]
+    fn a_timeline_reports_lanes_whose_worst_band_moves_or_whose_objective_comes_or_goes() {
+        let base = [
+            summary("p0", Band::Cautious, Some(60.0)),
+            summary("p1", Band::Routine, Some(1.0)),
+            summary("p2", Band::Routine, None),
+        ];
+        let head = [
+            summary("p0", Band::Exhausted, Some(120.0)),
+            summary("p1", Band::Routine, Some(2.0)),
+            summary("p3", Band::Restricted, None),
+        ];
+        let c = plan_band_changes("signals.yaml", &base, &head);
+        let got: Vec<(&str, Option<Band>, Option<Band>)> = c
+            .iter()
+            .map(|c| (c.lane.as_str(), c.base, c.head))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("ns/p0", Some(Band::Cautious), Some(Band::Exhausted)),
+                ("ns/p2", Some(Band::Routine), None),
+                ("ns/p3", None, Some(Band::Restricted)),
+            ]
+        );
+        assert_eq!(c[0].head_budget_used_percent, Some(120.0));
+        assert!(
+            c[1].to_string().contains("Routine -> no objective"),
+            "{}",
+            c[1]
+        );
+    }
+
     #[test]
     fn a_band_change_is_reported_only_when_the_band_moves() {
         let l = lane(Some("99"));

@@ -289,11 +289,13 @@ async fn an_exhausted_budget_freezes_changes_at_the_api_server_until_it_recovers
     .await;
     let lifted = started.elapsed();
     assert!(lifted < Duration::from_secs(4), "lifted after {lifted:?}");
-    let f = w.status().await["freeze"].clone();
-    assert_eq!(
-        (f["state"].as_str(), f["band"].as_str()),
-        (Some("Open"), Some("Cautious"))
-    );
+    // The status follows in the same evaluation (written after the
+    // parameters).
+    eventually("status.freeze Open with P0 Cautious", T, || async {
+        let f = w.status().await["freeze"].clone();
+        (f["state"] == "Open" && f["band"] == "Cautious").then_some(())
+    })
+    .await;
     let mut n = 0;
     eventually("a new image admitted again", T, || {
         n += 1;
