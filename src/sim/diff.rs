@@ -430,14 +430,11 @@ pub fn diff(
         let sides: Vec<_> = lanes
             .values()
             .map(|d| {
+                let ns = d.profile.split('/').next().unwrap_or_default();
                 (
-                    format!(
-                        "{}/{}",
-                        d.profile.split('/').next().unwrap_or_default(),
-                        d.lane
-                    ),
-                    d.base.as_ref(),
-                    d.head.as_ref(),
+                    format!("{ns}/{}", d.lane),
+                    objective_of(&d.base),
+                    objective_of(&d.head),
                 )
             })
             .collect();
@@ -475,6 +472,11 @@ pub fn diff(
     out.new_warnings = wh.difference(&wb).cloned().collect();
     out.resolved_warnings = wb.difference(&wh).cloned().collect();
     Ok(out)
+}
+
+/// A side's objective outcome of a lane.
+fn objective_of(r: &Option<LaneReport>) -> Option<&super::objectives::ObjectiveOutcome> {
+    r.as_ref().and_then(|l| l.objective.as_ref())
 }
 
 /// The `--fail-on` conditions that hold, each with its evidence.

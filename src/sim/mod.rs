@@ -22,6 +22,11 @@ pub fn simulate(
 ) -> Result<(Run, SimReport), SimError> {
     let r = run(world, scenario, policy)?;
     let mut rep = report(&r, scenario.controller.evaluation_interval_seconds);
-    objectives::attach(&mut rep, world);
+    for p in &mut rep.profiles {
+        for l in &mut p.lanes {
+            let counts = [l.within_deadline, l.late, l.failed, l.expired];
+            l.objective = objectives::of_lane(world, &l.namespace, &l.name, counts);
+        }
+    }
     Ok((r, rep))
 }

@@ -21,8 +21,6 @@ use crate::plan::ObjectiveSummary;
 use crate::policy::budget::band;
 use crate::policy::{World, round6};
 
-use super::report::{LaneReport, SimReport};
-
 /// One lane's objective over a simulated scenario.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -44,13 +42,20 @@ pub struct ObjectiveOutcome {
     pub band: Band,
 }
 
-/// The outcome of `lane`'s objective in `l` (None: no objective, or a
-/// window that is not a duration).
-pub fn outcome(lane: &LaneContract, l: &LaneReport) -> Option<ObjectiveOutcome> {
+/// The outcome of `lane`'s objective over a scenario's counts (None: no
+/// objective, or a window that is not a duration): requests completed
+/// within the deadline, late, failed in the pool, and expired in a queue.
+pub fn outcome(
+    lane: &LaneContract,
+    within_deadline: u64,
+    late: u64,
+    failed: u64,
+    expired: u64,
+) -> Option<ObjectiveOutcome> {
     let o = lane.spec.objective.as_ref()?;
     let window = o.window_seconds()? as f64;
-    let good = l.within_deadline;
-    let bad = l.late + l.failed + l.expired;
+    let good = within_deadline;
+    let bad = late + failed + expired;
     let qualified = good + bad;
     let budget = o.budget_fraction() * lane.spec.expected_requests_per_second.value() * window;
     let used = if budget > 0.0 {
@@ -72,17 +77,20 @@ pub fn outcome(lane: &LaneContract, l: &LaneReport) -> Option<ObjectiveOutcome> 
     })
 }
 
-/// Adds each lane's objective outcome to a simulation report.
-pub fn attach(report: &mut SimReport, world: &World) {
-    for p in &mut report.profiles {
-        for l in &mut p.lanes {
-            let lane = world
-                .lanes
-                .iter()
-                .find(|c| c.namespace_str() == l.namespace && c.name_str() == l.name);
-            l.objective = lane.and_then(|c| outcome(c, l));
-        }
-    }
+/// The objective of the lane `namespace/name` of `world` over a scenario's
+/// counts.
+pub fn of_lane(
+    world: &World,
+    namespace: &str,
+    name: &str,
+    counts: [u64; 4],
+) -> Option<ObjectiveOutcome> {
+    let lane = world
+        .lanes
+        .iter()
+        .find(|c| c.namespace_str() == namespace && c.name_str() == name)?;
+    let [within, late, failed, expired] = counts;
+    outcome(lane, within, late, failed, expired)
 }
 
 /// A lane that a change moves across a band.
@@ -127,16 +135,15 @@ impl std::fmt::Display for BandChange {
     }
 }
 
-/// The lanes of a scenario whose band differs between base and head.
+/// The lanes of a scenario whose band differs between base and head:
+/// (lane, base outcome, head outcome).
 pub fn scenario_band_changes(
     file: &str,
-    lanes: &[(String, Option<&LaneReport>, Option<&LaneReport>)],
+    lanes: &[(String, Option<&ObjectiveOutcome>, Option<&ObjectiveOutcome>)],
 ) -> Vec<BandChange> {
     lanes
         .iter()
-        .filter_map(|(lane, b, h)| {
-            let bo = b.and_then(|l| l.objective.as_ref());
-            let ho = h.and_then(|l| l.objective.as_ref());
+        .filter_map(|(lane, bo, ho)| {
             let (base, head) = (bo.map(|o| o.band), ho.map(|o| o.band));
             (base != head).then(|| BandChange {
                 file: file.to_owned(),
@@ -179,86 +186,49 @@ pub fn plan_band_changes(
         .collect()
 }
 
-/// One line per lane with an objective: attainment, budget used and band.
-pub fn lines(lanes: &[LaneReport]) -> Vec<String> {
-    use crate::api::common::format_number as n;
-    lanes
-        .iter()
-        .filter_map(|l| {
-            let o = l.objective.as_ref()?;
-            Some(format!(
-                "objective {} {}%: attainment {} ({} good, {} bad), budget used {}% of the window's {} bad outcomes, band {}",
-                l.name,
-                n(o.within_deadline_percent),
-                o.attainment_percent.map_or_else(|| "-".to_owned(), |a| format!("{}%", n(a))),
-                o.good,
-                o.bad,
-                n(o.budget_used_percent),
-                n(o.budget_outcomes),
-                o.band.as_str()
-            ))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A lane of the objectives example at 1 request/s, with `objective`
+    /// percent over an hour.
     fn lane(objective: Option<&str>) -> LaneContract {
-        let mut v = serde_json::json!({
-            "apiVersion": "lanekeeper.dev/v1alpha1", "kind": "LaneContract",
-            "metadata": {"name": "p0", "namespace": "ns"},
-            "spec": {"profile": "pool", "priority": 0, "workUnitsPerRequest": "1",
-                     "expectedRequestsPerSecond": "1", "shedding": {"mode": "Never"},
-                     "deadlineSeconds": 10, "routes": {"primary": ["m"]}}
+        let mut loaded = crate::manifest::Loaded::default();
+        let text = include_str!("../../examples/objectives/manifests.yaml");
+        crate::manifest::load_str(std::path::Path::new("m.yaml"), text, &mut loaded).unwrap();
+        let mut l = loaded.world.lanes[0].clone();
+        l.spec.expected_requests_per_second = crate::api::Decimal::parse("1").unwrap();
+        l.spec.objective = objective.map(|p| crate::api::ObjectiveSpec {
+            within_deadline_percent: crate::api::Decimal::parse(p).unwrap(),
+            latency_p99_seconds: None,
+            window: "1h".into(),
         });
-        if let Some(p) = objective {
-            v["spec"]["objective"] =
-                serde_json::json!({"withinDeadlinePercent": p, "window": "1h"});
-        }
-        serde_json::from_value(v).unwrap()
+        l
     }
 
-    fn report(good: u64, late: u64, failed: u64, expired: u64, rejected: u64) -> LaneReport {
-        LaneReport {
-            within_deadline: good,
-            late,
-            failed,
-            expired,
-            rejected,
-            ..Default::default()
-        }
+    fn counts(good: u64, late: u64, failed: u64, expired: u64) -> Option<ObjectiveOutcome> {
+        outcome(&lane(Some("99")), good, late, failed, expired)
     }
 
     #[test]
     fn bad_outcomes_spend_the_window_budget_and_set_the_band() {
         // 99 % over 1 h at 1 req/s: 36 bad outcomes allowed.
-        let l = lane(Some("99"));
-        let o = outcome(&l, &report(1000, 5, 4, 3, 500)).unwrap();
-        assert_eq!((o.good, o.bad), (1000, 12), "rejections are not counted");
+        let o = counts(1000, 5, 4, 3).unwrap();
+        assert_eq!((o.good, o.bad), (1000, 12));
         assert!((o.budget_outcomes - 36.0).abs() < 1e-9);
         assert!((o.budget_used_percent - 33.333333).abs() < 1e-6);
-        assert_eq!(o.band, Band::Cautious, "66.7 % left");
+        assert_eq!(o.band, Band::Routine, "66.7 % left");
         assert!((o.attainment_percent.unwrap() - 98.814229).abs() < 1e-6);
         // Edges: 18 bad leave exactly 50 % (Cautious), 29 leave 19.4 %
         // (Restricted), 36 leave nothing (Exhausted), none leave it whole.
-        let band_of = |bad| outcome(&l, &report(100, bad, 0, 0, 0)).unwrap().band;
+        let band_of = |bad| counts(100, bad, 0, 0).unwrap().band;
         assert_eq!(band_of(17), Band::Routine);
         assert_eq!(band_of(18), Band::Cautious);
         assert_eq!(band_of(29), Band::Restricted);
         assert_eq!(band_of(36), Band::Exhausted);
         assert_eq!(band_of(0), Band::Routine);
-        assert_eq!(
-            outcome(&l, &report(0, 0, 0, 0, 9))
-                .unwrap()
-                .attainment_percent,
-            None
-        );
-        assert!(
-            outcome(&lane(None), &report(1, 1, 1, 1, 1)).is_none(),
-            "no objective"
-        );
+        assert_eq!(counts(0, 0, 0, 0).unwrap().attainment_percent, None);
+        assert!(outcome(&lane(None), 1, 1, 1, 1).is_none(), "no objective");
     }
 
     fn summary(name: &str, worst: Band, used: Option<f64>) -> ObjectiveSummary {
@@ -310,14 +280,11 @@ mod tests {
 
     #[test]
     fn a_band_change_is_reported_only_when_the_band_moves() {
-        let l = lane(Some("99"));
-        let mut a = report(100, 1, 0, 0, 0);
-        a.objective = outcome(&l, &a);
-        let mut b = report(100, 30, 0, 0, 0);
-        b.objective = outcome(&l, &b);
+        let a = counts(100, 1, 0, 0);
+        let b = counts(100, 30, 0, 0);
         let lanes = vec![
-            ("ns/p0".to_owned(), Some(&a), Some(&b)),
-            ("ns/p1".to_owned(), Some(&a), Some(&a)),
+            ("ns/p0".to_owned(), a.as_ref(), b.as_ref()),
+            ("ns/p1".to_owned(), a.as_ref(), a.as_ref()),
         ];
         let c = scenario_band_changes("s.yaml", &lanes);
         assert_eq!(c.len(), 1);

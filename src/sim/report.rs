@@ -514,7 +514,7 @@ pub fn render_table(r: &SimReport) -> String {
         if !pk.is_empty() {
             let _ = writeln!(out, "  backlog: {pk}");
         }
-        for line in super::objectives::lines(&p.lanes) {
+        for line in objective_lines(&p.lanes) {
             let _ = writeln!(out, "  {line}");
         }
         if r.policy == "lanekeeper" {
@@ -533,6 +533,28 @@ pub fn render_table(r: &SimReport) -> String {
         }
     }
     out
+}
+
+/// One line per lane with an objective: attainment, budget used and band.
+fn objective_lines(lanes: &[LaneReport]) -> Vec<String> {
+    use crate::api::common::format_number as n;
+    lanes
+        .iter()
+        .filter_map(|l| {
+            let o = l.objective.as_ref()?;
+            Some(format!(
+                "objective {} {}%: attainment {} ({} good, {} bad), budget used {}% of the window's {} bad outcomes, band {}",
+                l.name,
+                n(o.within_deadline_percent),
+                o.attainment_percent.map_or_else(|| "-".to_owned(), |a| format!("{}%", n(a))),
+                o.good,
+                o.bad,
+                n(o.budget_used_percent),
+                n(o.budget_outcomes),
+                o.band.as_str()
+            ))
+        })
+        .collect()
 }
 
 /// Renders markdown (for a pull-request comment).
@@ -556,7 +578,7 @@ pub fn render_markdown(r: &SimReport) -> String {
         for l in &p.lanes {
             let _ = writeln!(out, "| {} |", lane_cells(l).join(" | "));
         }
-        for line in super::objectives::lines(&p.lanes) {
+        for line in objective_lines(&p.lanes) {
             let _ = writeln!(out, "\n- {line}");
         }
         if r.policy == "lanekeeper" {
