@@ -3,6 +3,7 @@
 pub mod calibration;
 pub mod clients;
 pub mod common;
+pub mod freeze;
 pub mod lane;
 pub mod objective;
 pub mod policy;
@@ -11,6 +12,7 @@ pub mod state;
 
 pub use clients::*;
 pub use common::Decimal;
+pub use freeze::{FreezeException, FreezeState, FreezeStatus};
 pub use lane::*;
 pub use objective::{Band, ObjectiveSpec, ObjectiveStatus};
 pub use policy::*;

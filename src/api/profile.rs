@@ -652,6 +652,11 @@ pub struct CapacityProfileStatus {
     /// `ScalingConflict`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The change freeze of the profile's error budgets: what is frozen,
+    /// which lanes cause it and the exceptions in force (absent while open
+    /// with no exception).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<super::freeze::FreezeStatus>,
     /// The decision engine's state (hysteresis windows, approval gates,
     /// scale-down window, drained pods), so that a restarted or newly elected
     /// controller continues exactly where the last one stopped. Written by the

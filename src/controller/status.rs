@@ -67,6 +67,12 @@ pub fn conditions(
         .collect()
 }
 
+/// Whether a warning is a `burnRateAbove` naming a lane without an
+/// objective.
+pub fn is_burn_warning(w: &Warning) -> bool {
+    matches!(w, Warning::BurnLaneWithoutObjective { .. })
+}
+
 /// Warnings as one message.
 pub fn join(warnings: &[Warning]) -> String {
     warnings
@@ -326,6 +332,7 @@ pub fn profile_status(
         unknown_signals: observed.unknown.clone(),
         observed_config_hash: observed.observed_config_hash.clone(),
         conditions: conditions(existing, wanted, generation, now),
+        freeze: None,
         engine: Some(state.clone()),
     }
 }
@@ -431,6 +438,12 @@ pub fn policy_status(
             status: "False",
             reason: "Ignored",
             message: m.clone(),
+        },
+        (None, false) if static_overrides.iter().all(is_burn_warning) => Cond {
+            type_: "Valid",
+            status: "False",
+            reason: "BurnLaneWithoutObjective",
+            message: join(static_overrides),
         },
         (None, false) => Cond {
             type_: "Valid",

@@ -3,10 +3,38 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::BurnRateAbove;
+use crate::api::{BurnRateAbove, DegradationPolicy, LaneContract, ObjectKey};
 use crate::snapshot::LaneSignals;
 
-use super::decision::round6;
+use super::decision::{Warning, round6};
+
+/// A warning for each lane a `burnRateAbove` trigger of `policy` names that
+/// is not one of `lanes` with an objective.
+pub fn lanes_without_objective(
+    policy: &DegradationPolicy,
+    lanes: &[&LaneContract],
+) -> Vec<Warning> {
+    let with_objective = |name: &str| {
+        lanes
+            .iter()
+            .any(|l| l.name_str() == name && l.spec.objective.is_some())
+    };
+    let mut out = Vec::new();
+    for (i, level) in policy.spec.levels.iter().enumerate() {
+        let Some(b) = &level.enter_when.burn_rate_above else {
+            continue;
+        };
+        for lane in b.lanes.iter().filter(|l| !with_objective(l)) {
+            out.push(Warning::BurnLaneWithoutObjective {
+                policy: policy.key(),
+                level: i + 1,
+                level_name: level.name.clone(),
+                lane: lane.clone(),
+            });
+        }
+    }
+    out
+}
 
 /// What the trigger says in one evaluation.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,6 +128,43 @@ mod tests {
     }
 
     const FAST: [BurnWindow; 2] = [BurnWindow::H1, BurnWindow::M5];
+
+    /// The objectives example, its trigger naming `lane`.
+    fn example_naming(lane: &str) -> crate::policy::World {
+        let text = include_str!("../../examples/objectives/manifests.yaml")
+            .replace("lanes: [tier0-live-agent]", &format!("lanes: [{lane}]"));
+        let mut loaded = crate::manifest::Loaded::default();
+        crate::manifest::load_str(std::path::Path::new("m.yaml"), &text, &mut loaded).unwrap();
+        loaded.world
+    }
+
+    #[test]
+    fn a_trigger_naming_a_lane_without_an_objective_is_a_warning_in_every_plan_step() {
+        for (lane, warned) in [
+            ("tier0-live-agent", false),
+            ("batch-backfill", true),
+            ("no-such-lane", true),
+        ] {
+            let world = example_naming(lane);
+            let lanes: Vec<&LaneContract> = world.lanes.iter().collect();
+            let w = lanes_without_objective(&world.policies[0], &lanes);
+            assert_eq!(w.len(), usize::from(warned), "{lane}: {w:?}");
+            let plan = crate::plan::plan(
+                &world,
+                &crate::plan::default_timeline(&world),
+                &Default::default(),
+            );
+            let texts: Vec<String> = plan.steps[0].profiles[0]
+                .warnings
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            let expected = format!(
+                "policy ai-platform/support-assist-ladder level 1 (protect-tier0): burnRateAbove names lane {lane}, which has no objective on this profile (the trigger never holds for it)"
+            );
+            assert_eq!(texts.contains(&expected), warned, "{lane}: {texts:?}");
+        }
+    }
 
     #[test]
     fn holds_only_when_every_window_is_above_the_factor() {

@@ -297,6 +297,18 @@ pub enum Warning {
     Binding(BindProblem),
     /// The profile's `inFlight` watermarks do not fit its pool.
     InFlight(InFlightProblem),
+    /// A `burnRateAbove` trigger names a lane without an objective (or not a
+    /// lane of the profile): it can never hold for that lane.
+    BurnLaneWithoutObjective {
+        /// The policy, `namespace/name`.
+        policy: String,
+        /// The level (1-based).
+        level: usize,
+        /// The level's name.
+        level_name: String,
+        /// The lane the trigger names.
+        lane: String,
+    },
     /// A warning read back from text (JSON written by an older version).
     Text(String),
 }
@@ -423,6 +435,15 @@ impl std::fmt::Display for Warning {
             }
             Warning::Binding(b) => b.fmt(f),
             Warning::InFlight(p) => p.fmt(f),
+            Warning::BurnLaneWithoutObjective {
+                policy,
+                level,
+                level_name,
+                lane,
+            } => write!(
+                f,
+                "policy {policy} level {level} ({level_name}): burnRateAbove names lane {lane}, which has no objective on this profile (the trigger never holds for it)"
+            ),
             Warning::Text(t) => f.write_str(t),
         }
     }

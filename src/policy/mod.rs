@@ -12,6 +12,7 @@ mod burn;
 pub mod decision;
 pub mod drain;
 pub mod evidence;
+pub mod freeze;
 pub mod gateway_config;
 mod in_flight;
 pub mod ladder;
@@ -27,6 +28,7 @@ pub use bind::{BindProblem, Binding, Bound, World, bind, bind_profile};
 pub use decision::*;
 
 pub use actions::contract_overrides;
+pub use burn::lanes_without_objective;
 pub use evidence::{CAPACITY_SIGNAL, calibration_held};
 
 use actions::{apply_actions, lane_cap};
@@ -95,6 +97,9 @@ pub fn evaluate_profile(
     warnings.extend(overcommitted(ev.capacity, shares.floors_total));
     warnings.extend(in_flight::check(profile.spec.in_flight.as_ref(), &ev));
     warnings.extend(b.warnings.iter().cloned().map(Warning::Binding));
+    if let Some(p) = policy {
+        warnings.extend(burn::lanes_without_objective(p, &ev.lanes));
+    }
     let mut lanes = shares::decisions(&ev, &shares, &limits, at);
     let (objectives, bands) = budget::objectives(&ev.lanes, snapshot, &prev.objectives);
     for (d, o) in lanes.iter_mut().zip(objectives) {

@@ -61,6 +61,10 @@ pub struct Diff {
     pub new_warnings: Vec<String>,
     /// Warnings the base produces and the head does not.
     pub resolved_warnings: Vec<String>,
+    /// Lanes the change moves across an error-budget band (by scenario:
+    /// the band after it; by signals: the worst band of the timeline).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub band_changes: Vec<super::objectives::BandChange>,
 }
 
 /// A diff with the names of its two sides.
@@ -369,6 +373,7 @@ pub fn diff(
         signals: Vec::new(),
         new_warnings: Vec::new(),
         resolved_warnings: Vec::new(),
+        band_changes: Vec::new(),
     };
     for path in scenarios {
         let sc = scenario::load(path)?;
@@ -422,6 +427,20 @@ pub fn diff(
                 }
             }
         }
+        let sides: Vec<_> = lanes
+            .values()
+            .map(|d| {
+                let ns = d.profile.split('/').next().unwrap_or_default();
+                (
+                    format!("{ns}/{}", d.lane),
+                    objective_of(&d.base),
+                    objective_of(&d.head),
+                )
+            })
+            .collect();
+        let file = path.display().to_string();
+        out.band_changes
+            .extend(super::objectives::scenario_band_changes(&file, &sides));
         out.scenarios.push(ScenarioDiff {
             file: path.display().to_string(),
             name: repb.scenario.clone(),
@@ -437,6 +456,12 @@ pub fn diff(
         warnings_of(&pb.steps, &mut wb);
         warnings_of(&ph.steps, &mut wh);
         let (first, differing) = compare_evaluations(&pb.steps, &ph.steps);
+        out.band_changes
+            .extend(super::objectives::plan_band_changes(
+                &path.display().to_string(),
+                &pb.objectives,
+                &ph.objectives,
+            ));
         out.signals.push(SignalsDiff {
             file: path.display().to_string(),
             steps: t.steps.len(),
@@ -447,6 +472,11 @@ pub fn diff(
     out.new_warnings = wh.difference(&wb).cloned().collect();
     out.resolved_warnings = wb.difference(&wh).cloned().collect();
     Ok(out)
+}
+
+/// A side's objective outcome of a lane.
+fn objective_of(r: &Option<LaneReport>) -> Option<&super::objectives::ObjectiveOutcome> {
+    r.as_ref().and_then(|l| l.objective.as_ref())
 }
 
 /// The `--fail-on` conditions that hold, each with its evidence.
@@ -594,6 +624,13 @@ pub fn render_markdown(d: &Labelled, failures: &[String]) -> String {
             );
         }
     }
+    if !d.diff.band_changes.is_empty() {
+        let _ = writeln!(out, "### Error-budget bands that move\n");
+        for c in &d.diff.band_changes {
+            let _ = writeln!(out, "- {c}");
+        }
+        let _ = writeln!(out);
+    }
     if !d.diff.new_warnings.is_empty() {
         let _ = writeln!(out, "### New warnings\n");
         for w in &d.diff.new_warnings {
@@ -664,6 +701,9 @@ pub fn render_text(d: &Labelled, failures: &[String]) -> String {
                 f.profile, f.at, f.base, f.head
             );
         }
+    }
+    for c in &d.diff.band_changes {
+        let _ = writeln!(out, "band change: {c}");
     }
     for w in &d.diff.new_warnings {
         let _ = writeln!(out, "new warning: {w}");

@@ -6,6 +6,7 @@ pub mod chart;
 pub mod cli;
 pub mod diff;
 pub mod engine;
+pub mod objectives;
 pub mod report;
 
 pub use crate::scenario::Scenario;
@@ -20,6 +21,12 @@ pub fn simulate(
     policy: Strategy,
 ) -> Result<(Run, SimReport), SimError> {
     let r = run(world, scenario, policy)?;
-    let rep = report(&r, scenario.controller.evaluation_interval_seconds);
+    let mut rep = report(&r, scenario.controller.evaluation_interval_seconds);
+    for p in &mut rep.profiles {
+        for l in &mut p.lanes {
+            let counts = [l.within_deadline, l.late, l.failed, l.expired];
+            l.objective = objectives::of_lane(world, &l.namespace, &l.name, counts);
+        }
+    }
     Ok((r, rep))
 }

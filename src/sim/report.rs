@@ -63,7 +63,7 @@ pub struct LevelChange {
 }
 
 /// Outcomes of one lane.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LaneReport {
     /// Namespace.
@@ -147,6 +147,10 @@ pub struct LaneReport {
     /// Time to drain the backlog left at the end at the net rate of the last
     /// minute: 0 when there is none, None when it is not shrinking (never).
     pub drain_end_backlog_seconds: Option<f64>,
+    /// The lane's objective over the scenario (lanes with one; see
+    /// `sim::objectives`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objective: Option<super::objectives::ObjectiveOutcome>,
 }
 
 /// One point of the profile's time series (averages over the interval).
@@ -290,6 +294,7 @@ fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
         },
         drain_closed_form_seconds: closed_form,
         drain_end_backlog_seconds: drain_end,
+        objective: None,
     }
 }
 
@@ -509,6 +514,9 @@ pub fn render_table(r: &SimReport) -> String {
         if !pk.is_empty() {
             let _ = writeln!(out, "  backlog: {pk}");
         }
+        for line in objective_lines(&p.lanes) {
+            let _ = writeln!(out, "  {line}");
+        }
         if r.policy == "lanekeeper" {
             let _ = writeln!(out, "  level timeline:");
             if p.level_timeline.is_empty() {
@@ -525,6 +533,28 @@ pub fn render_table(r: &SimReport) -> String {
         }
     }
     out
+}
+
+/// One line per lane with an objective: attainment, budget used and band.
+fn objective_lines(lanes: &[LaneReport]) -> Vec<String> {
+    use crate::api::common::format_number as n;
+    lanes
+        .iter()
+        .filter_map(|l| {
+            let o = l.objective.as_ref()?;
+            Some(format!(
+                "objective {} {}%: attainment {} ({} good, {} bad), budget used {}% of the window's {} bad outcomes, band {}",
+                l.name,
+                n(o.within_deadline_percent),
+                o.attainment_percent.map_or_else(|| "-".to_owned(), |a| format!("{}%", n(a))),
+                o.good,
+                o.bad,
+                n(o.budget_used_percent),
+                n(o.budget_outcomes),
+                o.band.as_str()
+            ))
+        })
+        .collect()
 }
 
 /// Renders markdown (for a pull-request comment).
@@ -547,6 +577,9 @@ pub fn render_markdown(r: &SimReport) -> String {
         let _ = writeln!(out, "|{}", "---|".repeat(HEADERS.len()));
         for l in &p.lanes {
             let _ = writeln!(out, "| {} |", lane_cells(l).join(" | "));
+        }
+        for line in objective_lines(&p.lanes) {
+            let _ = writeln!(out, "\n- {line}");
         }
         if r.policy == "lanekeeper" {
             let _ = writeln!(out, "\nLevel timeline:\n");

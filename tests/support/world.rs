@@ -163,6 +163,9 @@ pub struct Telemetry {
     pub errors: BTreeMap<String, f64>,
     /// The pool's pods, refreshed by the test.
     pub pods: Vec<String>,
+    /// lane name → error budget remaining in percent (lanes not listed: no
+    /// series), as `lane:error_budget_remaining_percent`.
+    pub budgets: BTreeMap<String, f64>,
 }
 
 impl Telemetry {
@@ -182,6 +185,12 @@ impl Telemetry {
         for pod in &self.pods {
             let e = self.errors.get(pod).copied().unwrap_or(0.01);
             out += &format!("pod:error_ratio{{namespace=\"{ns}\",pod=\"{pod}\"}} {e}\n");
+        }
+        out += "# TYPE lane:error_budget_remaining_percent gauge\n";
+        for (lane, left) in &self.budgets {
+            out += &format!(
+                "lane:error_budget_remaining_percent{{namespace=\"{ns}\",lane=\"{lane}\"}} {left}\n"
+            );
         }
         out
     }

@@ -16,6 +16,7 @@
 
 pub mod actuate;
 pub mod events;
+pub mod freeze;
 pub mod observe;
 pub mod pool;
 pub mod report;
@@ -83,8 +84,14 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<A
     let (decision, next) =
         policy::evaluate_profile(&obs.binding(), &obs.snapshot, obs.approved, &obs.prev);
     let effects = actuate::actuate(ctx, &obs, &decision).await?;
-    let reported = report::report(ctx, &obs, &decision, &next, &effects).await?;
-    for n in events::events(&reported, &decision, &effects, &obs.unknown) {
+    let frozen = freeze::actuate(ctx, &obs, &decision).await?;
+    let reported = report::report(ctx, &obs, &decision, &next, &effects, frozen).await?;
+    let mut notes = events::events(&reported, &decision, &effects, &obs.unknown);
+    notes.extend(freeze::events(
+        &reported.profile_before,
+        &reported.profile_after,
+    ));
+    for n in notes {
         match n.target {
             Target::Profile => events::publish(ctx, &obs.profile, &n).await,
             Target::Policy => events::publish(ctx, &obs.policies[0], &n).await,

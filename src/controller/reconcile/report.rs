@@ -58,6 +58,7 @@ pub async fn report(
     decision: &ProfileDecision,
     next: &ProfileState,
     effects: &Effects,
+    freeze: Option<crate::api::FreezeStatus>,
 ) -> Result<Reported, Error> {
     let now = obs.now;
     let profile = &obs.profile;
@@ -75,7 +76,8 @@ pub async fn report(
         unschedulable: obs.unschedulable.clone(),
     };
     let profile_before = profile.status.clone().unwrap_or_default();
-    let profile_after = status::profile_status(profile, decision, next, &observed, now);
+    let mut profile_after = status::profile_status(profile, decision, next, &observed, now);
+    profile_after.freeze = freeze;
     ctx.writes
         .status(profile, profile.status.as_ref(), &profile_after)
         .await?;
@@ -103,7 +105,8 @@ pub async fn report(
     let mut policy_report = None;
     if let Some(p) = binding.policy {
         let approved = obs.approved.map(|a| a.level);
-        let overrides = policy::contract_overrides(p, &binding.lanes);
+        let mut overrides = policy::contract_overrides(p, &binding.lanes);
+        overrides.extend(policy::lanes_without_objective(p, &binding.lanes));
         // An approval used to enter a level, or lapsed, approves nothing more:
         // the annotation goes, and status forgets it.
         let consumed = decision.approval_consumed;

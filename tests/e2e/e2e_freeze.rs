@@ -1,0 +1,372 @@
+//! The change freeze of the error budgets on a real API server (issue 25
+//! item 6): the chart's ValidatingAdmissionPolicy enforces it with the
+//! parameters the controller keeps current, while a real Prometheus serves
+//! a lane's error budget (`laneErrorBudgetRemainingPercent`).
+//!
+//! With the budget of P0 driven to Exhausted: `kubectl set image` on the
+//! pool and an edit of a lane's routes are denied with a message naming the
+//! profile, the lane and its band; an exception missing a field or expiring
+//! more than 24 h ahead is denied, a valid one admitted and recorded (status
+//! and event); the freeze's parameters cannot be deleted by an admin; the
+//! controller still scales the pool; and when the budget recovers above
+//! 20 % the freeze lifts within one evaluation.
+
+use crate::support;
+use crate::world;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use serde_json::{Value, json};
+use support::cluster::{Cluster, Controller, connect, eventually};
+use world::*;
+
+const P0: &str = "p0-disruption-assist";
+const P1: &str = "p1-agent-assist";
+const PARAMS: &str = "agent-assist-freeze";
+const EXCEPTION: &str = "lanekeeper.dev/freeze-exception";
+
+/// The world with an objective on P0 and the profile reading its budget
+/// from Prometheus, P0's budget at `left` percent.
+async fn budget_world(c: &Cluster, left: f64) -> Option<World> {
+    let w = World::new(c, "freeze", 8, 0, None).await?;
+    w.set(|t| {
+        t.budgets.insert(P0.into(), left);
+    });
+    let ns = w.name().to_owned();
+    for mut o in inc47_objects(&ns, &w.prom.url()) {
+        if o["kind"] == "LaneContract" && o["metadata"]["name"] == P0 {
+            o["spec"]["objective"] = json!({"withinDeadlinePercent": "99.9", "window": "28d"});
+        } else if o["kind"] == "CapacityProfile" {
+            o["spec"]["signals"]["prometheus"]["queries"]["laneErrorBudgetRemainingPercent"] = json!(
+                format!("lane:error_budget_remaining_percent{{namespace=\"{ns}\"}}")
+            );
+        } else {
+            continue;
+        }
+        c.apply(&o).await.unwrap();
+    }
+    until_budget(&w, left).await;
+    Some(w)
+}
+
+/// Waits until Prometheus answers P0's budget as `want` (and the sample is a
+/// second old).
+async fn until_budget(w: &World, want: f64) {
+    let query = format!(
+        "{}/api/v1/query?query=lane:error_budget_remaining_percent",
+        w.prom.url()
+    );
+    eventually("Prometheus has P0's budget", T, || {
+        let query = query.clone();
+        async move {
+            let v: Value = reqwest::get(&query).await.ok()?.json().await.ok()?;
+            let got: f64 = v["data"]["result"][0]["value"][1].as_str()?.parse().ok()?;
+            ((got - want).abs() < 1e-9).then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+}
+
+async fn params(w: &World) -> Option<std::collections::BTreeMap<String, String>> {
+    Api::<ConfigMap>::namespaced(w.client.clone(), w.name())
+        .get_opt(PARAMS)
+        .await
+        .ok()?
+        .map(|cm| cm.data.unwrap_or_default())
+}
+
+/// `kubectl set image` on the pool: Ok(stdout) or Err(stderr).
+fn set_image(c: &Cluster, w: &World, tag: &str) -> Result<String, String> {
+    let image = format!("vllm=registry.k8s.io/pause:{tag}");
+    let o = c.kubectl(&[
+        "-n",
+        w.name(),
+        "set",
+        "image",
+        &format!("deployment/{POOL}"),
+        &image,
+    ]);
+    if o.ok { Ok(o.stdout) } else { Err(o.stderr) }
+}
+
+/// A new image on the pool together with the exception annotation.
+fn image_with_exception(
+    c: &Cluster,
+    w: &World,
+    tag: &str,
+    exception: &str,
+) -> Result<String, String> {
+    let patch = json!({
+        "metadata": {"annotations": {EXCEPTION: exception}},
+        "spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": format!("registry.k8s.io/pause:{tag}")}]}}}
+    });
+    let o = c.kubectl(&[
+        "-n",
+        w.name(),
+        "patch",
+        &format!("deployment/{POOL}"),
+        "--type=strategic",
+        "-p",
+        &patch.to_string(),
+    ]);
+    if o.ok { Ok(o.stdout) } else { Err(o.stderr) }
+}
+
+/// Adds a primary route to a lane.
+fn add_route(c: &Cluster, w: &World, lane: &str, model: &str) -> Result<String, String> {
+    let patch = json!([{"op": "add", "path": "/spec/routes/primary/-", "value": model}]);
+    let o = c.kubectl(&[
+        "-n",
+        w.name(),
+        "patch",
+        "lanecontract",
+        lane,
+        "--type=json",
+        "-p",
+        &patch.to_string(),
+    ]);
+    if o.ok { Ok(o.stdout) } else { Err(o.stderr) }
+}
+
+fn rfc3339_in(secs: i64) -> String {
+    lanekeeper::api::common::rfc3339(world_now() + secs)
+}
+
+fn world_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+fn exception(expires: &str) -> String {
+    format!(
+        "reason=CVE fix in the serving image; risk=low, image only; scope=pool {POOL}; rollback=kubectl rollout undo; expires={expires}"
+    )
+}
+
+/// The denial names the profile, the lane and its band.
+fn names_cause(err: &str, band: &str) {
+    assert!(
+        err.contains("CapacityProfile agent-assist") && err.contains(P0) && err.contains(band),
+        "the denial names profile, lane and band: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exhausted_budget_freezes_changes_at_the_api_server_until_it_recovers() {
+    let test = "an_exhausted_budget_freezes_changes_at_the_api_server_until_it_recovers";
+    let Some(c) = connect(test).await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = budget_world(&c, 80.0).await else {
+        return;
+    };
+    let _ctl = Controller::start(&kc, w.name(), "freeze", &["--leader-elect=false"]);
+    eventually("P0 Routine, the freeze open", T, || async {
+        let f = w.status().await["freeze"].clone();
+        (f["state"] == "Open" && f["band"] == "Routine").then_some(())
+    })
+    .await;
+    assert!(
+        params(&w).await.unwrap_or_default().is_empty(),
+        "open: no parameters"
+    );
+    set_image(&c, &w, "open-1").expect("an open freeze admits a new image");
+
+    // P0's budget is spent.
+    w.set(|t| {
+        t.budgets.insert(P0.into(), -5.0);
+    });
+    until_budget(&w, -5.0).await;
+    let p = eventually("the freeze parameters say Exhausted", T, || async {
+        params(&w)
+            .await
+            .filter(|p| p.get("band").is_some_and(|b| b == "Exhausted"))
+    })
+    .await;
+    assert_eq!(p["lanes"], P0);
+    assert_eq!(p[&format!("object.Deployment.{POOL}")], "scaleTarget");
+    assert_eq!(p[&format!("object.LaneContract.{P1}")], "lane");
+    // The API server's parameter cache follows the ConfigMap within moments.
+    let mut n = 0;
+    let denied = eventually("kubectl set image denied", T, || {
+        n += 1;
+        let r = set_image(&c, &w, &format!("frozen-{n}"));
+        async move { r.err() }
+    })
+    .await;
+    names_cause(&denied, "Exhausted");
+    assert!(
+        denied.contains("lanekeeper.dev/freeze-exception"),
+        "{denied}"
+    );
+    let routes = add_route(&c, &w, P1, "agent-xl").expect_err("a routes edit is frozen");
+    names_cause(&routes, "Exhausted");
+    assert!(routes.contains(&format!("LaneContract {P1}")), "{routes}");
+
+    // Nobody but the controller may lift the freeze by its parameters.
+    let o = c.kubectl(&["-n", w.name(), "delete", "configmap", PARAMS]);
+    assert!(
+        !o.ok && o.stderr.contains("written by lanekeeper only"),
+        "{}",
+        o.stderr
+    );
+    let o = c.kubectl(&["-n", w.name(), "label", "configmap", PARAMS, "band-", "x=y"]);
+    assert!(!o.ok, "an admin relabels the parameters: {}", o.stdout);
+
+    // The controller still scales the pool (the scale subresource).
+    let before = w.deployment().await.spec.unwrap().replicas.unwrap();
+    w.set(|t| {
+        t.lanes.insert(P1.into(), 330.0);
+    });
+    eventually("the controller scales the frozen pool up", T, || async {
+        let now = w.deployment().await.spec?.replicas?;
+        let want = w.status().await["desiredReplicas"].as_i64()?;
+        (now > before && i64::from(now) == want).then_some(())
+    })
+    .await;
+
+    // Exceptions: a missing field and an expiry beyond 24 h are denied.
+    let missing = exception(&rfc3339_in(7200)).replace("risk=low, image only; ", "");
+    let err = image_with_exception(&c, &w, "exc-1", &missing).expect_err("missing risk");
+    assert!(err.contains("missing risk"), "{err}");
+    names_cause(&err, "Exhausted");
+    let far = exception(&rfc3339_in(25 * 3600));
+    let err = image_with_exception(&c, &w, "exc-2", &far).expect_err("25 h ahead");
+    assert!(err.contains("at most 24h ahead"), "{err}");
+    let past = exception(&rfc3339_in(-600));
+    image_with_exception(&c, &w, "exc-3", &past).expect_err("an expired exception");
+    // A valid one is admitted, and recorded in status and as an event.
+    let valid = exception(&rfc3339_in(7200));
+    image_with_exception(&c, &w, "exc-4", &valid).expect("a valid exception is admitted");
+    let recorded = eventually("the exception in the profile's status", T, || async {
+        let ex = w.status().await["freeze"]["exceptions"].clone();
+        ex.as_array()?
+            .iter()
+            .find(|e| e["kind"] == "Deployment" && e["name"] == POOL)
+            .cloned()
+    })
+    .await;
+    assert_eq!(recorded["reason"], "CVE fix in the serving image");
+    assert_eq!(recorded["rollback"], "kubectl rollout undo");
+    eventually("a FreezeExceptionAccepted event", T, || async {
+        let ev = w.events("FreezeExceptionAccepted").await;
+        ev.iter()
+            .any(|(e, _)| e["note"].as_str().is_some_and(|n| n.contains(POOL)))
+            .then_some(())
+    })
+    .await;
+
+    // Without its exception the pool is frozen again.
+    c.kubectl_ok(&[
+        "-n",
+        w.name(),
+        "annotate",
+        &format!("deployment/{POOL}"),
+        &format!("{EXCEPTION}-"),
+    ]);
+    names_cause(
+        &set_image(&c, &w, "frozen-again").expect_err("frozen again"),
+        "Exhausted",
+    );
+
+    // The budget recovers above 20 %: the freeze lifts within one
+    // evaluation (a 1 s resync here).
+    w.set(|t| {
+        t.budgets.insert(P0.into(), 30.0);
+    });
+    until_budget(&w, 30.0).await;
+    let started = Instant::now();
+    eventually("the freeze parameters empty", T, || async {
+        params(&w).await.filter(|p| p.is_empty()).map(|_| ())
+    })
+    .await;
+    let lifted = started.elapsed();
+    assert!(lifted < Duration::from_secs(4), "lifted after {lifted:?}");
+    // The status follows in the same evaluation (written after the
+    // parameters).
+    eventually("status.freeze Open with P0 Cautious", T, || async {
+        let f = w.status().await["freeze"].clone();
+        (f["state"] == "Open" && f["band"] == "Cautious").then_some(())
+    })
+    .await;
+    let mut n = 0;
+    eventually("a new image admitted again", T, || {
+        n += 1;
+        let r = set_image(&c, &w, &format!("thawed-{n}"));
+        async move { r.ok() }
+    })
+    .await;
+    add_route(&c, &w, P1, "agent-xl").expect("routes may change again");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restricted_budget_freezes_rollouts_and_routes_only() {
+    let test = "a_restricted_budget_freezes_rollouts_and_routes_only";
+    let Some(c) = connect(test).await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = budget_world(&c, 10.0).await else {
+        return;
+    };
+    let _ctl = Controller::start(
+        &kc,
+        w.name(),
+        "freeze-restricted",
+        &["--leader-elect=false"],
+    );
+    eventually("the freeze parameters say Restricted", T, || async {
+        params(&w)
+            .await
+            .filter(|p| p.get("band").is_some_and(|b| b == "Restricted"))
+    })
+    .await;
+    let mut n = 0;
+    let denied = eventually("kubectl set image denied", T, || {
+        n += 1;
+        let r = set_image(&c, &w, &format!("restricted-{n}"));
+        async move { r.err() }
+    })
+    .await;
+    names_cause(&denied, "Restricted");
+    names_cause(
+        &add_route(&c, &w, P1, "agent-xl").expect_err("routes frozen"),
+        "Restricted",
+    );
+    // Other spec changes pass while Restricted: a lane's priority-neutral
+    // field and the profile's warning line.
+    let o = c.kubectl(&[
+        "-n",
+        w.name(),
+        "patch",
+        "capacityprofile",
+        "agent-assist",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"capacity":{"warningUtilizationPercent":80}}}"#,
+    ]);
+    assert!(o.ok, "a profile edit passes while Restricted: {}", o.stderr);
+    let o = c.kubectl(&[
+        "-n",
+        w.name(),
+        "patch",
+        "lanecontract",
+        P1,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"expectedRequestsPerSecond":"181"}}"#,
+    ]);
+    assert!(
+        o.ok,
+        "a lane edit beside its routes passes while Restricted: {}",
+        o.stderr
+    );
+}
