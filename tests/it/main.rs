@@ -29,6 +29,7 @@ mod engine_properties;
 mod engine_rules;
 mod fake_model;
 mod gateway;
+mod gateway_breaker;
 mod gateway_conn;
 mod gateway_doc;
 mod gateway_objective;

@@ -36,14 +36,21 @@
 //! - **Qualified outcomes** for the lanes' objectives: good (answered in
 //!   time), bad (failed, late, or refused inside the lane's floor, which
 //!   each [`Refusal`] says), not counted (`qualified`).
+//! - **Retry-After is the expected wait**: the lane's queue ahead at its
+//!   drain rate (`expected_wait`).
+//! - **Routes**: a circuit breaker per route (`breaker`, settings in
+//!   `route_config`) and the pace of a route that pushes back
+//!   (`route_pace`); the gateway drives them per request.
 //! - **Observe mode**: a config with `mode: Observe` is evaluated but never
 //!   enforced (the caller admits everything and counts the verdicts).
 
 mod arrival;
 mod bucket;
+pub mod breaker;
 pub mod clients;
 pub mod config;
 mod core;
+pub mod expected_wait;
 mod fair_queue;
 mod history;
 mod id_ring;
@@ -51,6 +58,8 @@ mod lane;
 mod pressure;
 pub mod qualified;
 mod remembered;
+pub mod route_config;
+pub mod route_pace;
 mod spare;
 pub mod validate;
 mod verdict;
@@ -65,6 +74,7 @@ pub use crate::config::{
     LaneState, Mode, OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION, Telemetry, hash,
     to_json,
 };
+pub use crate::breaker::{Breaker, BreakerSettings, BreakerState, Gate, Transition, Upshot};
 pub use crate::core::{Core, DEFAULT_TENANT};
 pub use crate::history::trim_chat_history;
 pub use crate::pressure::{
@@ -72,6 +82,8 @@ pub use crate::pressure::{
     LATENCY_WINDOW_SECONDS, Pressure,
 };
 pub use crate::qualified::{Qualified, Served};
+pub use crate::route_config::Breakers;
+pub use crate::route_pace::{Paced, RoutePace};
 pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::validate::ConfigError;
