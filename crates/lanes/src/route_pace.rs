@@ -166,13 +166,15 @@ mod tests {
         p.pushed_back(0.1, Some(5.0), 9);
         p.pushed_back(0.2, None, 8);
         assert!((p.share(0.3) - 0.5).abs() < 1e-9);
+        // Held until 5.1; by 6.0 it regained 0.09, then halves again.
         p.pushed_back(6.0, Some(5.0), 5);
-        assert!((p.share(6.0) - 0.25).abs() < 1e-9);
+        assert!((p.share(6.0) - 0.295).abs() < 1e-9);
         // Never below the minimum share; at least one request at a time.
+        // Each push-back as the last hold (held to the 300 s maximum) ends.
         for i in 0..20 {
-            p.pushed_back(20.0 + f64::from(i) * 400.0, Some(1e9), 1);
+            p.pushed_back(20.0 + f64::from(i) * 300.0, Some(1e9), 1);
         }
-        let now = 20.0 + 19.0 * 400.0;
+        let now = 20.0 + 19.0 * 300.0;
         assert!((p.share(now) - PACE_MIN_SHARE).abs() < 1e-9);
         assert_eq!(p.limit(now), Some(1));
         // A Retry-After over the maximum is held to it.
