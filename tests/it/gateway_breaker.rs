@@ -162,7 +162,9 @@ async fn an_upstream_429_with_retry_after_5_slows_its_route() {
             200 => ok += 1,
             429 => {
                 let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
-                assert!((4..=6).contains(&retry), "Retry-After {retry}");
+                // The rest of the 5 s hold, then 1.25 s for the share to
+                // grow from 4 of 8 to 5 of 8: about 6.2 s, rounded up.
+                assert!((5..=7).contains(&retry), "Retry-After {retry}");
                 assert_eq!(r.headers()["x-should-retry"], "true");
                 let b: Value = r.json().await.unwrap();
                 assert_eq!(b["error"]["code"], "route_paced");
