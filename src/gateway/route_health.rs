@@ -25,6 +25,25 @@ pub(super) enum Ending {
     Failed,
     /// 429, or 503 with Retry-After: the route is paced. (status, seconds)
     PushedBack(u16, Option<f64>),
+    /// Says nothing about the route: a timeout of a request that had less
+    /// than [`TIMEOUT_COUNTS_FROM_SECONDS`] left when sent.
+    Inconclusive,
+}
+
+/// A timeout counts as the route's failure only when the request gave the
+/// route at least this long (a request that arrives with milliseconds of
+/// its deadline left times out on any route).
+pub(super) const TIMEOUT_COUNTS_FROM_SECONDS: f64 = 1.0;
+
+impl Ending {
+    /// A timeout after `given` seconds.
+    pub(super) fn timed_out(given: f64) -> Ending {
+        if given >= TIMEOUT_COUNTS_FROM_SECONDS {
+            Ending::Failed
+        } else {
+            Ending::Inconclusive
+        }
+    }
 }
 
 /// Why no route of a lane may take a request now (about its first route).
@@ -180,6 +199,12 @@ impl RouteHealth {
             return;
         };
         let upshot = match ending {
+            Ending::Inconclusive => {
+                if probe {
+                    r.breaker.probe_abandoned();
+                }
+                return;
+            }
             Ending::Failed => Upshot::Failure,
             Ending::Answered => Upshot::Success,
             Ending::PushedBack(status, retry_after) => {
@@ -286,6 +311,23 @@ mod tests {
             ending_of(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
             Ending::PushedBack(429, None)
         );
+    }
+
+    #[test]
+    fn only_a_timeout_with_time_to_answer_is_the_routes_failure() {
+        assert_eq!(Ending::timed_out(30.0), Ending::Failed);
+        assert_eq!(Ending::timed_out(0.004), Ending::Inconclusive);
+        let h = health();
+        let mut s = Breakers::default();
+        s.default.consecutive_failures = 1;
+        h.configure(Some(&s));
+        let routes = vec!["r".to_owned()];
+        for _ in 0..10 {
+            h.take(&routes, &[]).unwrap().end(Ending::timed_out(0.01));
+        }
+        assert!(h.take(&routes, &[]).is_ok(), "still closed");
+        h.take(&routes, &[]).unwrap().end(Ending::timed_out(5.0));
+        assert!(matches!(h.take(&routes, &[]), Err(KeptOff::Open { .. })));
     }
 
     #[test]

@@ -234,7 +234,7 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
             return respond::upstream_unreachable(lane, &route, &e.to_string());
         }
         Err(_) => {
-            taken.end(Ending::Failed);
+            taken.end(Ending::timed_out(remaining.as_secs_f64()));
             d.meter()
                 .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
             return respond::upstream_timeout(lane, &route, remaining.as_secs_f64());

@@ -274,14 +274,19 @@ fn python_with_openai() -> Option<String> {
 
 const SDK_SCRIPT: &str = r#"
 import json, sys, time, openai
-base, lane, key = sys.argv[1], sys.argv[2], sys.argv[3]
+base, lane, keys = sys.argv[1], sys.argv[2], sys.argv[3:]
 client = openai.OpenAI(base_url=base, api_key="unused", max_retries=2)
-started = time.monotonic()
-out = {}
-try:
+def call(key):
     client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}],
         extra_headers={"x-lanekeeper-lane": lane, "idempotency-key": key})
+# Every key but the last goes first, back to back (taking the lane's tokens).
+for k in keys[:-1]:
+    call(k)
+started = time.monotonic()
+out = {}
+try:
+    call(keys[-1])
     out["status"] = 200
 except openai.APIStatusError as e:
     out["status"] = e.status_code
@@ -290,14 +295,16 @@ out["seconds"] = time.monotonic() - started
 print(json.dumps(out))
 "#;
 
-async fn sdk_call(python: &str, gw: &Proc, lane: &str, key: &str) -> Value {
-    let args = [
+/// The client's requests on `lane` with `keys` as idempotency keys, one
+/// after the other: the last one's status, message and seconds.
+async fn sdk_call(python: &str, gw: &Proc, lane: &str, keys: &[&str]) -> Value {
+    let mut args = vec![
         "-c".to_owned(),
         SDK_SCRIPT.to_owned(),
         format!("http://{}/v1", gw.addr),
         lane.to_owned(),
-        key.to_owned(),
     ];
+    args.extend(keys.iter().map(|k| (*k).to_owned()));
     let python = python.to_owned();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(python)
@@ -328,24 +335,16 @@ async fn the_openai_client_does_not_retry_a_paused_lane_and_retries_a_deferral_a
     let (_m, gw, c) = up("openai-sdk", &cfg, &["--service-millis", "0"]).await;
     // Paused: one attempt, no retry (its Retry-After is 300 s anyway, but
     // x-should-retry says so first).
-    let paused = sdk_call(&python, &gw, "p4-eval-backfill", "eval-1").await;
+    let paused = sdk_call(&python, &gw, "p4-eval-backfill", &["eval-1"]).await;
     assert_eq!(paused["status"], 429, "{paused}");
     assert!(
         paused["message"].as_str().unwrap().contains("is paused"),
         "{paused}"
     );
-    // P3's token goes to job-1; job-2 is deferred for 2 s (one token at
-    // 0.5/s), and the client comes back after it, admitted as a return.
-    assert_eq!(
-        chat(&c, &gw, "p3-shift-batch")
-            .header("idempotency-key", "job-1")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    let deferred = sdk_call(&python, &gw, "p3-shift-batch", "job-2").await;
+    // P3's token goes to job-1; job-2, right after it, is deferred for 2 s
+    // (one token at 0.5/s), and the client comes back after it, admitted
+    // as a return.
+    let deferred = sdk_call(&python, &gw, "p3-shift-batch", &["job-1", "job-2"]).await;
     assert_eq!(deferred["status"], 200, "{deferred}");
     let seconds = deferred["seconds"].as_f64().unwrap();
     assert!(seconds >= 1.5, "came back after {seconds} s");
