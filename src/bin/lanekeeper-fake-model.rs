@@ -393,9 +393,16 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
             })
             .collect();
         n.last_messages = request["messages"].as_array().map_or(0, Vec::len);
-        let failing = (n.chat_status != 0 && n.chat_status != 200)
-            .then_some((n.chat_status, (n.chat_retry_after > 0).then_some(n.chat_retry_after)));
-        (n.service_millis, n.token_millis, n.completion_tokens, failing)
+        let failing = (n.chat_status != 0 && n.chat_status != 200).then_some((
+            n.chat_status,
+            (n.chat_retry_after > 0).then_some(n.chat_retry_after),
+        ));
+        (
+            n.service_millis,
+            n.token_millis,
+            n.completion_tokens,
+            failing,
+        )
     };
     let mut guard = InProgress {
         numbers: app.numbers.clone(),

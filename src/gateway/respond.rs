@@ -191,7 +191,9 @@ fn refusal_words(lane: &str, limit: Limit, wait: Option<i64>) -> String {
                 wait.map_or(String::new(), |s| format!(", expected in about {s} s"))
             );
         }
-        Limit::QueueTtl => format!("lane {lane}: the wait for a turn is longer than its queue allows"),
+        Limit::QueueTtl => {
+            format!("lane {lane}: the wait for a turn is longer than its queue allows")
+        }
         Limit::QueueDepth => format!("lane {lane}: its queue is full"),
         Limit::StopAt => format!("lane {lane}: the pool is at its in-flight limit"),
         Limit::Deferred => format!(
@@ -203,7 +205,9 @@ fn refusal_words(lane: &str, limit: Limit, wait: Option<i64>) -> String {
             );
         }
         Limit::MaxAttempts => {
-            return format!("lane {lane}: this request has used all its attempts; retrying does not help");
+            return format!(
+                "lane {lane}: this request has used all its attempts; retrying does not help"
+            );
         }
         Limit::RetryBudget => {
             return format!(
@@ -242,7 +246,11 @@ pub(super) fn refusal(lane: &str, r: &Refusal) -> Response {
     }
     resp.headers_mut().insert(
         SHOULD_RETRY,
-        HeaderValue::from_static(if should_retry(r.limit) { "true" } else { "false" }),
+        HeaderValue::from_static(if should_retry(r.limit) {
+            "true"
+        } else {
+            "false"
+        }),
     );
     if r.deferred() {
         resp.headers_mut()
@@ -391,9 +399,15 @@ mod tests {
         );
         assert_eq!(r.headers()[header::RETRY_AFTER], "300");
         assert_eq!(r.headers()[SHOULD_RETRY], "false");
-        let msg = body(r).await["error"]["message"].as_str().unwrap().to_owned();
+        let msg = body(r).await["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
         assert!(msg.starts_with("lane p4 is paused"), "{msg}");
-        assert!(msg.contains("about 300 s") && !msg.contains("admittedRequestsPerSecond"), "{msg}");
+        assert!(
+            msg.contains("about 300 s") && !msg.contains("admittedRequestsPerSecond"),
+            "{msg}"
+        );
         for limit in [Limit::Deadline, Limit::MaxAttempts, Limit::RetryBudget] {
             let r = refusal("p1", &refused(Outcome::RejectedRetryBudget, limit, None));
             assert_eq!(r.headers()[SHOULD_RETRY], "false", "{limit:?}");
@@ -419,7 +433,12 @@ mod tests {
         assert_eq!(r.headers()[SHOULD_RETRY], "true");
         let b = body(r).await;
         assert_eq!(b["error"]["code"], "breaker_open");
-        assert!(b["error"]["message"].as_str().unwrap().contains("route vllm-main"));
+        assert!(
+            b["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("route vllm-main")
+        );
         let r = route_kept_off(
             "p1",
             &KeptOff::Paced {

@@ -161,7 +161,12 @@ impl RouteHealth {
         let (gate, moved) = r.breaker.gate(now);
         if let Some(t) = moved {
             self.metrics.transition(name, t);
-            tracing::info!(route = name, from = t.from.as_str(), to = t.to.as_str(), "route breaker");
+            tracing::info!(
+                route = name,
+                from = t.from.as_str(),
+                to = t.to.as_str(),
+                "route breaker"
+            );
         }
         let probe = match gate {
             Gate::Pass => false,
@@ -303,9 +308,15 @@ mod tests {
         assert_eq!(ending_of(404, None), Ending::Answered);
         assert_eq!(ending_of(500, Some("5")), Ending::Failed);
         assert_eq!(ending_of(503, None), Ending::Failed);
-        assert_eq!(ending_of(503, Some("5")), Ending::PushedBack(503, Some(5.0)));
+        assert_eq!(
+            ending_of(503, Some("5")),
+            Ending::PushedBack(503, Some(5.0))
+        );
         assert_eq!(ending_of(429, None), Ending::PushedBack(429, None));
-        assert_eq!(ending_of(429, Some(" 2.5 ")), Ending::PushedBack(429, Some(2.5)));
+        assert_eq!(
+            ending_of(429, Some(" 2.5 ")),
+            Ending::PushedBack(429, Some(2.5))
+        );
         // An HTTP date is not a number of seconds.
         assert_eq!(
             ending_of(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
@@ -359,10 +370,14 @@ mod tests {
         let routes = vec!["r".to_owned()];
         let held: Vec<Taken> = (0..4).map(|_| h.take(&routes, &[]).unwrap()).collect();
         let mut held = held.into_iter();
-        held.next().unwrap().end(Ending::PushedBack(429, Some(30.0)));
+        held.next()
+            .unwrap()
+            .end(Ending::PushedBack(429, Some(30.0)));
         // Peak 4 at the push-back, share 0.5: 2 at once; 3 still in flight.
         match h.take(&routes, &[]) {
-            Err(KeptOff::Paced { limit, retry_in, .. }) => {
+            Err(KeptOff::Paced {
+                limit, retry_in, ..
+            }) => {
                 assert_eq!(limit, 2);
                 assert!(retry_in > 29.0, "{retry_in}");
             }

@@ -48,7 +48,8 @@ impl RouteMetrics {
             &["route", "state"],
         )
         .expect("valid metric");
-        r.register(Box::new(state.clone())).expect("registered once");
+        r.register(Box::new(state.clone()))
+            .expect("registered once");
         let share = GaugeVec::new(
             Opts::new(
                 "lanekeeper_gateway_route_share",
@@ -57,7 +58,8 @@ impl RouteMetrics {
             &["route"],
         )
         .expect("valid metric");
-        r.register(Box::new(share.clone())).expect("registered once");
+        r.register(Box::new(share.clone()))
+            .expect("registered once");
         RouteMetrics {
             state,
             share,

@@ -15,9 +15,9 @@ use super::decision::{DecisionLog, IdMaker};
 use super::dispatch::{Dispatch, InFlightSink};
 use super::identity::Identity;
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
-use super::surface::Surface;
 use super::route_health::RouteHealth;
 use super::route_metrics::RouteMetrics;
+use super::surface::Surface;
 use super::upstream::Upstream;
 
 /// A waiting request's answer: its resolution and, for a pass, what to send

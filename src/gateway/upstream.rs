@@ -240,13 +240,15 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
             return respond::upstream_timeout(lane, &route, remaining.as_secs_f64());
         }
     };
-    d.route_hold = Some(taken.classified(ending_of(
-        response.status().as_u16(),
-        response
-            .headers()
-            .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok()),
-    )));
+    d.route_hold = Some(
+        taken.classified(ending_of(
+            response.status().as_u16(),
+            response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+        )),
+    );
     answered(response, d, sent, deadline, trimmed, out.class)
 }
 

@@ -11,12 +11,15 @@ use std::collections::BTreeMap;
 
 use lanes::jiff::Timestamp;
 use lanes::{
-    ApiKeySecret, Borrow, BreakerSettings, Breakers, CertificateName, ClientIdentity, ClientRule, ConfigMapKey, Deferral,
-    Flags, GatewayConfig, Generations, InFlight, JwksSource, JwtIssuer, LaneConfig, Mode,
-    OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION, ServiceAccountName,
+    ApiKeySecret, Borrow, BreakerSettings, Breakers, CertificateName, ClientIdentity, ClientRule,
+    ConfigMapKey, Deferral, Flags, GatewayConfig, Generations, InFlight, JwksSource, JwtIssuer,
+    LaneConfig, Mode, OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION,
+    ServiceAccountName,
 };
 
-use crate::api::{BreakerSpec, BreakersSpec, DegradationPolicy, LaneContract, PolicyMode, SheddingMode};
+use crate::api::{
+    BreakerSpec, BreakersSpec, DegradationPolicy, LaneContract, PolicyMode, SheddingMode,
+};
 use crate::policy::{LaneDecision, LaneState, ProfileDecision};
 
 /// The expected time to resume of a `Defer` lane, in seconds: the
@@ -355,6 +358,23 @@ mod tests {
                 {"certificate": {"name": "cn"}}
             ])
         );
+    }
+
+    #[test]
+    fn the_profiles_breakers_reach_lanes_json_with_per_route_settings() {
+        let spec: BreakersSpec = serde_json::from_value(serde_json::json!({
+            "default": {"consecutiveFailures": 3},
+            "routes": [{"route": "slow", "openSeconds": 30}],
+            "fallbackWhenOpen": true
+        }))
+        .unwrap();
+        let b = breakers(&spec);
+        assert_eq!(b.for_route("fast").consecutive_failures, 3);
+        assert_eq!(b.for_route("fast").open_seconds, 5.0);
+        assert_eq!(b.for_route("slow").open_seconds, 30.0);
+        // A route's own settings start from the defaults, not `default`.
+        assert_eq!(b.for_route("slow").consecutive_failures, 5);
+        assert_eq!(b.out_of_range(), None);
     }
 
     #[test]

@@ -233,7 +233,11 @@ impl Breaker {
     fn record_closed(&mut self, now: f64, upshot: Upshot, jitter: f64) -> Option<Transition> {
         let sec = now.floor() as i64;
         let span = i64::from(self.settings.window_seconds.max(1));
-        while self.window.front().is_some_and(|(s, _, _)| *s <= sec - span) {
+        while self
+            .window
+            .front()
+            .is_some_and(|(s, _, _)| *s <= sec - span)
+        {
             self.window.pop_front();
         }
         if self.window.back().is_none_or(|(s, _, _)| *s != sec) {

@@ -59,7 +59,9 @@ pub fn whole(seconds: f64) -> i64 {
     if !seconds.is_finite() {
         return MAX_RETRY_AFTER_SECONDS;
     }
-    (seconds - 1e-6).ceil().clamp(1.0, MAX_RETRY_AFTER_SECONDS as f64) as i64
+    (seconds - 1e-6)
+        .ceil()
+        .clamp(1.0, MAX_RETRY_AFTER_SECONDS as f64) as i64
 }
 
 #[cfg(test)]

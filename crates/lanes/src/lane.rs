@@ -64,7 +64,11 @@ impl Lane {
         Some(retry_after_seconds(&LaneWait {
             queued: self.queue.len(),
             tokens: b.tokens,
-            drain_rate: if b.paused { 0.0 } else { b.rate.max(b.floor_rps) },
+            drain_rate: if b.paused {
+                0.0
+            } else {
+                b.rate.max(b.floor_rps)
+            },
             resume_seconds: deferral.or(self.cfg.retry_after_seconds),
             deferral_bound: deferral,
             ttl_seconds: self.cfg.queue.ttl_seconds,

@@ -45,8 +45,8 @@
 //!   enforced (the caller admits everything and counts the verdicts).
 
 mod arrival;
-mod bucket;
 pub mod breaker;
+mod bucket;
 pub mod clients;
 pub mod config;
 mod core;
@@ -65,6 +65,7 @@ pub mod validate;
 mod verdict;
 mod waiting;
 
+pub use crate::breaker::{Breaker, BreakerSettings, BreakerState, Gate, Transition, Upshot};
 pub use crate::clients::{
     ApiKeySecret, CertificateName, ClientIdentity, ClientRule, ConfigMapKey, JwksSource, JwtIssuer,
     ServiceAccountName,
@@ -74,7 +75,6 @@ pub use crate::config::{
     LaneState, Mode, OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION, Telemetry, hash,
     to_json,
 };
-pub use crate::breaker::{Breaker, BreakerSettings, BreakerState, Gate, Transition, Upshot};
 pub use crate::core::{Core, DEFAULT_TENANT};
 pub use crate::history::trim_chat_history;
 pub use crate::pressure::{
@@ -82,9 +82,9 @@ pub use crate::pressure::{
     LATENCY_WINDOW_SECONDS, Pressure,
 };
 pub use crate::qualified::{Qualified, Served};
+pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
 pub use crate::route_config::Breakers;
 pub use crate::route_pace::{Paced, RoutePace};
-pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::validate::ConfigError;
 pub use crate::verdict::{
