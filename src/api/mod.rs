@@ -1,5 +1,6 @@
 //! The custom resources of lanekeeper (`lanekeeper.dev/v1alpha1`).
 
+pub mod breakers;
 pub mod calibration;
 pub mod clients;
 pub mod common;
@@ -10,6 +11,7 @@ pub mod policy;
 pub mod profile;
 pub mod state;
 
+pub use breakers::*;
 pub use clients::*;
 pub use common::Decimal;
 pub use freeze::{FreezeException, FreezeState, FreezeStatus};

@@ -54,6 +54,10 @@ pub struct CapacityProfileSpec {
     /// lane demand from `expectedRequestsPerSecond`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signals: Option<SignalsSpec>,
+    /// The circuit breaker the gateway keeps for each route (passed through
+    /// in the gateway config). Without it every route gets the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakers: Option<super::breakers::BreakersSpec>,
 }
 
 /// The pool of model-server pods.

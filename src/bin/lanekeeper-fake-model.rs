@@ -23,6 +23,11 @@
 //!   `x-lanekeeper-*`, `authorization` and `x-request-id` headers and
 //!   message count (`lastHeaders`,
 //!   `lastMessages`), so tests can see what a gateway sent.
+//!   `chatInFlightPeak` is the most in progress at once (settable, to
+//!   reset it). With `chatStatus` set (500, 429, 503, ...) every chat
+//!   request is answered with that status after `serviceMillis`, with
+//!   `Retry-After: chatRetryAfter` when set: a failing or overloaded
+//!   upstream on demand.
 //!
 //! ```sh
 //! lanekeeper-fake-model --listen 0.0.0.0:8000 --running 12 --waiting 3
@@ -120,6 +125,17 @@ struct Numbers {
     /// The number of messages of the last chat request (read-only).
     #[serde(default)]
     last_messages: usize,
+    /// The status of every chat answer when not 200 (a failing or
+    /// overloaded upstream: 500, 429, 503); 0 or 200: answer normally.
+    #[serde(default)]
+    chat_status: u16,
+    /// The `Retry-After` (seconds) of a chat answer with `chatStatus` (0:
+    /// none).
+    #[serde(default)]
+    chat_retry_after: u64,
+    /// Most chat requests in progress at once (read-only).
+    #[serde(default)]
+    chat_in_flight_peak: u64,
 }
 
 /// A partial update: every field optional.
@@ -136,6 +152,9 @@ struct Update {
     service_millis: Option<u64>,
     token_millis: Option<u64>,
     completion_tokens: Option<u64>,
+    chat_status: Option<u16>,
+    chat_retry_after: Option<u64>,
+    chat_in_flight_peak: Option<u64>,
 }
 
 #[derive(Clone)]
@@ -303,6 +322,15 @@ async fn put_control(State(app): State<App>, body: Bytes) -> Response {
     if let Some(v) = update.completion_tokens {
         n.completion_tokens = v;
     }
+    if let Some(v) = update.chat_status {
+        n.chat_status = v;
+    }
+    if let Some(v) = update.chat_retry_after {
+        n.chat_retry_after = v;
+    }
+    if let Some(v) = update.chat_in_flight_peak {
+        n.chat_in_flight_peak = v;
+    }
     let now = n.clone();
     drop(n);
     json(StatusCode::OK, &now)
@@ -325,6 +353,18 @@ impl Drop for InProgress {
     }
 }
 
+/// The answer of a failing or overloaded upstream.
+fn failure(status: u16, retry_after: Option<u64>) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let err = serde_json::json!({"error": {"message": "the fake model was told to fail", "type": "server_error"}});
+    let mut r = json_value(status, &err);
+    if let Some(s) = retry_after {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, axum::http::HeaderValue::from(s));
+    }
+    r
+}
+
 async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Bytes) -> Response {
     let request: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
@@ -334,10 +374,11 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
         }
     };
     let stream = request["stream"].as_bool().unwrap_or(false);
-    let (service, token, tokens) = {
+    let (service, token, tokens, failing) = {
         let mut n = app.numbers.lock().expect("not poisoned");
         n.chat_requests += 1;
         n.chat_in_flight += 1;
+        n.chat_in_flight_peak = n.chat_in_flight_peak.max(n.chat_in_flight);
         n.last_headers = headers
             .iter()
             .filter(|(k, _)| {
@@ -352,7 +393,16 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
             })
             .collect();
         n.last_messages = request["messages"].as_array().map_or(0, Vec::len);
-        (n.service_millis, n.token_millis, n.completion_tokens)
+        let failing = (n.chat_status != 0 && n.chat_status != 200).then_some((
+            n.chat_status,
+            (n.chat_retry_after > 0).then_some(n.chat_retry_after),
+        ));
+        (
+            n.service_millis,
+            n.token_millis,
+            n.completion_tokens,
+            failing,
+        )
     };
     let mut guard = InProgress {
         numbers: app.numbers.clone(),
@@ -360,6 +410,11 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
     };
     let model = request["model"].as_str().unwrap_or(&app.model).to_owned();
     tokio::time::sleep(Duration::from_millis(service)).await;
+    if let Some((status, retry_after)) = failing {
+        guard.done = true;
+        drop(guard);
+        return failure(status, retry_after);
+    }
     if !stream {
         guard.done = true;
         drop(guard);
@@ -444,6 +499,9 @@ async fn main() -> std::io::Result<()> {
             chat_cancelled: 0,
             last_headers: Default::default(),
             last_messages: 0,
+            chat_status: 0,
+            chat_retry_after: 0,
+            chat_in_flight_peak: 0,
         })),
     };
     let router = Router::new()

@@ -9,6 +9,7 @@ use std::time::Instant;
 use lanes::{Attempt, Core, Pass, Served};
 
 use super::metrics::LaneMeter;
+use super::route_health::Taken;
 
 /// Where a finished request's latency goes (the core, under its lock).
 pub(super) trait InFlightSink: Send + Sync {
@@ -21,7 +22,13 @@ pub(super) struct Dispatch {
     pub(super) lane: usize,
     pub(super) meters: Arc<Vec<LaneMeter>>,
     pub(super) attempt: Attempt,
-    pub(super) route: Option<String>,
+    /// The lane's routes, in order, and the fallbacks an open breaker may
+    /// send it to.
+    pub(super) routes: Vec<String>,
+    pub(super) breaker_fallbacks: Vec<String>,
+    /// The route taken, held until the answer ends (its place in the
+    /// route's pace).
+    pub(super) route_hold: Option<Taken>,
     pub(super) read_only: bool,
     pub(super) static_fallback: bool,
     /// The lane's routes are its approved fallbacks (a level said so).
@@ -46,7 +53,9 @@ impl Dispatch {
             lane: pass.lane,
             meters: Arc::clone(meters),
             attempt: pass.attempt,
-            route: core.lane(pass.lane).routes.first().cloned(),
+            routes: core.lane(pass.lane).routes.clone(),
+            breaker_fallbacks: core.lane(pass.lane).breaker_fallbacks.clone(),
+            route_hold: None,
             read_only: flags.read_only,
             fallback_route: core.lane(pass.lane).fallback_routes,
             static_fallback: flags.static_fallback,
@@ -85,6 +94,13 @@ impl Dispatch {
     /// request counts as bad for the lane's objective.
     pub(super) fn failed(&mut self) {
         self.slot.failed = true;
+    }
+
+    /// No route could take it (breaker open, route paced): it never went
+    /// upstream, and the lane was not served.
+    pub(super) fn kept_off(&mut self) {
+        self.slot.failed = true;
+        self.slot.latency = Some(f64::NAN);
     }
 
     /// The upstream answered with headers after `latency` seconds.

@@ -234,6 +234,11 @@ impl GatewayMetrics {
         }
     }
 
+    /// The registry, for the families other files own (the routes').
+    pub(super) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// Requests the gateway answered before the core saw them, by reason.
     pub fn refused_before_admission(&self, reason: &'static str) {
         self.refused_before_admission

@@ -6,7 +6,8 @@
 //! (`run`), the request path as named steps (`request`), the pure mapping
 //! from a refusal or failure to the HTTP answer (`respond`), what a passed
 //! request takes upstream (`dispatch`), the upstream client (`upstream`),
-//! the config and replica sources (`sources`), what the connection proved
+//! each route's circuit breaker and pace (`route_health`, metrics in
+//! `route_metrics`), the config and replica sources (`sources`), what the connection proved
 //! about the client (`peer`), who is calling and so which lane and tenant
 //! a request gets (`identity`), the accept loop and its connection limit
 //! (`listen`), one connection under its clocks (`conn`), the descriptor
@@ -33,6 +34,8 @@ mod metrics;
 mod peer;
 mod request;
 mod respond;
+mod route_health;
+mod route_metrics;
 mod run;
 mod sources;
 mod state;

@@ -3,10 +3,11 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use lanes::Refusal;
+use lanes::{Limit, Refusal, expected_wait};
 use serde_json::json;
 
 use super::decision::Reason;
+use super::route_health::KeptOff;
 
 /// How much of a client's header value an error message repeats.
 const ECHO_LIMIT: usize = 64;
@@ -159,40 +160,145 @@ pub(super) fn queue_dropped(lane: &str) -> Response {
     )
 }
 
-/// A 429 saying which limit of which lane, with `Retry-After` and, for a
+/// The header the OpenAI SDKs read before their own rules: `true` retries
+/// (after `Retry-After`), `false` never.
+pub(super) const SHOULD_RETRY: &str = "x-should-retry";
+
+/// Whether coming back can help: not for a paused lane (until the
+/// controller releases it), a deadline, or the retry limits.
+fn should_retry(limit: Limit) -> bool {
+    match limit {
+        Limit::Rate | Limit::QueueTtl | Limit::QueueDepth | Limit::StopAt | Limit::Deferred => true,
+        Limit::Paused
+        | Limit::Deadline
+        | Limit::MaxAttempts
+        | Limit::RetryBudget
+        | Limit::LaneRemoved => false,
+    }
+}
+
+/// Which limit refused, in words a caller understands, and when to come
+/// back (`wait`: the `Retry-After` in seconds).
+fn refusal_words(lane: &str, limit: Limit, wait: Option<i64>) -> String {
+    let back = wait.map_or(String::new(), |s| {
+        format!("; come back in about {s} s (Retry-After)")
+    });
+    let what = match limit {
+        Limit::Rate => format!("lane {lane} is over its admitted rate"),
+        Limit::Paused => {
+            return format!(
+                "lane {lane} is paused by the current degradation level: retrying does not help until it is released{}",
+                wait.map_or(String::new(), |s| format!(", expected in about {s} s"))
+            );
+        }
+        Limit::QueueTtl => {
+            format!("lane {lane}: the wait for a turn is longer than its queue allows")
+        }
+        Limit::QueueDepth => format!("lane {lane}: its queue is full"),
+        Limit::StopAt => format!("lane {lane}: the pool is at its in-flight limit"),
+        Limit::Deferred => format!(
+            "lane {lane}: deferred; the work is wanted later, come back with the same request id"
+        ),
+        Limit::Deadline => {
+            return format!(
+                "lane {lane}: the request cannot be served within its deadline; retrying does not help"
+            );
+        }
+        Limit::MaxAttempts => {
+            return format!(
+                "lane {lane}: this request has used all its attempts; retrying does not help"
+            );
+        }
+        Limit::RetryBudget => {
+            return format!(
+                "lane {lane}: the lane's retries are over their budget; retrying now makes it worse"
+            );
+        }
+        Limit::LaneRemoved => return format!("lane {lane} was removed from the config"),
+    };
+    format!("{what}{back}")
+}
+
+/// A 429 saying which limit of which lane in words and when to come back,
+/// with `Retry-After` (the expected wait), `x-should-retry` and, for a
 /// deferral, `Lanekeeper-Deferred: true`.
 pub(super) fn refusal(lane: &str, r: &Refusal) -> Response {
-    let (kind, message) = if r.deferred() {
-        (
-            "lanekeeper_deferred",
-            format!(
-                "lane {lane}: deferred; the work is wanted later, come back after Retry-After with the same request id"
-            ),
-        )
+    let kind = if r.deferred() {
+        "lanekeeper_deferred"
     } else {
-        (
-            "rate_limit_exceeded",
-            format!(
-                "lane {lane}: refused by {} ({})",
-                r.limit.as_str(),
-                r.outcome.as_str()
-            ),
-        )
+        "rate_limit_exceeded"
     };
+    let wait = r.retry_after_seconds.map(|s| s.max(1));
+    let message = format!(
+        "{} (limit: {})",
+        refusal_words(lane, r.limit, wait),
+        r.limit.as_str()
+    );
     let mut resp = error(
         StatusCode::TOO_MANY_REQUESTS,
         kind,
         r.outcome.as_str(),
         message,
     );
-    if let Some(s) = r.retry_after_seconds {
+    if let Some(s) = wait {
         resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(s.max(1)));
+            .insert(header::RETRY_AFTER, HeaderValue::from(s));
     }
+    resp.headers_mut().insert(
+        SHOULD_RETRY,
+        HeaderValue::from_static(if should_retry(r.limit) {
+            "true"
+        } else {
+            "false"
+        }),
+    );
     if r.deferred() {
         resp.headers_mut()
             .insert("lanekeeper-deferred", HeaderValue::from_static("true"));
     }
+    resp
+}
+
+/// No route of the lane may take the request now: 503 naming the route
+/// whose breaker is open, or 429 for a route its upstream asked to slow
+/// down; either with `Retry-After` (when the route may be tried again) and
+/// `x-should-retry: true`.
+pub(super) fn route_kept_off(lane: &str, k: &KeptOff) -> Response {
+    let (status, kind, code, wait, message) = match k {
+        KeptOff::Open { route, retry_in } => {
+            let s = expected_wait::whole(*retry_in);
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lanekeeper_route_unavailable",
+                "breaker_open",
+                s,
+                format!(
+                    "lane {lane}: route {route} is failing (its circuit breaker is open); it is tried again in about {s} s: come back after Retry-After"
+                ),
+            )
+        }
+        KeptOff::Paced {
+            route,
+            limit,
+            retry_in,
+        } => {
+            let s = expected_wait::whole(*retry_in);
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                "route_paced",
+                s,
+                format!(
+                    "lane {lane}: route {route} asked the gateway to slow down; it takes {limit} requests at once now, a place is expected in about {s} s: come back after Retry-After"
+                ),
+            )
+        }
+    };
+    let mut resp = error(status, kind, code, message);
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(wait));
+    resp.headers_mut()
+        .insert(SHOULD_RETRY, HeaderValue::from_static("true"));
     resp
 }
 
@@ -252,7 +358,7 @@ pub(super) fn upstream_timeout(lane: &str, route: &str, seconds: f64) -> Respons
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lanes::{Attempt, Limit, Outcome};
+    use lanes::{Attempt, Outcome};
 
     async fn body(r: Response) -> serde_json::Value {
         let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
@@ -275,13 +381,75 @@ mod tests {
         let r = refusal("p3", &refused(Outcome::RejectedRate, Limit::Rate, Some(0)));
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1", "at least 1 s");
+        assert_eq!(r.headers()[SHOULD_RETRY], "true");
         assert!(r.headers().get("lanekeeper-deferred").is_none());
         let b = body(r).await;
         assert_eq!(b["error"]["code"], "rejected_rate");
         assert_eq!(
             b["error"]["message"],
-            "lane p3: refused by admittedRequestsPerSecond (rejected_rate)"
+            "lane p3 is over its admitted rate; come back in about 1 s (Retry-After) (limit: admittedRequestsPerSecond)"
         );
+    }
+
+    #[tokio::test]
+    async fn a_paused_lane_says_it_is_paused_and_not_to_retry() {
+        let r = refusal(
+            "p4",
+            &refused(Outcome::RejectedRate, Limit::Paused, Some(300)),
+        );
+        assert_eq!(r.headers()[header::RETRY_AFTER], "300");
+        assert_eq!(r.headers()[SHOULD_RETRY], "false");
+        let msg = body(r).await["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(msg.starts_with("lane p4 is paused"), "{msg}");
+        assert!(
+            msg.contains("about 300 s") && !msg.contains("admittedRequestsPerSecond"),
+            "{msg}"
+        );
+        for limit in [Limit::Deadline, Limit::MaxAttempts, Limit::RetryBudget] {
+            let r = refusal("p1", &refused(Outcome::RejectedRetryBudget, limit, None));
+            assert_eq!(r.headers()[SHOULD_RETRY], "false", "{limit:?}");
+        }
+        for limit in [Limit::QueueDepth, Limit::QueueTtl, Limit::StopAt] {
+            let r = refusal("p1", &refused(Outcome::RejectedQueueFull, limit, Some(7)));
+            assert_eq!(r.headers()[SHOULD_RETRY], "true", "{limit:?}");
+            assert_eq!(r.headers()[header::RETRY_AFTER], "7");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_route_kept_off_names_the_route_and_when_it_is_tried_again() {
+        let r = route_kept_off(
+            "p1",
+            &KeptOff::Open {
+                route: "vllm-main".into(),
+                retry_in: 4.2,
+            },
+        );
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "5");
+        assert_eq!(r.headers()[SHOULD_RETRY], "true");
+        let b = body(r).await;
+        assert_eq!(b["error"]["code"], "breaker_open");
+        assert!(
+            b["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("route vllm-main")
+        );
+        let r = route_kept_off(
+            "p1",
+            &KeptOff::Paced {
+                route: "r".into(),
+                limit: 2,
+                retry_in: 0.1,
+            },
+        );
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(body(r).await["error"]["code"], "route_paced");
     }
 
     #[tokio::test]
@@ -292,12 +460,14 @@ mod tests {
         );
         assert_eq!(r.headers()[header::RETRY_AFTER], "150");
         assert_eq!(r.headers()["lanekeeper-deferred"], "true");
+        assert_eq!(r.headers()[SHOULD_RETRY], "true");
         assert_eq!(body(r).await["error"]["type"], "lanekeeper_deferred");
         let r = refusal(
             "p1",
             &refused(Outcome::RejectedDeadline, Limit::Deadline, None),
         );
         assert!(r.headers().get(header::RETRY_AFTER).is_none());
+        assert_eq!(r.headers()[SHOULD_RETRY], "false");
     }
 
     #[tokio::test]

@@ -15,6 +15,8 @@ use super::decision::{DecisionLog, IdMaker};
 use super::dispatch::{Dispatch, InFlightSink};
 use super::identity::Identity;
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
+use super::route_health::RouteHealth;
+use super::route_metrics::RouteMetrics;
 use super::surface::Surface;
 use super::upstream::Upstream;
 
@@ -69,7 +71,10 @@ impl Gateway {
         let metrics = GatewayMetrics::new();
         metrics.replicas(replicas);
         Gateway {
-            upstream: Upstream::new(&args),
+            upstream: Upstream::new(
+                &args,
+                RouteHealth::new(RouteMetrics::new(metrics.registry())),
+            ),
             surface: Surface::new(&args.allow_paths),
             ids: IdMaker::new(),
             decisions: DecisionLog::new(
@@ -147,6 +152,7 @@ impl Gateway {
             "gateway config loaded"
         );
         self.identity.config_installed(&cfg.lanes);
+        self.upstream.health.configure(cfg.breakers.as_ref());
         st.last_good = Some(cfg);
         drop(st);
         self.wake.notify_one();

@@ -22,6 +22,7 @@ use super::decision::REQUEST_ID;
 use super::dispatch::Dispatch;
 use super::metrics::TenantClass;
 use super::respond;
+use super::route_health::{Ending, RouteHealth, ending_of};
 use super::upstream_tls::{self, Connector};
 
 /// Headers that belong to one hop, never forwarded.
@@ -45,6 +46,8 @@ pub(super) struct Upstream {
     /// tenant headers' configured names).
     private: Vec<HeaderName>,
     pub(super) credentials: Arc<RouteCredentials>,
+    /// Each route's breaker and pace.
+    pub(super) health: Arc<RouteHealth>,
 }
 
 impl Upstream {
@@ -56,7 +59,7 @@ impl Upstream {
         Ok(())
     }
 
-    pub(super) fn new(args: &GatewayArgs) -> Upstream {
+    pub(super) fn new(args: &GatewayArgs, health: RouteHealth) -> Upstream {
         let private = args.private_headers();
         let tls = upstream_tls::client_config(args.tls.upstream_ca.as_deref())
             .or_else(|e| {
@@ -76,6 +79,7 @@ impl Upstream {
             client,
             routes: args.routes.iter().cloned().collect(),
             credentials: Arc::new(credentials),
+            health: Arc::new(health),
             private,
         }
     }
@@ -181,12 +185,27 @@ pub(super) struct Outgoing<'a> {
 
 /// Sends a passed request upstream within its remaining deadline and
 /// streams the answer back; the request counts in flight until the body
-/// ends or the client goes away (which drops the upstream connection).
+/// ends or the client goes away (which drops the upstream connection). The
+/// route is the first of the lane's whose breaker and pace let it through
+/// (else an approved fallback the config allows, else the answer says when
+/// the route may be tried again).
 pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispatch) -> Response {
     let lane = out.lane;
-    let Some(route) = d.route.clone() else {
+    if d.routes.is_empty() {
         return respond::no_route(lane);
+    }
+    // An approved fallback this gateway has no `--route` for is skipped.
+    d.breaker_fallbacks
+        .retain(|r| upstream.routes.contains_key(r.as_str()));
+    let taken = match upstream.health.take(&d.routes, &d.breaker_fallbacks) {
+        Ok(t) => t,
+        Err(k) => {
+            d.kept_off();
+            return respond::route_kept_off(lane, &k);
+        }
     };
+    let route = taken.route.clone();
+    d.fallback_route |= taken.fallback;
     let Some(base) = upstream.routes.get(&route) else {
         return respond::unknown_route(lane, &route);
     };
@@ -208,24 +227,48 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
     let response = match tokio::time::timeout(remaining, upstream.client.request(req)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
+            taken.end(Ending::Failed);
             d.failed();
             d.meter()
                 .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
             return respond::upstream_unreachable(lane, &route, &e.to_string());
         }
         Err(_) => {
+            taken.end(Ending::timed_out(remaining.as_secs_f64()));
             d.meter()
                 .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
             return respond::upstream_timeout(lane, &route, remaining.as_secs_f64());
         }
     };
+    d.route_hold = Some(
+        taken.classified(ending_of(
+            response.status().as_u16(),
+            response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+        )),
+    );
+    answered(response, d, sent, deadline, trimmed, out.class)
+}
+
+/// An upstream answer on its way back: counted, cleaned of hop-by-hop
+/// headers, streamed within the deadline, marked when degraded.
+fn answered(
+    response: axum::http::Response<hyper::body::Incoming>,
+    mut d: Dispatch,
+    sent: Instant,
+    deadline: Option<Instant>,
+    trimmed: bool,
+    class: TenantClass,
+) -> Response {
     let latency = sent.elapsed().as_secs_f64();
     d.set_latency(latency);
     d.meter().upstream_latency(latency);
     if response.status().is_server_error() {
         d.failed();
         d.meter()
-            .request(out.class, d.attempt, lanes::Outcome::UpstreamError);
+            .request(class, d.attempt, lanes::Outcome::UpstreamError);
     }
     let degraded = degraded(&d, trimmed);
     let mut response = response;

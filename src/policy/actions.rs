@@ -145,5 +145,6 @@ pub(super) fn gateway_flags(
         resume_below: f.resume_below,
         resume_after_stable_seconds: f.resume_after_stable_seconds,
     });
+    gateway.breakers.clone_from(&profile.spec.breakers);
     gateway
 }

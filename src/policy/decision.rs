@@ -116,6 +116,9 @@ pub struct GatewayFlags {
     pub static_fallback: bool,
     /// The profile's in-flight watermarks (per-request reflexes).
     pub in_flight: Option<InFlightWatermarks>,
+    /// The profile's route breakers (absent: the gateway's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakers: Option<crate::api::BreakersSpec>,
 }
 
 /// In-flight watermarks passed through to the gateway.

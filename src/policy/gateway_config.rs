@@ -11,12 +11,15 @@ use std::collections::BTreeMap;
 
 use lanes::jiff::Timestamp;
 use lanes::{
-    ApiKeySecret, Borrow, CertificateName, ClientIdentity, ClientRule, ConfigMapKey, Deferral,
-    Flags, GatewayConfig, Generations, InFlight, JwksSource, JwtIssuer, LaneConfig, Mode,
-    OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION, ServiceAccountName,
+    ApiKeySecret, Borrow, BreakerSettings, Breakers, CertificateName, ClientIdentity, ClientRule,
+    ConfigMapKey, Deferral, Flags, GatewayConfig, Generations, InFlight, JwksSource, JwtIssuer,
+    LaneConfig, Mode, OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION,
+    ServiceAccountName,
 };
 
-use crate::api::{DegradationPolicy, LaneContract, PolicyMode, SheddingMode};
+use crate::api::{
+    BreakerSpec, BreakersSpec, DegradationPolicy, LaneContract, PolicyMode, SheddingMode,
+};
 use crate::policy::{LaneDecision, LaneState, ProfileDecision};
 
 /// The expected time to resume of a `Defer` lane, in seconds: the
@@ -76,6 +79,11 @@ pub fn build(
     };
     let ctx = LaneContext {
         flags: &flags,
+        fallback_when_open: decision
+            .gateway
+            .breakers
+            .as_ref()
+            .is_some_and(|b| b.fallback_when_open),
         stable_for: stable_for_seconds(policy),
         prev,
         now,
@@ -114,6 +122,7 @@ pub fn build(
             resume_below: f.resume_below,
             resume_after_stable_seconds: f.resume_after_stable_seconds,
         }),
+        breakers: decision.gateway.breakers.as_ref().map(breakers),
         generations,
         lanes: out_lanes,
         content_hash: String::new(),
@@ -124,6 +133,8 @@ pub fn build(
 /// What every lane's entry is built with.
 struct LaneContext<'a> {
     flags: &'a Flags,
+    /// The profile lets an open breaker send lanes to their fallbacks.
+    fallback_when_open: bool,
     stable_for: i64,
     prev: Option<&'a GatewayConfig>,
     now: i64,
@@ -179,6 +190,11 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
             spec.routes.primary.clone()
         },
         fallback_routes: fallback,
+        breaker_fallbacks: if fallback || !ctx.fallback_when_open {
+            Vec::new()
+        } else {
+            spec.routes.approved_fallbacks.clone()
+        },
         optional_context: spec.optional_context.as_ref().map(|o| OptionalContext {
             history_turns: if ctx.flags.reject_optional_context {
                 o.degraded_history_turns
@@ -198,6 +214,27 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
         expected_service_seconds: spec.expected_service_seconds.as_ref().map(|s| s.value()),
         spare_capacity: matches!(d.state, LaneState::Admitted | LaneState::Throttled),
         clients: clients(contract),
+    }
+}
+
+/// The profile's `spec.breakers` as `lanes.json` carries them.
+fn breakers(spec: &BreakersSpec) -> Breakers {
+    let settings = |b: &BreakerSpec| BreakerSettings {
+        consecutive_failures: b.consecutive_failures.max(0) as u32,
+        failure_ratio_percent: b.failure_ratio_percent.clamp(0, 100) as u32,
+        min_requests: b.min_requests.max(1) as u32,
+        window_seconds: b.window_seconds.clamp(1, 3600) as u32,
+        open_seconds: b.open_seconds.clamp(0, 3600) as f64,
+        probe_jitter_percent: b.probe_jitter_percent.clamp(0, 100) as u32,
+        close_after_successes: b.close_after_successes.max(1) as u32,
+    };
+    Breakers {
+        default: settings(&spec.default),
+        routes: spec
+            .routes
+            .iter()
+            .map(|r| (r.route.clone(), settings(&r.breaker)))
+            .collect(),
     }
 }
 
@@ -321,6 +358,23 @@ mod tests {
                 {"certificate": {"name": "cn"}}
             ])
         );
+    }
+
+    #[test]
+    fn the_profiles_breakers_reach_lanes_json_with_per_route_settings() {
+        let spec: BreakersSpec = serde_json::from_value(serde_json::json!({
+            "default": {"consecutiveFailures": 3},
+            "routes": [{"route": "slow", "openSeconds": 30}],
+            "fallbackWhenOpen": true
+        }))
+        .unwrap();
+        let b = breakers(&spec);
+        assert_eq!(b.for_route("fast").consecutive_failures, 3);
+        assert_eq!(b.for_route("fast").open_seconds, 5.0);
+        assert_eq!(b.for_route("slow").open_seconds, 30.0);
+        // A route's own settings start from the defaults, not `default`.
+        assert_eq!(b.for_route("slow").consecutive_failures, 5);
+        assert_eq!(b.out_of_range(), None);
     }
 
     #[test]

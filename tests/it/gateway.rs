@@ -330,7 +330,8 @@ async fn paused_lanes_are_refused_with_retry_after_and_the_rate_holds() {
         match r.status().as_u16() {
             200 => ok += 1,
             429 => {
-                assert_eq!(r.headers()["retry-after"], "3");
+                // The expected wait (a token at 20/s), not the config's 3.
+                assert_eq!(r.headers()["retry-after"], "1");
                 let body: Value = r.json().await.unwrap();
                 assert_eq!(body["error"]["code"], "rejected_queue_full");
                 limited += 1;
@@ -392,7 +393,9 @@ async fn a_defer_lane_defers_with_the_header_and_its_return_is_not_a_retry() {
     let r = send("job-2").await.unwrap();
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["lanekeeper-deferred"], "true");
-    assert_eq!(r.headers()["retry-after"], "150");
+    // The expected wait: one token at 0.5/s (the controller's 150 s is
+    // only the bound).
+    assert_eq!(r.headers()["retry-after"], "2");
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["type"], "lanekeeper_deferred");
     // It comes back after the token refilled: admitted, as a return.

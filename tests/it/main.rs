@@ -31,6 +31,7 @@ mod engine_rules;
 mod fake_model;
 mod fleet_store_redis;
 mod gateway;
+mod gateway_breaker;
 mod gateway_conn;
 mod gateway_doc;
 mod gateway_objective;

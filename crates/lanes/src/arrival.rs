@@ -89,7 +89,12 @@ impl Core {
             return refuse(lane, a, Outcome::RejectedQueueFull, Limit::QueueDepth);
         }
         if rate <= 0.0 && !(lane.cfg.spare_capacity && self.spare.rate > 0.0) {
-            return self.refuse_or_defer(a, Outcome::RejectedRate, Limit::Rate);
+            let limit = if lane.bucket.paused {
+                Limit::Paused
+            } else {
+                Limit::Rate
+            };
+            return self.refuse_or_defer(a, Outcome::RejectedRate, limit);
         }
         // The wait at the lane's own rate (spare capacity, shared with other
         // lanes, is not counted on).

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::clients::ClientRule;
+use crate::route_config::Breakers;
 use crate::validate::{ConfigError, validate};
 
 /// Version of the `lanes.json` schema.
@@ -102,6 +103,10 @@ pub struct GatewayConfig {
     pub flags: Flags,
     /// In-flight watermarks (per-request reflexes), if the profile sets them.
     pub in_flight: Option<InFlight>,
+    /// The routes' circuit breakers (absent: every route gets the built-in
+    /// defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakers: Option<Breakers>,
     /// The generations this config was computed from.
     pub generations: Generations,
     /// Per lane, in priority order then name.
@@ -194,6 +199,11 @@ pub struct LaneConfig {
     /// the level says so (absent: false). The gateway tells clients so.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fallback_routes: bool,
+    /// The contract's approved fallbacks the gateway sends to while the
+    /// breaker of every route in `routes` is open (absent: none; the
+    /// profile's `breakers.fallbackWhenOpen` allows it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub breaker_fallbacks: Vec<String>,
     /// Optional-context limits in force now (degraded when the level rejects
     /// optional context).
     pub optional_context: Option<OptionalContext>,

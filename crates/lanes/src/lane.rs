@@ -3,6 +3,7 @@
 
 use crate::bucket::{Bucket, Grant};
 use crate::config::{LaneConfig, LaneState};
+use crate::expected_wait::{LaneWait, retry_after_seconds};
 use crate::fair_queue::FairQueue;
 use crate::remembered::{Remembered, RetryWindow};
 
@@ -55,12 +56,23 @@ impl Lane {
             .collect();
     }
 
-    /// The `Retry-After` of a refusal that has one.
+    /// The `Retry-After` of a refusal that has one: the expected wait,
+    /// the lane's queue ahead at its rate (see [`crate::expected_wait`]).
     pub(crate) fn retry_after(&self) -> Option<i64> {
-        match &self.cfg.deferral {
-            Some(d) => Some(d.retry_after_seconds),
-            None => self.cfg.retry_after_seconds.or(Some(1)),
-        }
+        let b = &self.bucket;
+        let deferral = self.cfg.deferral.as_ref().map(|d| d.retry_after_seconds);
+        Some(retry_after_seconds(&LaneWait {
+            queued: self.queue.len(),
+            tokens: b.tokens,
+            drain_rate: if b.paused {
+                0.0
+            } else {
+                b.rate.max(b.floor_rps)
+            },
+            resume_seconds: deferral.or(self.cfg.retry_after_seconds),
+            deferral_bound: deferral,
+            ttl_seconds: self.cfg.queue.ttl_seconds,
+        }))
     }
 
     /// Whether refusals of this lane are deferrals.

@@ -41,14 +41,21 @@
 //! - **Qualified outcomes** for the lanes' objectives: good (answered in
 //!   time), bad (failed, late, or refused inside the lane's floor, which
 //!   each [`Refusal`] says), not counted (`qualified`).
+//! - **Retry-After is the expected wait**: the lane's queue ahead at its
+//!   drain rate (`expected_wait`).
+//! - **Routes**: a circuit breaker per route (`breaker`, settings in
+//!   `route_config`) and the pace of a route that pushes back
+//!   (`route_pace`); the gateway drives them per request.
 //! - **Observe mode**: a config with `mode: Observe` is evaluated but never
 //!   enforced (the caller admits everything and counts the verdicts).
 
 mod arrival;
+pub mod breaker;
 mod bucket;
 pub mod clients;
 pub mod config;
 mod core;
+pub mod expected_wait;
 mod fair_queue;
 pub mod fleet_lease;
 pub mod fleet_mode;
@@ -59,11 +66,14 @@ mod pressure;
 pub mod qualified;
 mod remembered;
 mod slots;
+pub mod route_config;
+pub mod route_pace;
 mod spare;
 pub mod validate;
 mod verdict;
 mod waiting;
 
+pub use crate::breaker::{Breaker, BreakerSettings, BreakerState, Gate, Transition, Upshot};
 pub use crate::clients::{
     ApiKeySecret, CertificateName, ClientIdentity, ClientRule, ConfigMapKey, JwksSource, JwtIssuer,
     ServiceAccountName,
@@ -81,6 +91,8 @@ pub use crate::pressure::{
 };
 pub use crate::qualified::{Qualified, Served};
 pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
+pub use crate::route_config::Breakers;
+pub use crate::route_pace::{Paced, RoutePace};
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::validate::ConfigError;
 pub use crate::verdict::{

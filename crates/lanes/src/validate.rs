@@ -54,6 +54,16 @@ pub enum ConfigError {
     /// Watermarks out of order.
     #[error("inFlight: need resumeBelow <= conserveAt <= stopAt, got {0}")]
     Watermarks(String),
+    /// A breaker setting out of range.
+    #[error("breakers: route {route}: {field} {why}")]
+    Breaker {
+        /// The route (`*default*` for the default settings).
+        route: String,
+        /// The field.
+        field: &'static str,
+        /// What it must be.
+        why: &'static str,
+    },
     /// The replica share is not in (0, 1].
     #[error("replica share {0} is not in (0, 1]")]
     Share(f64),
@@ -91,6 +101,9 @@ pub fn validate(cfg: &GatewayConfig) -> Result<(), ConfigError> {
             "resumeBelow {} conserveAt {} stopAt {}",
             f.resume_below, f.conserve_at, f.stop_at
         )));
+    }
+    if let Some((route, field, why)) = cfg.breakers.as_ref().and_then(|b| b.out_of_range()) {
+        return Err(ConfigError::Breaker { route, field, why });
     }
     Ok(())
 }

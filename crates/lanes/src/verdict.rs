@@ -87,9 +87,11 @@ impl Attempt {
 /// The limit that refused a request, named as in `lanes.json`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Limit {
-    /// The lane's token bucket (`admittedRequestsPerSecond`), or a paused
-    /// lane.
+    /// The lane's token bucket (`admittedRequestsPerSecond`).
     Rate,
+    /// The lane is paused (`state: Paused`): retrying before the controller
+    /// releases it does not help.
+    Paused,
     /// The wait would be longer than `queue.ttlSeconds`.
     QueueTtl,
     /// The queue is full (`queue.maxDepth`).
@@ -113,6 +115,7 @@ impl Limit {
     pub fn as_str(self) -> &'static str {
         match self {
             Limit::Rate => "admittedRequestsPerSecond",
+            Limit::Paused => "state: Paused",
             Limit::QueueTtl => "queue.ttlSeconds",
             Limit::QueueDepth => "queue.maxDepth",
             Limit::Deadline => "deadlineSeconds",
