@@ -4,6 +4,7 @@
 //! the queue or a refusal.
 
 use crate::core::{Core, DEFAULT_TENANT};
+use crate::expected_wait::whole;
 use crate::fair_queue::{Key, Waiting};
 use crate::history::history_turns;
 use crate::lane::{Lane, effective_rate};
@@ -117,7 +118,8 @@ impl Core {
         if slot_wait.max(wait) + lane.expected_service > remaining
             || slot_wait > lane.cfg.queue.ttl_seconds as f64
         {
-            return self.refuse_or_defer(a, Outcome::RejectedOverload, Limit::StopAt);
+            let verdict = self.refuse_or_defer(a, Outcome::RejectedOverload, Limit::StopAt);
+            return told_at_least(verdict, slot_wait);
         }
         if lane.queue.len() >= lane.max_depth && !self.make_room(a) {
             return self.defer(a);
@@ -196,6 +198,18 @@ impl Core {
             retry_after_seconds: lane.retry_after(),
             inside_floor: lane.inside_floor(),
         })
+    }
+}
+
+/// A refusal at the in-flight limit tells at least the wait for a slot (a
+/// deferral keeps the controller's bound, as every deferral does).
+fn told_at_least(verdict: Verdict, slot_wait: f64) -> Verdict {
+    match verdict {
+        Verdict::Refuse(mut r) if r.outcome == Outcome::RejectedOverload => {
+            r.retry_after_seconds = r.retry_after_seconds.map(|s| s.max(whole(slot_wait)));
+            Verdict::Refuse(r)
+        }
+        other => other,
     }
 }
 

@@ -153,6 +153,9 @@ fn the_lowest_lanes_are_refused_first_when_the_wait_would_miss_their_deadline() 
         Verdict::Refuse(r) => {
             assert_eq!(r.outcome, Outcome::RejectedOverload);
             assert_eq!(r.limit, Limit::StopAt);
+            // Told the wait for a slot (more than 5.5 s), not its own
+            // lane's empty-queue wait of 1 s.
+            assert!(r.retry_after_seconds >= Some(6), "{r:?}");
         }
         v => panic!("{v:?}"),
     }
