@@ -220,3 +220,57 @@ fn lanekeeper_beats_the_naive_gateways_on_p0() {
         p1(&stat)
     );
 }
+
+/// docs/simulate.md's INC-47 table and the narrative under it say what this
+/// run gives: the lanekeeper column row by row, P3's losses, and the
+/// ladder's moves.
+#[test]
+fn the_simulate_doc_says_what_the_run_gives() {
+    let (_, rep) = lanekeeper_run();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/simulate.md")).unwrap();
+    let squashed = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut wrong = Vec::new();
+    for l in &rep.profiles[0].lanes {
+        let p = format!("P{}", l.priority);
+        let pct = l.within_deadline_percent.unwrap();
+        let bold = format!("| {p} within deadline | **{pct:.3} %** |");
+        let plain = format!("| {p} within deadline | {pct:.3} % |");
+        if !doc.contains(&bold) && !doc.contains(&plain) {
+            wrong.push(format!("{bold} (or without the bold)"));
+        }
+    }
+    let p3 = lane(rep, "p3-shift-batch");
+    let lost = format!("| P3 lost | **{}** |", p3.lost);
+    if !doc.contains(&lost) {
+        wrong.push(lost);
+    }
+    let t = |at: i64| {
+        let s = at.to_string();
+        if s.len() > 3 {
+            format!("{},{}", &s[..s.len() - 3], &s[s.len() - 3..])
+        } else {
+            s
+        }
+    };
+    for m in &rep.profiles[0].level_timeline {
+        let (from, to) = (m.from, m.to);
+        let said = if m.at == 0 {
+            format!("{from} → {to} at the start")
+        } else if to > from {
+            format!("{from} → {to} at {} s", t(m.at))
+        } else if to == 0 {
+            format!("{from} → {to} at {}", t(m.at))
+        } else {
+            format!("{from} → {to} one stable window after recovery ({}", t(m.at))
+        };
+        if !squashed.contains(&said) {
+            wrong.push(said);
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/simulate.md's INC-47 figures drifted from the run; it should say:\n{}",
+        wrong.join("\n")
+    );
+}
