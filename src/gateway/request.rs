@@ -288,6 +288,7 @@ fn passing(verdict: &Verdict, lane: usize, enforcing: bool) -> Option<lanes::Pas
             history_turns: None,
             remaining_seconds: f64::INFINITY,
             waited_seconds: 0.0,
+            tenant_slot: None,
         }),
     }
 }

@@ -223,11 +223,17 @@ impl Gateway {
 }
 
 impl InFlightSink for Gateway {
-    fn finished(&self, latency: f64) {
+    fn finished(&self, latency: f64, tenant: Option<lanes::TenantSlot>) {
         self.metrics.in_flight(-1);
         let now = self.now();
+        let mut unparked = false;
         if let Some(core) = self.lock().core.as_mut() {
             core.finished(now, latency);
+            unparked = tenant.is_some_and(|t| core.release_tenant(&t));
+        }
+        if unparked {
+            // A request of a tenant that was at its maximum may go now.
+            self.wake.notify_one();
         }
     }
 }
@@ -298,8 +304,11 @@ fn poll_once(gw: &Arc<Gateway>) -> Option<f64> {
             lanes::Resolution::Refuse(_) => None,
         };
         if let Err((_, Some(d))) = tx.send((r, dispatch)) {
-            d.disarm();
+            let slot = d.disarm();
             core.finished(now, f64::NAN);
+            if let Some(t) = slot {
+                core.release_tenant(&t);
+            }
             gw.metrics.in_flight(-1);
         }
     }

@@ -198,7 +198,28 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
         expected_service_seconds: spec.expected_service_seconds.as_ref().map(|s| s.value()),
         spare_capacity: matches!(d.state, LaneState::Admitted | LaneState::Throttled),
         clients: clients(contract),
+        tenants: tenants(contract),
     }
+}
+
+/// The contract's `spec.tenants` as `lanes.json` carries them (absent when
+/// it sets nothing).
+fn tenants(contract: &LaneContract) -> Option<lanes::TenantLimits> {
+    let t = contract.spec.tenants.as_ref()?;
+    let limits = lanes::TenantLimits {
+        max_concurrency: t.max_concurrency.map(i64::from),
+        weight: t.weight.map(i64::from),
+        overrides: t
+            .overrides
+            .iter()
+            .map(|o| lanes::TenantOverride {
+                name: o.name.clone(),
+                max_concurrency: o.max_concurrency.map(i64::from),
+                weight: o.weight.map(i64::from),
+            })
+            .collect(),
+    };
+    (limits != lanes::TenantLimits::default()).then_some(limits)
 }
 
 /// The contract's `spec.clients` as `lanes.json` carries them: each

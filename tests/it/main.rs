@@ -32,6 +32,7 @@ mod gateway;
 mod gateway_conn;
 mod gateway_doc;
 mod gateway_objective;
+mod gateway_tenants;
 mod gateway_tls;
 mod objectives_plan;
 mod plan_cli;

@@ -5,6 +5,7 @@ use crate::bucket::{Bucket, Grant};
 use crate::config::{LaneConfig, LaneState};
 use crate::fair_queue::FairQueue;
 use crate::remembered::{Remembered, RetryWindow};
+use crate::tenants::TenantGate;
 
 /// One lane's live state.
 #[derive(Debug)]
@@ -17,6 +18,7 @@ pub(crate) struct Lane {
     pub(crate) seen: Remembered,
     pub(crate) retries: RetryWindow,
     pub(crate) expected_service: f64,
+    pub(crate) tenants: TenantGate,
 }
 
 impl Lane {
@@ -29,6 +31,7 @@ impl Lane {
             seen: Remembered::default(),
             retries: RetryWindow::default(),
             expected_service: cfg.expected_service_seconds.unwrap_or(0.0),
+            tenants: TenantGate::new(&cfg, share),
             cfg,
         }
     }

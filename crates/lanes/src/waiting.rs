@@ -43,12 +43,13 @@ impl Core {
             let Some((_, key, tenant)) = by_deadline.or(by_ttl) else {
                 return;
             };
+            let blocked = lane.tenants.at_max(lane.queue.tenant_name(tenant));
             let w = lane.queue.remove(tenant, key).expect("indexed");
             self.tickets.remove(&w.ticket);
             let past_deadline = w.first_arrival + deadline - now < svc;
             out.push((
                 w.ticket,
-                Resolution::Refuse(expired(lane, li, &w, past_deadline)),
+                Resolution::Refuse(expired(lane, li, &w, past_deadline, blocked)),
             ));
         }
     }
@@ -59,7 +60,7 @@ impl Core {
         let stop = self.pressure.state() == Pressure::Stop && self.lanes[li].cfg.sheddable;
         loop {
             let lane = &mut self.lanes[li];
-            if stop || lane.queue.is_empty() {
+            if stop || !lane.queue.ready(&lane.tenants) {
                 lane.bucket.tokens = lane.bucket.tokens.min(lane.bucket.cap());
                 return;
             }
@@ -68,7 +69,9 @@ impl Core {
             {
                 return;
             }
-            let Some(w) = lane.queue.pop() else { return };
+            let Some((w, tenant_slot)) = lane.queue.pop_ready(&mut lane.tenants) else {
+                return;
+            };
             lane.bucket.used.add(now);
             self.tickets.remove(&w.ticket);
             let pass = Pass {
@@ -80,6 +83,7 @@ impl Core {
                 ),
                 remaining_seconds: w.first_arrival + lane.cfg.deadline_seconds as f64 - now,
                 waited_seconds: now - w.queued_at,
+                tenant_slot,
             };
             out.push((w.ticket, Resolution::Pass(pass)));
         }
@@ -102,9 +106,12 @@ impl Core {
     fn lane_wake(&self, li: usize, now: f64) -> Option<f64> {
         let lane = &self.lanes[li];
         let rate = effective_rate(&self.lanes, li, now);
-        let token =
-            (rate > 0.0).then(|| now + ((1.0 - lane.bucket.tokens_at(now, rate)).max(0.0) / rate));
-        let spare = if lane.draws_on_spare() {
+        // Tenants at their maximum wait for a request to finish, not for a
+        // token.
+        let ready = lane.queue.has_ready();
+        let token = (ready && rate > 0.0)
+            .then(|| now + ((1.0 - lane.bucket.tokens_at(now, rate)).max(0.0) / rate));
+        let spare = if ready && lane.draws_on_spare() {
             self.spare.ready_at(now, lane.cfg.work_units_per_request)
         } else {
             None
@@ -133,7 +140,13 @@ impl Core {
 
 /// The refusal of a request whose wait ran out: deferred on a `Defer` lane
 /// while its deadline can still be met, expired otherwise.
-fn expired(lane: &mut Lane, li: usize, w: &Waiting, past_deadline: bool) -> Refusal {
+fn expired(
+    lane: &mut Lane,
+    li: usize,
+    w: &Waiting,
+    past_deadline: bool,
+    tenant_blocked: bool,
+) -> Refusal {
     let deferred = lane.defers() && !past_deadline;
     if deferred {
         lane.seen.mark_deferred(w.request_key);
@@ -150,6 +163,8 @@ fn expired(lane: &mut Lane, li: usize, w: &Waiting, past_deadline: bool) -> Refu
             Limit::Deferred
         } else if past_deadline {
             Limit::Deadline
+        } else if tenant_blocked {
+            Limit::TenantConcurrency
         } else {
             Limit::QueueTtl
         },
