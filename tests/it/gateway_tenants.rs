@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::gateway::{client, config_file, gateway_to, inc47, lane_mut, metrics, model, ready, sample};
+use super::gateway::{
+    client, config_file, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
+};
 
 /// A chat request on `lane` as `tenant` (the gateway trusts the headers).
 async fn chat_as(c: &reqwest::Client, addr: &str, lane: &str, tenant: &str) -> (u16, String, f64) {
@@ -112,7 +114,11 @@ async fn a_tenant_at_its_maximum_that_cannot_wait_gets_429_naming_only_its_limit
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("tenants.maxConcurrency"), "{message}");
     assert!(message.contains(lane), "{message}");
-    assert!(!refused.1.contains("team-secret-neighbour"), "{}", refused.1);
+    assert!(
+        !refused.1.contains("team-secret-neighbour"),
+        "{}",
+        refused.1
+    );
     assert!(!refused.1.contains("team-a"), "{}", refused.1);
     // Once its request has finished, team-a goes again.
     assert_eq!(chat_as(&c, &gw.addr, lane, "team-a").await.0, 200);

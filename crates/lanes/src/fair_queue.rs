@@ -249,7 +249,10 @@ impl FairQueue {
     /// The next request by finish tag among the tenants below their
     /// maximum, counted in flight for its tenant (its slot, when the lane
     /// counts).
-    pub(crate) fn pop_ready(&mut self, gate: &mut TenantGate) -> Option<(Waiting, Option<TenantSlot>)> {
+    pub(crate) fn pop_ready(
+        &mut self,
+        gate: &mut TenantGate,
+    ) -> Option<(Waiting, Option<TenantSlot>)> {
         if !self.ready(gate) {
             return None;
         }

@@ -332,7 +332,10 @@ mod tests {
         l.queue.max_depth = 1;
         let mut c = core(vec![l]);
         let _s = slot(c.admit(&of("l", "a"), 0.0));
-        assert!(matches!(c.admit(&of("l", "a"), 0.0), Verdict::Queued { .. }));
+        assert!(matches!(
+            c.admit(&of("l", "a"), 0.0),
+            Verdict::Queued { .. }
+        ));
         let Verdict::Refuse(r) = c.admit(&of("l", "a"), 0.0) else {
             panic!("the queue is full")
         };
@@ -346,7 +349,10 @@ mod tests {
         let Verdict::Refuse(r) = c.admit(&of("l", "a"), 0.0) else {
             panic!("no wait")
         };
-        assert_eq!((r.outcome, r.limit), (Outcome::RejectedRate, Limit::TenantConcurrency));
+        assert_eq!(
+            (r.outcome, r.limit),
+            (Outcome::RejectedRate, Limit::TenantConcurrency)
+        );
         assert!(r.limit.as_str().contains("tenants.maxConcurrency"));
     }
 
@@ -354,12 +360,18 @@ mod tests {
     fn a_request_whose_tenant_stays_at_its_maximum_expires_with_the_tenant_limit() {
         let mut c = core(vec![limited("l", 1, vec![])]);
         let _s = slot(c.admit(&of("l", "a"), 0.0));
-        assert!(matches!(c.admit(&of("l", "a"), 0.0), Verdict::Queued { .. }));
+        assert!(matches!(
+            c.admit(&of("l", "a"), 0.0),
+            Verdict::Queued { .. }
+        ));
         let out = c.poll(5.1);
         let [(_, Resolution::Refuse(r))] = out.as_slice() else {
             panic!("{out:?}")
         };
-        assert_eq!((r.outcome, r.limit), (Outcome::Expired, Limit::TenantConcurrency));
+        assert_eq!(
+            (r.outcome, r.limit),
+            (Outcome::Expired, Limit::TenantConcurrency)
+        );
     }
 
     #[test]
@@ -373,14 +385,23 @@ mod tests {
         for _ in 0..3 {
             slot(c.admit(&of("l", "big"), 0.0));
         }
-        assert!(matches!(c.admit(&of("l", "big"), 0.0), Verdict::Queued { .. }));
+        assert!(matches!(
+            c.admit(&of("l", "big"), 0.0),
+            Verdict::Queued { .. }
+        ));
         slot(c.admit(&of("l", "small"), 0.0));
-        assert!(matches!(c.admit(&of("l", "small"), 0.0), Verdict::Queued { .. }));
+        assert!(matches!(
+            c.admit(&of("l", "small"), 0.0),
+            Verdict::Queued { .. }
+        ));
         // Two replicas: ceil(3 / 2) = 2 each.
         let mut c = Core::new(config(vec![limited("l", 1, vec![o])]), 0.5, 0.0, 1e6).unwrap();
         slot(c.admit(&of("l", "big"), 0.0));
         slot(c.admit(&of("l", "big"), 0.0));
-        assert!(matches!(c.admit(&of("l", "big"), 0.0), Verdict::Queued { .. }));
+        assert!(matches!(
+            c.admit(&of("l", "big"), 0.0),
+            Verdict::Queued { .. }
+        ));
     }
 
     #[test]
@@ -397,7 +418,10 @@ mod tests {
     fn slots_follow_their_lane_across_a_swap_and_are_dropped_with_it() {
         let mut c = core(vec![limited("x", 1, vec![]), limited("l", 1, vec![])]);
         let s = slot(c.admit(&of("l", "a"), 0.0));
-        assert!(matches!(c.admit(&of("l", "a"), 0.0), Verdict::Queued { .. }));
+        assert!(matches!(
+            c.admit(&of("l", "a"), 0.0),
+            Verdict::Queued { .. }
+        ));
         // The lane moves to index 0 and its maximum rises to 2: the waiting
         // request goes at the next poll.
         let swapped = config(vec![limited("l", 2, vec![]), limited("x", 1, vec![])]);
@@ -469,12 +493,28 @@ mod tests {
             (t(Some(0), None, vec![]), "tenants.maxConcurrency"),
             (t(None, Some(0), vec![]), "tenants.weight"),
             (t(None, Some(1001), vec![]), "tenants.weight"),
-            (t(None, None, vec![o("a", Some(-1), None)]), "tenants.overrides[].maxConcurrency"),
-            (t(None, None, vec![o("a", None, Some(0))]), "tenants.overrides[].weight"),
-            (t(None, None, vec![o("a", None, None), o("a", None, None)]), "tenants.overrides[].name"),
-            (t(None, None, vec![o("", None, None)]), "tenants.overrides[].name"),
             (
-                t(None, None, (0..257).map(|i| o(&i.to_string(), None, None)).collect()),
+                t(None, None, vec![o("a", Some(-1), None)]),
+                "tenants.overrides[].maxConcurrency",
+            ),
+            (
+                t(None, None, vec![o("a", None, Some(0))]),
+                "tenants.overrides[].weight",
+            ),
+            (
+                t(None, None, vec![o("a", None, None), o("a", None, None)]),
+                "tenants.overrides[].name",
+            ),
+            (
+                t(None, None, vec![o("", None, None)]),
+                "tenants.overrides[].name",
+            ),
+            (
+                t(
+                    None,
+                    None,
+                    (0..257).map(|i| o(&i.to_string(), None, None)).collect(),
+                ),
                 "tenants.overrides",
             ),
         ] {
