@@ -410,8 +410,8 @@ http {
     fastcgi_temp_path $WORK/nginx/fastcgi;
     uwsgi_temp_path $WORK/nginx/uwsgi;
     scgi_temp_path $WORK/nginx/scgi;
-    map \$http_x_lanekeeper_lane \$known_lane { ~^($lanes_re)\$ 1; default 0; }
     map_hash_bucket_size 128;
+    map \$http_x_lanekeeper_lane \$known_lane { ~^($lanes_re)\$ 1; default 0; }
     $key_map
     limit_req_zone \$http_x_lanekeeper_lane zone=lanes:10m rate=${LANE_RPS}r/s;
     limit_req_status 429;
