@@ -345,6 +345,39 @@ mod tests {
     }
 
     #[test]
+    fn the_contracts_tenants_reach_lanes_json_and_none_is_omitted() {
+        let contract = |tenants: serde_json::Value| -> LaneContract {
+            let mut lane = serde_json::json!({
+                "apiVersion": "lanekeeper.dev/v1alpha1", "kind": "LaneContract",
+                "metadata": {"name": "p1", "namespace": "ai-platform"},
+                "spec": {
+                    "profile": "agent-assist", "priority": 1, "workUnitsPerRequest": "1",
+                    "expectedRequestsPerSecond": "1", "deadlineSeconds": 30,
+                    "queue": {"maxDepth": 1, "ttlSeconds": 1}, "retry": {"maxAttempts": 1},
+                    "routes": {"primary": ["r"]}
+                }
+            });
+            if !tenants.is_null() {
+                lane["spec"]["tenants"] = tenants;
+            }
+            serde_json::from_value(lane).unwrap()
+        };
+        let t = tenants(&contract(serde_json::json!({
+            "maxConcurrency": 4,
+            "overrides": [{"name": "team-a", "maxConcurrency": 16, "weight": 3}]
+        })));
+        assert_eq!(
+            serde_json::to_value(t).unwrap(),
+            serde_json::json!({
+                "maxConcurrency": 4,
+                "overrides": [{"name": "team-a", "maxConcurrency": 16, "weight": 3}]
+            })
+        );
+        assert_eq!(tenants(&contract(serde_json::Value::Null)), None);
+        assert_eq!(tenants(&contract(serde_json::json!({}))), None);
+    }
+
+    #[test]
     fn a_paused_lane_resumes_after_the_stable_window() {
         assert_eq!(
             resume_after_seconds(LaneState::Paused, 133.3, 20_000, 300),
