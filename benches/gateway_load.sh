@@ -25,7 +25,11 @@
 # the kernel), MIMALLOC [1] (also measure lanekeeper built with
 # mimalloc, `--features mimalloc`), TLS [1] (also measure lanekeeper and
 # nginx each terminating TLS, `lanekeeper-tls` and `nginx-tls`, with a test
-# CA and certificate made here with openssl), LITELLM [1] (0 leaves LiteLLM
+# CA and certificate made here with openssl), APIKEY [1] (also measure
+# lanekeeper and nginx each checking an API key, `lanekeeper-apikey` with
+# `--credentials` holding the SHA-256 of API_KEYS [1000] keys and
+# `nginx-apikey` with a map of the same keys' Authorization headers, 401 for
+# any other; the load sends one of the keys), LITELLM [1] (0 leaves LiteLLM
 # out), LANEKEEPER_CACHE
 # [~/.cache/lanekeeper] (LiteLLM's virtualenv), LITELLM_VERSION [1.108.7],
 # KEEP (a directory to copy the raw results and logs into), SKIP_BUILD (use
@@ -63,6 +67,10 @@ PROXY_CPUS=${PROXY_CPUS:-1}
 LOAD_CPUS=${LOAD_CPUS:-0}
 MIMALLOC=${MIMALLOC:-1}
 TLS=${TLS:-1}
+APIKEY=${APIKEY:-1}
+API_KEYS=${API_KEYS:-1000}
+# The key the load sends (the last of the API_KEYS made by make_keys).
+API_KEY=none
 LITELLM_KEY=none
 LITELLM=${LITELLM:-1}
 LITELLM_VERSION=${LITELLM_VERSION:-1.108.7}
@@ -247,14 +255,17 @@ start_fake_model() {
 }
 
 # start_gateway NAME CONFIG [BINARY [FLAG...]]: the proxy under test,
-# PROXY_THREADS runtime threads.
+# PROXY_THREADS runtime threads. With GW_AUTH set (e.g. --credentials FILE)
+# it replaces --trust-lane-header.
 start_gateway() {
 	local name=$1 config=$2 binary=${3:-$LANEKEEPER}
 	shift $(($# < 3 ? $# : 3))
 	# --trust-lane-header: the lane and tenant from the headers, as nginx
 	# and LiteLLM take them here (no credential on either side).
+	local auth=(--trust-lane-header)
+	[ "${#GW_AUTH[@]}" -gt 0 ] && auth=("${GW_AUTH[@]}")
 	start "$name" "${ON_PROXY[@]}" "$binary" gateway --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
-		--worker-threads "$PROXY_THREADS" --config "$config" --trust-lane-header "${ROUTES[@]//FAKE/$FAKE}" "$@"
+		--worker-threads "$PROXY_THREADS" --config "$config" "${auth[@]}" "${ROUTES[@]//FAKE/$FAKE}" "$@"
 	GW_PID=$LAST_PID
 	GW=$(listening_on "$name")
 	GW_METRICS=$(sed -n 's/.*listening on [^ ]* metrics on \([^ ]*\).*/\1/p' "$WORK/$name.log" | head -n 1)
@@ -276,6 +287,27 @@ make_certs() {
 	TLS_ARGS=(--ca "$d/ca.crt")
 }
 TLS_ARGS=()
+GW_AUTH=()
+
+# API_KEYS random keys: $WORK/credentials.yaml (their SHA-256, each its own
+# tenant, every lane) for lanekeeper, $WORK/nginx-keys.map (each key's
+# Authorization header) for nginx; API_KEY is the last one.
+make_keys() {
+	local lanes i key
+	lanes=$(
+		IFS=,
+		echo "${LANES[*]}"
+	)
+	echo "apiKeys:" >"$WORK/credentials.yaml"
+	: >"$WORK/nginx-keys.map"
+	for i in $(seq 1 "$API_KEYS"); do
+		key=sk-bench-$(openssl rand -hex 20)
+		printf '  - sha256: %s\n    tenant: tenant-%s\n    lanes: [%s]\n' \
+			"$(printf %s "$key" | sha256sum | cut -d' ' -f1)" "$i" "$lanes" >>"$WORK/credentials.yaml"
+		printf '    "Bearer %s" 1;\n' "$key" >>"$WORK/nginx-keys.map"
+		API_KEY=$key
+	done
+}
 
 machine() {
 	log "machine: $(nproc) cores, $(awk '/^MemTotal:/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -n 1); load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -309,13 +341,41 @@ latency() {
 			--tls-cert "$WORK/tls/server.crt" --tls-key "$WORK/tls/server.key"
 		LK_TLS_URL=https://$GW/v1/chat/completions
 	fi
+	if [ "$APIKEY" = 1 ]; then
+		make_keys
+		GW_AUTH=(--credentials "$WORK/credentials.yaml")
+		start_gateway lanekeeper-apikey "$WORK/lanes.json"
+		GW_AUTH=()
+		LK_APIKEY_URL=http://$GW/v1/chat/completions
+	fi
 	GW_PID=$lk_pid GW=$lk_url
 
 	# nginx: one limit_req zone keyed by the lane header, LANE_RPS per lane with
 	# a burst of one second (nodelay: a token bucket); unknown lanes get 400.
-	local nginx_port nginx_tls_port lanes_re tls_server=
+	local nginx_port nginx_tls_port nginx_key_port lanes_re tls_server='' key_server='' key_map=''
 	nginx_port=$(free_port)
 	nginx_tls_port=$(free_port)
+	nginx_key_port=$(free_port)
+	if [ "$APIKEY" = 1 ]; then
+		# The same server checking the key: a map of the keys' headers (a
+		# hash lookup), 401 for a missing or unknown key.
+		key_map="map \$http_authorization \$known_key {
+        default 0;
+        include $WORK/nginx-keys.map;
+    }"
+		key_server="server {
+        listen 127.0.0.1:$nginx_key_port;
+        keepalive_requests 1000000;
+        location / {
+            if (\$known_key = 0) { return 401; }
+            if (\$known_lane = 0) { return 400; }
+            limit_req zone=lanes burst=$LANE_RPS nodelay;
+            proxy_pass http://fake_model;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }
+    }"
+	fi
 	if [ "$TLS" = 1 ]; then
 		# The same server terminating TLS (TLS 1.2 and 1.3, as lanekeeper).
 		tls_server="server {
@@ -350,7 +410,9 @@ http {
     fastcgi_temp_path $WORK/nginx/fastcgi;
     uwsgi_temp_path $WORK/nginx/uwsgi;
     scgi_temp_path $WORK/nginx/scgi;
+    map_hash_bucket_size 128;
     map \$http_x_lanekeeper_lane \$known_lane { ~^($lanes_re)\$ 1; default 0; }
+    $key_map
     limit_req_zone \$http_x_lanekeeper_lane zone=lanes:10m rate=${LANE_RPS}r/s;
     limit_req_status 429;
     upstream fake_model { server $FAKE; keepalive 128; }
@@ -366,6 +428,7 @@ http {
         }
     }
     $tls_server
+    $key_server
 }
 EOF
 	start nginx "${ON_PROXY[@]}" "$NGINX" -e "$WORK/nginx/error.log" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
@@ -373,6 +436,8 @@ EOF
 	NGINX_URL=http://127.0.0.1:$nginx_port
 	NGINX_TLS_URL=https://127.0.0.1:$nginx_tls_port
 	[ "$TLS" = 1 ] && wait_port nginx "$nginx_tls_port"
+	NGINX_KEY_URL=http://127.0.0.1:$nginx_key_port
+	[ "$APIKEY" = 1 ] && wait_port nginx "$nginx_key_port"
 
 	# LiteLLM: one model group per lane (the body's "model" is the lane), one
 	# deployment each with an rpm limit, enforced by usage-based-routing-v2's
@@ -442,6 +507,20 @@ latency_run() {
 		URLS[nginx-tls]="$NGINX_TLS_URL/v1/chat/completions"
 		targets+=(lanekeeper-tls nginx-tls)
 	fi
+	if [ "$APIKEY" = 1 ]; then
+		URLS[lanekeeper-apikey]=$LK_APIKEY_URL
+		URLS[nginx-apikey]="$NGINX_KEY_URL/v1/chat/completions"
+		targets+=(lanekeeper-apikey nginx-apikey)
+		# A request without the key is refused by both.
+		for target in lanekeeper-apikey nginx-apikey; do
+			[ "$(curl -sS -o /dev/null -w '%{http_code}' -H 'content-type: application/json' \
+				-H 'x-lanekeeper-lane: p1-agent-assist' -H 'authorization: Bearer sk-not-a-key' \
+				-d '{"model":"m","messages":[]}' "${URLS[$target]}")" = 401 ] || {
+				echo "$target does not refuse an unknown key with 401" >&2
+				exit 1
+			}
+		done
+	fi
 	if [ "$LITELLM" = 1 ]; then
 		URLS[litellm]="$LITELLM_URL/v1/chat/completions"
 		targets+=(litellm)
@@ -449,7 +528,7 @@ latency_run() {
 	# Every path answers before measuring (and the lanes are known).
 	for target in "${targets[@]}"; do
 		curl -fsS -o /dev/null ${TLS_ARGS[@]:+--cacert "$WORK/tls/ca.crt"} -H 'content-type: application/json' -H 'x-lanekeeper-lane: p1-agent-assist' \
-			-H "authorization: Bearer $LITELLM_KEY" \
+			-H "authorization: Bearer $(key_for "$target")" \
 			-d '{"model":"p1-agent-assist","messages":[{"role":"user","content":"Say ok."}]}' "${URLS[$target]}" || {
 			echo "$target does not answer a chat completion:" >&2
 			tail -n 30 "$WORK/${target/direct/fake-model}.log" >&2 || true
@@ -491,13 +570,22 @@ latency_run() {
 	table "$results"
 }
 
+# The key a target's requests carry: the bench key for the API-key cases,
+# LiteLLM's master key (or "none") for the others, which ignore it.
+key_for() {
+	case $1 in
+	*-apikey) echo "$API_KEY" ;;
+	*) echo "${LITELLM_KEY:-none}" ;;
+	esac
+}
+
 # load MODE URL TARGET ROUND [FLAG...]: one case of the load generator (on
 # the load's CPUs), its JSON line appended to $results with the target and
 # the round.
 load() {
 	local mode=$1 url=$2 target=$3 round=$4
 	shift 4
-	"${ON_LOAD[@]}" "$GEN" "$mode" --url "$url" --header "authorization: Bearer ${LITELLM_KEY:-none}" "${TLS_ARGS[@]}" \
+	"${ON_LOAD[@]}" "$GEN" "$mode" --url "$url" --header "authorization: Bearer $(key_for "$target")" "${TLS_ARGS[@]}" \
 		--tenants "$TENANTS" --connections "$CONNECTIONS" --duration "$DURATION" --warmup "$WARMUP" "$@" |
 		jq -c --arg t "$target" --argjson r "$round" '. + {target: $t, round: $r}' | tee -a "$results" >&2
 }
@@ -514,7 +602,7 @@ table() {
 		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
 		. as $all
 		| ($all | map(.target) | unique) as $present
-		| ["direct", "lanekeeper", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
+		| ["direct", "lanekeeper", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "lanekeeper-apikey", "nginx-apikey", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
 		| ($all | map(select(.mode == "rate" and .target == "direct")) | map({key: (.round | tostring), value: .}) | from_entries) as $direct
 		| def added($x; f): minus($x | f; $direct[$x.round | tostring] | f);
 		def row($t):
@@ -561,6 +649,9 @@ table() {
 		(if $by["lanekeeper-tls"] and $by["nginx-tls"] then
 			"TLS, each terminating it, lanekeeper-tls / nginx-tls: added p99 \(ratio($by["lanekeeper-tls"].add99; $by["nginx-tls"].add99) | r(100))× (aim: at most 1), max rate \(ratio($by["lanekeeper-tls"].max; $by["nginx-tls"].max) | r(100))×; what TLS adds to p99 (TLS minus plain, ms): lanekeeper \(minus($by["lanekeeper-tls"].add99; $by.lanekeeper.add99) | r(1000)), nginx \(minus($by["nginx-tls"].add99; $by.nginx.add99) | r(1000))"
 		  else empty end),
+		(if $by["lanekeeper-apikey"] and $by["nginx-apikey"] then
+			"API key, each checking it, lanekeeper-apikey / nginx-apikey: added p99 \(ratio($by["lanekeeper-apikey"].add99; $by["nginx-apikey"].add99) | r(100))× (aim: at most 1), max rate \(ratio($by["lanekeeper-apikey"].max; $by["nginx-apikey"].max) | r(100))×; what the key check adds to p99 (key minus plain, ms): lanekeeper \(minus($by["lanekeeper-apikey"].add99; $by.lanekeeper.add99) | r(1000)), nginx \(minus($by["nginx-apikey"].add99; $by.nginx.add99) | r(1000))"
+		  else empty end),
 		(if $by["lanekeeper-mimalloc"] then
 			"allocator, mimalloc / the system allocator (shipped): max rate \(ratio($by["lanekeeper-mimalloc"].max; $by.lanekeeper.max) | r(100))×, added p99 \($by["lanekeeper-mimalloc"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms"
 		  else empty end),
@@ -575,6 +666,8 @@ table() {
 		"|---|---|",
 		"| lanekeeper | HTTP/1 parse (hyper, axum), the body read; the lane, tenant, attempt and x-request-id headers read; under the core'"'"'s lock once: the lane looked up, its token bucket refilled and taken, the request id hashed into the lane'"'"'s memory of recent ids (retry detection) and that memory swept, the retry budget checked, the route and flags, the request counted in flight (the tenant'"'"'s fair queue is used only when the lane must queue, which these limits never make it); forwarded over a pooled keep-alive upstream connection and the answer streamed back; the lock again when it finishes; Prometheus counters and histograms by lane and tenant class |",
 		"| nginx | HTTP/1 parse; a map of the lane header (400 to an unknown lane); limit_req, a token bucket per lane header in shared memory; proxy_pass over a keep-alive upstream connection; no access log |",
+		"| lanekeeper-apikey | as lanekeeper, without --trust-lane-header: the Authorization key hashed (SHA-256) and looked up among the credentials file'"'"'s hashes (constant-time compare), the tenant and lanes taken from it, the client'"'"'s Authorization removed before forwarding |",
+		"| nginx-apikey | as nginx, and a map of the whole Authorization header against the keys in clear (a hash lookup; 401 for an unknown key) |",
 		"| litellm | HTTP/1 parse (uvicorn, FastAPI); the master key checked; the JSON body parsed into a chat completion; usage-based-routing-v2 picks the deployment and checks its rpm in memory; a new request built by the OpenAI client and its answer parsed and re-serialised |"
 	' "$1"
 }

@@ -92,6 +92,10 @@ pub struct LaneContractSpec {
     /// runs with `--trust-lane-header`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clients: Vec<super::clients::LaneClient>,
+    /// Limits per tenant inside the lane: a maximum of requests in flight
+    /// per tenant and the tenants' weights in the lane's fair queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<super::tenants::LaneTenants>,
     /// The lane's objective over qualified outcomes, and with it an error
     /// budget (`lanekeeper rules` turns it into Prometheus rules).
     #[serde(default, skip_serializing_if = "Option::is_none")]

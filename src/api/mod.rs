@@ -10,6 +10,7 @@ pub mod objective;
 pub mod policy;
 pub mod profile;
 pub mod state;
+pub mod tenants;
 
 pub use breakers::*;
 pub use clients::*;
@@ -20,6 +21,7 @@ pub use objective::{Band, ObjectiveSpec, ObjectiveStatus};
 pub use policy::*;
 pub use profile::*;
 pub use state::*;
+pub use tenants::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

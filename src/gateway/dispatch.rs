@@ -6,15 +6,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use lanes::{Attempt, Core, Pass, Served};
+use lanes::{Attempt, Core, Pass, Served, TenantSlot};
 
 use super::metrics::LaneMeter;
 use super::route_health::Taken;
 
 /// Where a finished request's latency goes (the core, under its lock).
 pub(super) trait InFlightSink: Send + Sync {
-    /// A request that went upstream finished after `latency` seconds.
-    fn finished(&self, latency: f64);
+    /// A request that went upstream finished after `latency` seconds (its
+    /// tenant's slot given back, when it held one).
+    fn finished(&self, latency: f64, tenant: Option<TenantSlot>);
 }
 
 /// A passed request's way upstream.
@@ -70,14 +71,17 @@ impl Dispatch {
                 latency: None,
                 deadline: None,
                 failed: false,
+                tenant: pass.tenant_slot.clone(),
             },
         }
     }
 
     /// The client went away before it could be told: nothing is in flight
-    /// for it (the caller undoes the count under the lock).
-    pub(super) fn disarm(mut self) {
+    /// for it (the caller undoes the count under the lock, and gives back
+    /// the tenant's slot returned here).
+    pub(super) fn disarm(mut self) -> Option<TenantSlot> {
         self.slot.armed = false;
+        self.slot.tenant.take()
     }
 
     /// The lane's meters.
@@ -120,6 +124,7 @@ struct InFlight {
     latency: Option<f64>,
     deadline: Option<Instant>,
     failed: bool,
+    tenant: Option<TenantSlot>,
 }
 
 impl Drop for InFlight {
@@ -139,6 +144,6 @@ impl Drop for InFlight {
         let latency = self
             .latency
             .unwrap_or_else(|| self.started.elapsed().as_secs_f64());
-        self.sink.finished(latency);
+        self.sink.finished(latency, self.tenant.take());
     }
 }

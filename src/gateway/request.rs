@@ -288,6 +288,11 @@ fn passing(verdict: &Verdict, lane: usize, enforcing: bool) -> Option<lanes::Pas
             history_turns: None,
             remaining_seconds: f64::INFINITY,
             waited_seconds: 0.0,
+            // A pass's tenant slot goes with it (given back when it ends).
+            tenant_slot: match v {
+                Verdict::Pass(p) => p.tenant_slot.clone(),
+                _ => None,
+            },
         }),
     }
 }

@@ -168,7 +168,12 @@ pub(super) const SHOULD_RETRY: &str = "x-should-retry";
 /// controller releases it), a deadline, or the retry limits.
 fn should_retry(limit: Limit) -> bool {
     match limit {
-        Limit::Rate | Limit::QueueTtl | Limit::QueueDepth | Limit::StopAt | Limit::Deferred => true,
+        Limit::Rate
+        | Limit::QueueTtl
+        | Limit::QueueDepth
+        | Limit::StopAt
+        | Limit::Deferred
+        | Limit::TenantConcurrency => true,
         Limit::Paused
         | Limit::Deadline
         | Limit::MaxAttempts
@@ -195,6 +200,9 @@ fn refusal_words(lane: &str, limit: Limit, wait: Option<i64>) -> String {
             format!("lane {lane}: the wait for a turn is longer than its queue allows")
         }
         Limit::QueueDepth => format!("lane {lane}: its queue is full"),
+        Limit::TenantConcurrency => format!(
+            "lane {lane}: your tenant has its most requests in flight (tenants.maxConcurrency) and could not wait for one to finish"
+        ),
         Limit::StopAt => format!("lane {lane}: the pool is at its in-flight limit"),
         Limit::Deferred => format!(
             "lane {lane}: deferred; the work is wanted later, come back with the same request id"

@@ -229,16 +229,17 @@ impl Gateway {
 }
 
 impl InFlightSink for Gateway {
-    fn finished(&self, latency: f64) {
+    fn finished(&self, latency: f64, tenant: Option<lanes::TenantSlot>) {
         self.metrics.in_flight(-1);
         let now = self.now();
-        // A slot of the in-flight limit a waiting request was held for.
-        let freed = self
-            .lock()
-            .core
-            .as_mut()
-            .is_some_and(|core| core.finished(now, latency));
-        if freed {
+        let mut wake = false;
+        if let Some(core) = self.lock().core.as_mut() {
+            // A slot of the in-flight limit a waiting request was held for.
+            wake = core.finished(now, latency);
+            // A request of a tenant that was at its maximum may go now.
+            wake |= tenant.is_some_and(|t| core.release_tenant(&t));
+        }
+        if wake {
             self.wake.notify_one();
         }
     }
@@ -310,8 +311,11 @@ fn poll_once(gw: &Arc<Gateway>) -> Option<f64> {
             lanes::Resolution::Refuse(_) => None,
         };
         if let Err((_, Some(d))) = tx.send((r, dispatch)) {
-            d.disarm();
+            let slot = d.disarm();
             core.finished(now, f64::NAN);
+            if let Some(t) = slot {
+                core.release_tenant(&t);
+            }
             gw.metrics.in_flight(-1);
         }
     }

@@ -214,6 +214,7 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
         expected_service_seconds: spec.expected_service_seconds.as_ref().map(|s| s.value()),
         spare_capacity: matches!(d.state, LaneState::Admitted | LaneState::Throttled),
         clients: clients(contract),
+        tenants: tenants(contract),
     }
 }
 
@@ -236,6 +237,26 @@ fn breakers(spec: &BreakersSpec) -> Breakers {
             .map(|r| (r.route.clone(), settings(&r.breaker)))
             .collect(),
     }
+}
+
+/// The contract's `spec.tenants` as `lanes.json` carries them (absent when
+/// it sets nothing).
+fn tenants(contract: &LaneContract) -> Option<lanes::TenantLimits> {
+    let t = contract.spec.tenants.as_ref()?;
+    let limits = lanes::TenantLimits {
+        max_concurrency: t.max_concurrency.map(i64::from),
+        weight: t.weight.map(i64::from),
+        overrides: t
+            .overrides
+            .iter()
+            .map(|o| lanes::TenantOverride {
+                name: o.name.clone(),
+                max_concurrency: o.max_concurrency.map(i64::from),
+                weight: o.weight.map(i64::from),
+            })
+            .collect(),
+    };
+    (limits != lanes::TenantLimits::default()).then_some(limits)
 }
 
 /// The contract's `spec.clients` as `lanes.json` carries them: each
@@ -375,6 +396,39 @@ mod tests {
         // A route's own settings start from the defaults, not `default`.
         assert_eq!(b.for_route("slow").consecutive_failures, 5);
         assert_eq!(b.out_of_range(), None);
+    }
+
+    #[test]
+    fn the_contracts_tenants_reach_lanes_json_and_none_is_omitted() {
+        let contract = |tenants: serde_json::Value| -> LaneContract {
+            let mut lane = serde_json::json!({
+                "apiVersion": "lanekeeper.dev/v1alpha1", "kind": "LaneContract",
+                "metadata": {"name": "p1", "namespace": "ai-platform"},
+                "spec": {
+                    "profile": "agent-assist", "priority": 1, "workUnitsPerRequest": "1",
+                    "expectedRequestsPerSecond": "1", "deadlineSeconds": 30,
+                    "queue": {"maxDepth": 1, "ttlSeconds": 1}, "retry": {"maxAttempts": 1},
+                    "routes": {"primary": ["r"]}
+                }
+            });
+            if !tenants.is_null() {
+                lane["spec"]["tenants"] = tenants;
+            }
+            serde_json::from_value(lane).unwrap()
+        };
+        let t = tenants(&contract(serde_json::json!({
+            "maxConcurrency": 4,
+            "overrides": [{"name": "team-a", "maxConcurrency": 16, "weight": 3}]
+        })));
+        assert_eq!(
+            serde_json::to_value(t).unwrap(),
+            serde_json::json!({
+                "maxConcurrency": 4,
+                "overrides": [{"name": "team-a", "maxConcurrency": 16, "weight": 3}]
+            })
+        );
+        assert_eq!(tenants(&contract(serde_json::Value::Null)), None);
+        assert_eq!(tenants(&contract(serde_json::json!({}))), None);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use rustc_hash::FxHashMap;
 use crate::api::ObjectKey;
 use crate::policy::{self, Approvals, EngineState, Evaluation, World, key};
 use crate::snapshot::{LaneSignals, ProfileSignals, Snapshot};
-use lanes::{Core, GatewayConfig, Outcome, Refusal, Resolution, Ticket, Verdict};
+use lanes::{Core, GatewayConfig, Outcome, Refusal, Resolution, TenantSlot, Ticket, Verdict};
 
 use crate::scenario::{ClientSpec, Scenario, Steps};
 
@@ -475,6 +475,9 @@ struct Sim<'a> {
     /// with the gateway's queue as the lane's queued work).
     pool_waiting: Vec<u64>,
     waiting: FxHashMap<(usize, Ticket), Attempt>,
+    /// The tenant slots of passed attempts in lanes with a maximum per
+    /// tenant, by (request id, attempt), given back when they finish.
+    tenant_slots: FxHashMap<(u64, u16), TenantSlot>,
     next_id: u64,
     trace: Option<Trace>,
     pending_refusals: Vec<(Attempt, Refusal)>,
@@ -749,6 +752,7 @@ impl<'a> Sim<'a> {
             pool_queue: vec![VecDeque::new(); np],
             pool_waiting: vec![0; nl],
             waiting: FxHashMap::default(),
+            tenant_slots: FxHashMap::default(),
             next_id: 0,
             trace: None,
             pending_refusals: Vec::new(),
@@ -1262,6 +1266,11 @@ impl<'a> Sim<'a> {
             },
             now,
         );
+        if let Verdict::Pass(pass) = &verdict
+            && let Some(s) = &pass.tenant_slot
+        {
+            self.tenant_slots.insert((a.id, a.n), s.clone());
+        }
         if !core.enforcing() {
             // Observe mode: nothing is enforced.
             if let Verdict::Queued { ticket, .. } = verdict {
@@ -1328,7 +1337,12 @@ impl<'a> Sim<'a> {
             };
             self.queued[usize::from(a.lane)] -= 1;
             match r {
-                Resolution::Pass(_) => self.send_to_pool(a, now),
+                Resolution::Pass(pass) => {
+                    if let Some(s) = pass.tenant_slot {
+                        self.tenant_slots.insert((a.id, a.n), s);
+                    }
+                    self.send_to_pool(a, now);
+                }
                 Resolution::Refuse(r) => self.refused(a, now, &r),
             }
         }
@@ -1466,12 +1480,17 @@ impl<'a> Sim<'a> {
         let p = self.lanes[li].profile;
         self.in_flight[p] -= 1;
         self.pool_count[li] -= 1;
-        // A slot of the in-flight limit freed for a waiting request: the
-        // gateway's driver is woken and hands it out at once.
-        if let Some(core) = self.cores[p].as_mut()
-            && core.finished(at, at - a.passed)
-        {
-            self.poll_gateway(p, at);
+        // A slot of the in-flight limit freed for a waiting request, or a
+        // tenant below its maximum again: the gateway's driver is woken and
+        // hands it out at once.
+        if let Some(core) = self.cores[p].as_mut() {
+            let mut freed = core.finished(at, at - a.passed);
+            if let Some(s) = self.tenant_slots.remove(&(a.id, a.n)) {
+                freed |= core.release_tenant(&s);
+            }
+            if freed {
+                self.poll_gateway(p, at);
+            }
         }
         let s = self.sec(at);
         if failed {
@@ -1606,6 +1625,9 @@ impl<'a> Sim<'a> {
                 self.pool_count[li] -= 1;
                 if let Some(core) = self.cores[p].as_mut() {
                     core.finished(now, now - h.passed);
+                    if let Some(s) = self.tenant_slots.remove(&(h.id, h.n)) {
+                        core.release_tenant(&s);
+                    }
                 }
                 self.fail(h, now, Fail::Failed);
                 continue;

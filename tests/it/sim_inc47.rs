@@ -262,7 +262,10 @@ fn the_simulate_doc_says_what_the_run_gives() {
         } else if to == 0 {
             format!("{from} → {to} at {}", t(m.at))
         } else {
-            format!("{from} → {to} one stable window after recovery ({}", t(m.at))
+            format!(
+                "{from} → {to} one stable window after recovery ({}",
+                t(m.at)
+            )
         };
         if !squashed.contains(&said) {
             wrong.push(said);

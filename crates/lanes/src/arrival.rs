@@ -47,16 +47,23 @@ impl Core {
         if remaining < lane.expected_service {
             return refuse(lane, &a, Outcome::RejectedDeadline, Limit::Deadline);
         }
-        if let Some(pass) = self.pass_now(&a, remaining, now) {
+        let tenant = req.tenant.unwrap_or(DEFAULT_TENANT);
+        if let Some(pass) = self.pass_now(&a, tenant, remaining, now) {
             return Verdict::Pass(pass);
         }
-        self.queue_or_refuse(&a, req.tenant, rate, remaining, now)
+        self.queue_or_refuse(&a, tenant, rate, remaining, now)
     }
 
-    /// A token (its own, or spare capacity), a slot, and nobody waiting
-    /// ahead: go.
-    fn pass_now(&mut self, a: &Arrival, remaining: f64, now: f64) -> Option<Pass> {
-        if !self.lanes[a.lane].queue.is_empty() || !self.slot_for_arrival(a.lane, now) {
+    /// A token (its own, or spare capacity), a slot, nobody waiting ahead
+    /// who may go, and its tenant below its maximum in flight: go.
+    fn pass_now(&mut self, a: &Arrival, tenant: &str, remaining: f64, now: f64) -> Option<Pass> {
+        if !self.slot_for_arrival(a.lane, now) {
+            return None;
+        }
+        let lane = &mut self.lanes[a.lane];
+        if (!lane.queue.is_empty() && lane.queue.ready(&lane.tenants))
+            || lane.tenants.at_max(tenant)
+        {
             return None;
         }
         let lane = &mut self.lanes[a.lane];
@@ -72,6 +79,7 @@ impl Core {
             history_turns: history_turns(lane.cfg.optional_context.as_ref(), self.pressure.state()),
             remaining_seconds: remaining,
             waited_seconds: 0.0,
+            tenant_slot: lane.tenants.take(tenant),
         })
     }
 
@@ -80,12 +88,24 @@ impl Core {
     fn queue_or_refuse(
         &mut self,
         a: &Arrival,
-        tenant: Option<&str>,
+        tenant: &str,
         rate: f64,
         remaining: f64,
         now: f64,
     ) -> Verdict {
         let lane = &self.lanes[a.lane];
+        if lane.tenants.at_max(tenant)
+            && (lane.queue.len() >= lane.max_depth || lane.cfg.queue.ttl_seconds == 0)
+        {
+            // Its tenant has its maximum in flight and it cannot wait for
+            // one of them to finish.
+            let outcome = if lane.queue.len() >= lane.max_depth {
+                Outcome::RejectedQueueFull
+            } else {
+                Outcome::RejectedRate
+            };
+            return self.refuse_or_defer(a, outcome, Limit::TenantConcurrency);
+        }
         if !lane.defers() && lane.queue.len() >= lane.max_depth {
             return refuse(lane, a, Outcome::RejectedQueueFull, Limit::QueueDepth);
         }
@@ -160,7 +180,7 @@ impl Core {
         true
     }
 
-    fn enqueue(&mut self, a: &Arrival, tenant: Option<&str>, now: f64) -> Ticket {
+    fn enqueue(&mut self, a: &Arrival, tenant: &str, now: f64) -> Ticket {
         self.next_ticket += 1;
         let ticket = Ticket(self.next_ticket);
         let waiting = Waiting {
@@ -169,9 +189,10 @@ impl Core {
             first_arrival: a.first_arrival,
             queued_at: now,
             request_key: a.key,
+            cost: self.lanes[a.lane].cfg.work_units_per_request,
         };
         let lane = &mut self.lanes[a.lane];
-        let (tenant, key): (_, Key) = lane.queue.push(tenant.unwrap_or(DEFAULT_TENANT), waiting);
+        let (tenant, key): (_, Key) = lane.queue.push(tenant, waiting, &lane.tenants);
         self.tickets.insert(ticket, (a.lane, tenant, key));
         ticket
     }

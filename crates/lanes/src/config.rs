@@ -229,6 +229,11 @@ pub struct LaneConfig {
     /// gateway trusts the lane header).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clients: Vec<ClientRule>,
+    /// Per-tenant limits inside the lane: most requests in flight per
+    /// tenant and the tenants' weights in the fair queue (the contract's
+    /// `spec.tenants`; absent: no maximum, every weight 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<crate::tenants::TenantLimits>,
 }
 
 /// Queue limits of a lane.

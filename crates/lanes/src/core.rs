@@ -261,6 +261,8 @@ fn carry_lane(mut old: Lane, new: &mut Lane, now: f64) {
     new.bucket.used = std::mem::take(&mut old.bucket.used);
     new.bucket.last_refill = now;
     new.queue = std::mem::take(&mut old.queue);
+    new.tenants.carry(&mut old.tenants);
+    new.queue.reweigh(&new.tenants);
     new.seen = std::mem::take(&mut old.seen);
     new.retries = std::mem::take(&mut old.retries);
 }

@@ -1,7 +1,19 @@
-//! One lane's waiting requests: weighted fair queueing across tenants
-//! (self-clocked: finish tag `F = max(V, F_prev) + cost / weight`, `V` the
-//! tag of the request served last; cost and weight 1), earliest first
-//! arrival first inside one tenant.
+//! One lane's waiting requests: weighted fair queueing across tenants by
+//! cost, earliest first arrival first inside one tenant.
+//!
+//! Self-clocked fair queueing: each tenant with requests waiting has a
+//! finish tag `F = max(V, F_prev) + cost / weight`, where `cost` is its
+//! head request's charge (the lane's work units per request today) and
+//! `weight` the tenant's weight; the tenant with the smallest tag is served
+//! and `V` becomes its tag. Over any stretch where two tenants both wait,
+//! the work each is served divided by its weight differs by at most one
+//! request's cost over each weight: shares follow the weights, whatever
+//! the number of requests each sends. A tenant that had nothing waiting
+//! starts at `V` (it saved no credit while idle).
+//!
+//! A tenant at its maximum in flight is parked: taken off the schedule
+//! when it reaches the front, and put back (as a tenant that was idle) when
+//! one of its requests finishes. Every operation is O(log n).
 //!
 //! Tenants are interned to small integers while they have requests waiting
 //! (an id is reused once its tenant's queue empties), so the indexes hold no
@@ -11,6 +23,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use crate::remembered::IdRef;
+use crate::tenants::{TenantGate, TenantSlot};
 use crate::verdict::{Attempt, Ticket};
 
 /// A total order on finite f64 (never NaN here).
@@ -49,6 +62,8 @@ pub(crate) struct Waiting {
     pub(crate) queued_at: f64,
     /// Its request id in the lane's remembered ids, if it has one.
     pub(crate) request_key: Option<IdRef>,
+    /// What serving it charges its tenant in the fair queue (> 0).
+    pub(crate) cost: f64,
 }
 
 /// A request found by one of the indexes: when, its key, its tenant.
@@ -59,8 +74,21 @@ pub(crate) type Found = (f64, Key, TenantId);
 struct TenantQueue {
     name: String,
     waiting: BTreeMap<Key, Waiting>,
-    /// Generation of its live heap entry (older entries are stale).
+    /// Its weight (looked up once, when it is interned).
+    weight: f64,
+    /// Generation of its live heap entry (older entries are stale; 0: none).
     heap_gen: u64,
+    /// Off the schedule: the tenant has its maximum in flight.
+    parked: bool,
+}
+
+impl TenantQueue {
+    /// What serving its head adds to its tag.
+    fn step(&self) -> f64 {
+        self.waiting
+            .first_key_value()
+            .map_or(1.0, |(_, w)| w.cost / self.weight)
+    }
 }
 
 /// Weighted fair queueing across tenants, EDF within one.
@@ -73,6 +101,8 @@ pub(crate) struct FairQueue {
     last: TenantId,
     tenants: Vec<TenantQueue>,
     free: Vec<TenantId>,
+    /// Tenants parked (waiting, at their maximum in flight).
+    parked: usize,
     /// (finish tag, generation, tenant), smallest tag first.
     heap: BinaryHeap<Reverse<(OrdF64, u64, TenantId)>>,
     /// Every waiting request by key: the newest (deferred when the queue is
@@ -99,11 +129,19 @@ impl FairQueue {
         self.by_arrival.is_empty()
     }
 
-    /// Queues a request; returns its tenant's id and its key.
-    pub(crate) fn push(&mut self, tenant: &str, w: Waiting) -> (TenantId, Key) {
+    /// Whether a waiting tenant may be on the schedule (not parked). A
+    /// tenant that reached its maximum since it was scheduled is counted
+    /// until [`FairQueue::ready`] parks it.
+    pub(crate) fn has_ready(&self) -> bool {
+        self.ids.len() > self.parked
+    }
+
+    /// Queues a request of `tenant` (its weight from `gate`); returns its
+    /// tenant's id and its key.
+    pub(crate) fn push(&mut self, tenant: &str, w: Waiting, gate: &TenantGate) -> (TenantId, Key) {
         self.seq += 1;
         let key = (OrdF64(w.first_arrival), self.seq);
-        let id = self.intern(tenant);
+        let id = self.intern(tenant, gate);
         self.by_arrival.insert(key, id);
         self.by_queued
             .insert((OrdF64(w.queued_at), self.seq), (key.0, id));
@@ -112,14 +150,15 @@ impl FairQueue {
         let was_empty = tq.waiting.is_empty();
         tq.waiting.insert(key, w);
         if was_empty {
-            // F = max(V, F_prev) + 1, and F_prev <= V for a tenant that had
-            // emptied.
-            self.schedule(id, self.virtual_time + 1.0);
+            // F = max(V, F_prev) + cost / weight, and F_prev <= V for a
+            // tenant that had emptied.
+            let step = tq.step();
+            self.schedule(id, self.virtual_time + step);
         }
         (id, key)
     }
 
-    fn intern(&mut self, tenant: &str) -> TenantId {
+    fn intern(&mut self, tenant: &str, gate: &TenantGate) -> TenantId {
         // A tenant with requests waiting is interned (and one without is
         // not).
         if let Some(tq) = self.tenants.get(self.last as usize)
@@ -139,7 +178,9 @@ impl FairQueue {
                 (self.tenants.len() - 1) as TenantId
             }
         };
-        self.tenants[id as usize].name = tenant.to_owned();
+        let tq = &mut self.tenants[id as usize];
+        tq.name = tenant.to_owned();
+        tq.weight = gate.weight(tenant);
         self.ids.insert(tenant.to_owned(), id);
         self.last = id;
         id
@@ -149,6 +190,11 @@ impl FairQueue {
         self.generation += 1;
         self.tenants[id as usize].heap_gen = self.generation;
         self.heap.push(Reverse((OrdF64(tag), self.generation, id)));
+    }
+
+    /// The name of a tenant with requests waiting.
+    pub(crate) fn tenant_name(&self, id: TenantId) -> &str {
+        &self.tenants[id as usize].name
     }
 
     /// Removes one waiting request by tenant and key, keeping the indexes.
@@ -170,28 +216,92 @@ impl FairQueue {
         if tq.waiting.is_empty() {
             let name = std::mem::take(&mut tq.name);
             tq.heap_gen = 0;
+            if std::mem::take(&mut tq.parked) {
+                self.parked -= 1;
+            }
             self.ids.remove(&name);
             self.free.push(id);
         }
         Some(w)
     }
 
-    /// The next request by finish tag.
-    pub(crate) fn pop(&mut self) -> Option<Waiting> {
-        while let Some(Reverse((tag, generation, id))) = self.heap.pop() {
-            let tq = &self.tenants[id as usize];
+    /// Whether a tenant may be served now: tenants at their maximum in
+    /// flight that reached the front of the schedule are parked on the way.
+    pub(crate) fn ready(&mut self, gate: &TenantGate) -> bool {
+        while let Some(&Reverse((_, generation, id))) = self.heap.peek() {
+            let tq = &mut self.tenants[id as usize];
             if tq.heap_gen != generation {
+                self.heap.pop();
                 continue;
             }
-            let (&key, _) = tq.waiting.iter().next()?;
-            self.virtual_time = self.virtual_time.max(tag.0);
-            let w = self.remove(id, key).expect("the head exists");
-            if !self.tenants[id as usize].waiting.is_empty() {
-                self.schedule(id, tag.0 + 1.0);
+            if gate.at_max(&tq.name) {
+                tq.heap_gen = 0;
+                tq.parked = true;
+                self.parked += 1;
+                self.heap.pop();
+                continue;
             }
-            return Some(w);
+            return true;
         }
-        None
+        false
+    }
+
+    /// The next request by finish tag among the tenants below their
+    /// maximum, counted in flight for its tenant (its slot, when the lane
+    /// counts).
+    pub(crate) fn pop_ready(
+        &mut self,
+        gate: &mut TenantGate,
+    ) -> Option<(Waiting, Option<TenantSlot>)> {
+        if !self.ready(gate) {
+            return None;
+        }
+        let Reverse((tag, _, id)) = self.heap.pop()?;
+        let tq = &self.tenants[id as usize];
+        let (&key, _) = tq.waiting.first_key_value()?;
+        let slot = gate.take(&tq.name);
+        self.virtual_time = self.virtual_time.max(tag.0);
+        let w = self.remove(id, key).expect("the head exists");
+        let tq = &self.tenants[id as usize];
+        if !tq.waiting.is_empty() {
+            let step = tq.step();
+            self.schedule(id, tag.0 + step);
+        }
+        Some((w, slot))
+    }
+
+    /// One of `tenant`'s requests finished and it is below its maximum: a
+    /// parked tenant goes back on the schedule as one that was idle.
+    /// Returns whether it did.
+    pub(crate) fn unpark(&mut self, tenant: &str, gate: &TenantGate) -> bool {
+        let Some(&id) = self.ids.get(tenant) else {
+            return false;
+        };
+        let tq = &mut self.tenants[id as usize];
+        if !tq.parked || gate.at_max(tenant) {
+            return false;
+        }
+        tq.parked = false;
+        self.parked -= 1;
+        let step = tq.step();
+        self.schedule(id, self.virtual_time + step);
+        true
+    }
+
+    /// After a config swap: every waiting tenant takes its new weight, and
+    /// parked tenants below their new maximum go back on the schedule.
+    pub(crate) fn reweigh(&mut self, gate: &TenantGate) {
+        for id in 0..self.tenants.len() {
+            let tq = &mut self.tenants[id];
+            if tq.waiting.is_empty() {
+                continue;
+            }
+            tq.weight = gate.weight(&tq.name);
+            if tq.parked {
+                let name = tq.name.clone();
+                self.unpark(&name, gate);
+            }
+        }
     }
 
     /// The request with the latest first arrival.
@@ -219,12 +329,15 @@ impl FairQueue {
         })
     }
 
-    /// Takes every waiting request out, in fair order.
+    /// Takes every waiting request out (parked tenants' too), earliest
+    /// first arrival first.
     pub(crate) fn drain(&mut self) -> Vec<Waiting> {
-        let mut out = Vec::with_capacity(self.len());
-        while let Some(w) = self.pop() {
-            out.push(w);
-        }
+        let all: Vec<(TenantId, Key)> = self.by_arrival.iter().map(|(k, t)| (*t, *k)).collect();
+        let out = all
+            .into_iter()
+            .filter_map(|(t, k)| self.remove(t, k))
+            .collect();
+        self.heap.clear();
         out
     }
 }
@@ -275,6 +388,7 @@ fn first_queued(by_queued: &BTreeMap<(OrdF64, u64), (OrdF64, TenantId)>) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tenants::{TenantLimits, TenantOverride};
 
     fn waiting(t: u64, at: f64) -> Waiting {
         Waiting {
@@ -283,43 +397,142 @@ mod tests {
             first_arrival: at,
             queued_at: at,
             request_key: None,
+            cost: 1.0,
         }
+    }
+
+    /// A gate with these (tenant, weight, max in flight) overrides.
+    pub(crate) fn gate(tenants: &[(&str, i64, Option<i64>)]) -> TenantGate {
+        let mut l = crate::tests::lane("l", 1.0, 1);
+        l.tenants = Some(TenantLimits {
+            max_concurrency: None,
+            weight: None,
+            overrides: tenants
+                .iter()
+                .map(|(n, w, m)| TenantOverride {
+                    name: (*n).to_owned(),
+                    max_concurrency: *m,
+                    weight: Some(*w),
+                })
+                .collect(),
+        });
+        TenantGate::new(&l, 1.0)
+    }
+
+    fn pop(q: &mut FairQueue, g: &mut TenantGate) -> Option<Waiting> {
+        q.pop_ready(g).map(|(w, _)| w)
     }
 
     #[test]
     fn tenants_alternate_and_each_is_served_in_arrival_order() {
         let mut q = FairQueue::default();
+        let mut g = gate(&[]);
         for i in 0..4 {
-            q.push("a", waiting(i, i as f64));
+            q.push("a", waiting(i, i as f64), &g);
         }
-        q.push("b", waiting(10, 5.0));
-        q.push("b", waiting(11, 6.0));
-        let order: Vec<u64> = q.drain().into_iter().map(|w| w.ticket.0).collect();
+        q.push("b", waiting(10, 5.0), &g);
+        q.push("b", waiting(11, 6.0), &g);
+        let order: Vec<u64> = std::iter::from_fn(|| pop(&mut q, &mut g))
+            .map(|w| w.ticket.0)
+            .collect();
         assert_eq!(order, vec![0, 10, 1, 11, 2, 3]);
         assert!(q.is_empty());
     }
 
     #[test]
+    fn a_tenant_of_weight_three_is_served_three_times_as_often() {
+        let mut q = FairQueue::default();
+        let mut g = gate(&[("heavy", 3, None)]);
+        for i in 0..40 {
+            q.push("heavy", waiting(i, i as f64), &g);
+            q.push("light", waiting(100 + i, i as f64), &g);
+        }
+        let first: Vec<bool> = (0..20)
+            .map(|_| pop(&mut q, &mut g).unwrap().ticket.0 < 100)
+            .collect();
+        let heavy = first.iter().filter(|h| **h).count();
+        assert_eq!(heavy, 15, "3:1 over 20 services: {first:?}");
+    }
+
+    #[test]
+    fn a_costly_request_is_charged_its_cost() {
+        // Same weights, but b's requests cost 4 times a's: a is served 4
+        // times per b.
+        let mut q = FairQueue::default();
+        let mut g = gate(&[]);
+        for i in 0..40 {
+            q.push("a", waiting(i, i as f64), &g);
+            let w = Waiting {
+                cost: 4.0,
+                ..waiting(100 + i, i as f64)
+            };
+            q.push("b", w, &g);
+        }
+        let a = (0..25)
+            .filter(|_| pop(&mut q, &mut g).unwrap().ticket.0 < 100)
+            .count();
+        assert_eq!(a, 20);
+    }
+
+    #[test]
+    fn a_tenant_at_its_maximum_is_skipped_until_a_request_finishes() {
+        let mut q = FairQueue::default();
+        let mut g = gate(&[("a", 1, Some(1))]);
+        q.push("a", waiting(1, 0.0), &g);
+        q.push("a", waiting(2, 1.0), &g);
+        q.push("b", waiting(3, 2.0), &g);
+        let (w, slot) = q.pop_ready(&mut g).unwrap();
+        assert_eq!(w.ticket, Ticket(1));
+        let slot = slot.expect("a lane with a maximum counts");
+        assert_eq!(slot.tenant(), "a");
+        // a has 1 in flight (its maximum): b goes first, then nothing.
+        assert_eq!(pop(&mut q, &mut g).map(|w| w.ticket), Some(Ticket(3)));
+        assert!(!q.ready(&g));
+        assert!(!q.has_ready());
+        assert_eq!(q.len(), 1);
+        // Its request finishes: a is back.
+        assert!(g.release(slot.tenant()));
+        assert!(q.unpark("a", &g));
+        assert!(q.has_ready());
+        assert_eq!(pop(&mut q, &mut g).map(|w| w.ticket), Some(Ticket(2)));
+    }
+
+    #[test]
+    fn a_parked_tenant_is_drained_too() {
+        let mut q = FairQueue::default();
+        let mut g = gate(&[("a", 1, Some(1))]);
+        q.push("a", waiting(1, 0.0), &g);
+        q.push("a", waiting(2, 1.0), &g);
+        assert!(q.pop_ready(&mut g).is_some());
+        assert!(!q.ready(&g));
+        assert_eq!(q.drain().len(), 1);
+        assert!(q.is_empty());
+        assert_eq!(q.parked, 0);
+    }
+
+    #[test]
     fn an_emptied_tenant_gives_its_id_back() {
         let mut q = FairQueue::default();
-        let (a, ka) = q.push("a", waiting(1, 0.0));
+        let mut g = gate(&[]);
+        let (a, ka) = q.push("a", waiting(1, 0.0), &g);
         assert!(q.remove(a, ka).is_some());
-        let (b, _) = q.push("b", waiting(2, 1.0));
+        let (b, _) = q.push("b", waiting(2, 1.0), &g);
         assert_eq!(a, b, "the id is reused");
         assert_eq!(q.tenants.len(), 1);
         assert_eq!(q.ids.len(), 1);
-        assert_eq!(q.pop().map(|w| w.ticket), Some(Ticket(2)));
+        assert_eq!(pop(&mut q, &mut g).map(|w| w.ticket), Some(Ticket(2)));
     }
 
     #[test]
     fn the_indexes_find_the_newest_and_the_oldest() {
         let mut q = FairQueue::default();
-        q.push("a", waiting(1, 3.0));
+        let g = gate(&[]);
+        q.push("a", waiting(1, 3.0), &g);
         let w = Waiting {
             queued_at: 9.0,
             ..waiting(2, 1.0)
         };
-        q.push("b", w);
+        q.push("b", w, &g);
         assert_eq!(q.newest().map(|f| f.0), Some(3.0));
         assert_eq!(q.oldest_arrival().map(|f| f.0), Some(1.0));
         assert_eq!(q.oldest_queued().map(|f| f.0), Some(3.0));
@@ -328,6 +541,7 @@ mod tests {
     #[test]
     fn the_ends_kept_at_hand_are_the_indexes_ends() {
         let mut q = FairQueue::default();
+        let mut g = gate(&[]);
         let mut live: Vec<(TenantId, Key)> = Vec::new();
         // A fixed pseudo-random walk of pushes, removals and pops.
         let mut x: u64 = 47;
@@ -342,20 +556,129 @@ mod tests {
                         queued_at: (i / 3) as f64,
                         ..waiting(i, (r % 97) as f64)
                     };
-                    live.push(q.push(["a", "b", "c"][(r % 3) as usize], w));
+                    live.push(q.push(["a", "b", "c"][(r % 3) as usize], w, &g));
                 }
                 2 if !live.is_empty() => {
                     let (t, k) = live.swap_remove((r as usize) % live.len());
                     assert!(q.remove(t, k).is_some());
                 }
                 _ => {
-                    q.pop();
+                    pop(&mut q, &mut g);
                     live.retain(|&(t, k)| q.tenants[t as usize].waiting.contains_key(&k));
                 }
             }
             assert_eq!(q.oldest_arrival(), first_arrival(&q.by_arrival));
             assert_eq!(q.newest(), last_arrival(&q.by_arrival));
             assert_eq!(q.oldest_queued(), first_queued(&q.by_queued));
+        }
+    }
+
+    /// Every tenant always has requests waiting (a served one is replaced
+    /// by a new one of a random cost): what each is served, over its
+    /// weight.
+    fn run_backlogged(weights: &[i64], costs: &[f64], pops: usize) -> Vec<(Vec<f64>, Vec<u64>)> {
+        let names: Vec<String> = (0..weights.len()).map(|i| format!("t{i}")).collect();
+        let spec: Vec<(&str, i64, Option<i64>)> = names
+            .iter()
+            .zip(weights)
+            .map(|(n, w)| (n.as_str(), *w, None))
+            .collect();
+        let mut g = gate(&spec);
+        let mut q = FairQueue::default();
+        let mut next = 0u64;
+        let mut push = |q: &mut FairQueue, t: usize, g: &TenantGate| {
+            next += 1;
+            let w = Waiting {
+                cost: costs[next as usize % costs.len()],
+                ..waiting(next * 16 + t as u64, next as f64)
+            };
+            q.push(&names[t], w, g);
+        };
+        for t in 0..weights.len() {
+            push(&mut q, t, &g);
+            push(&mut q, t, &g);
+        }
+        // Per pop: (served work over weight of every tenant, tickets).
+        let mut served = vec![0.0; weights.len()];
+        let mut trace = Vec::with_capacity(pops);
+        let mut order: Vec<Vec<u64>> = vec![Vec::new(); weights.len()];
+        for _ in 0..pops {
+            let w = pop(&mut q, &mut g).expect("backlogged");
+            let t = (w.ticket.0 % 16) as usize;
+            served[t] += w.cost / weights[t] as f64;
+            order[t].push(w.ticket.0);
+            push(&mut q, t, &g);
+            trace.push((served.clone(), vec![t as u64]));
+        }
+        trace.push((served, order.concat()));
+        trace
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn shares_follow_the_weights_within_one_request_each(
+            weights in proptest::collection::vec(1i64..20, 2..6),
+            costs in proptest::collection::vec(0.25f64..4.0, 1..8),
+        ) {
+            let c_max = costs.iter().copied().fold(0.0, f64::max);
+            let trace = run_backlogged(&weights, &costs, 3_000);
+            // Normalized service (work / weight) of any two backlogged
+            // tenants differs by at most one request's cost over each
+            // weight, at every point of the run.
+            for (served, _) in &trace {
+                for i in 0..weights.len() {
+                    for j in 0..weights.len() {
+                        let bound = c_max / weights[i] as f64 + c_max / weights[j] as f64 + 1e-9;
+                        proptest::prop_assert!(
+                            (served[i] - served[j]).abs() <= bound,
+                            "{served:?} weights {weights:?}"
+                        );
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn no_backlogged_tenant_starves(
+            weights in proptest::collection::vec(1i64..1000, 2..6),
+            costs in proptest::collection::vec(0.25f64..4.0, 1..8),
+        ) {
+            let c_max = costs.iter().copied().fold(0.0, f64::max);
+            let c_min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+            let trace = run_backlogged(&weights, &costs, 2_000);
+            // Between two services of tenant i, any other tenant j is served
+            // at most (c_max/w_i + c_max/w_j) / (c_min/w_j) + 1 times.
+            let total: f64 = weights
+                .iter()
+                .map(|wj| ((c_max / *weights.iter().min().unwrap() as f64 + c_max / *wj as f64) / (c_min / *wj as f64)).ceil() + 1.0)
+                .sum();
+            for i in 0..weights.len() {
+                let mut since = 0usize;
+                for (_, t) in trace.iter().take(trace.len() - 1) {
+                    if t[0] as usize == i {
+                        since = 0;
+                    } else {
+                        since += 1;
+                        proptest::prop_assert!(since as f64 <= total, "tenant {i} waited {since} services");
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn each_tenant_is_served_in_arrival_order(
+            weights in proptest::collection::vec(1i64..20, 1..6),
+            costs in proptest::collection::vec(0.25f64..4.0, 1..8),
+        ) {
+            let trace = run_backlogged(&weights, &costs, 1_000);
+            let (_, order) = trace.last().unwrap();
+            // Tickets grow with arrival; each tenant's run is increasing.
+            let mut last = vec![0u64; weights.len()];
+            for t in order {
+                let tenant = (t % 16) as usize;
+                proptest::prop_assert!(*t > last[tenant]);
+                last[tenant] = *t;
+            }
         }
     }
 }

@@ -6,6 +6,7 @@ use crate::config::{LaneConfig, LaneState};
 use crate::expected_wait::{LaneWait, retry_after_seconds};
 use crate::fair_queue::FairQueue;
 use crate::remembered::{Remembered, RetryWindow};
+use crate::tenants::TenantGate;
 
 /// One lane's live state.
 #[derive(Debug)]
@@ -18,6 +19,7 @@ pub(crate) struct Lane {
     pub(crate) seen: Remembered,
     pub(crate) retries: RetryWindow,
     pub(crate) expected_service: f64,
+    pub(crate) tenants: TenantGate,
 }
 
 impl Lane {
@@ -30,6 +32,7 @@ impl Lane {
             seen: Remembered::default(),
             retries: RetryWindow::default(),
             expected_service: cfg.expected_service_seconds.unwrap_or(0.0),
+            tenants: TenantGate::new(&cfg, share),
             cfg,
         }
     }

@@ -23,8 +23,9 @@
 //!   priority order, once their own bucket is empty (`spare`).
 //! - **A bounded queue per lane** with a TTL; a request that could not be
 //!   served within its deadline is refused at once instead of queued to
-//!   die; **tenant fairness** inside a lane by weighted fair queueing
-//!   (`fair_queue`, `waiting`).
+//!   die; **tenant fairness** inside a lane by weighted fair queueing by
+//!   cost, and a maximum in flight per tenant (`fair_queue`, `tenants`,
+//!   `waiting`).
 //! - **Retries**: counted by attempt header and request id, limited by
 //!   `retry.maxAttempts` and the retry budget; a request back after a
 //!   deferral is neither an original nor a retry (`remembered`, `arrival`).
@@ -69,6 +70,7 @@ pub mod route_config;
 pub mod route_pace;
 mod slots;
 mod spare;
+pub mod tenants;
 pub mod validate;
 mod verdict;
 mod waiting;
@@ -94,6 +96,7 @@ pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
 pub use crate::route_config::Breakers;
 pub use crate::route_pace::{Paced, RoutePace};
 pub use crate::spare::SPARE_UTILIZATION;
+pub use crate::tenants::{TenantLimits, TenantOverride, TenantSlot};
 pub use crate::validate::ConfigError;
 pub use crate::verdict::{
     Attempt, Limit, Outcome, Pass, Refusal, Request, Resolution, Ticket, Verdict,

@@ -40,6 +40,7 @@ pub(crate) fn lane(name: &str, rps: f64, burst: u64) -> LaneConfig {
         expected_service_seconds: None,
         spare_capacity: false,
         clients: Vec::new(),
+        tenants: None,
     }
 }
 

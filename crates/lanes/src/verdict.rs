@@ -108,6 +108,9 @@ pub enum Limit {
     Deferred,
     /// The lane was removed from the config while the request waited.
     LaneRemoved,
+    /// The request's tenant has its `tenants.maxConcurrency` in flight and
+    /// it could not wait (the queue was full, or its wait ran out).
+    TenantConcurrency,
 }
 
 impl Limit {
@@ -124,6 +127,7 @@ impl Limit {
             Limit::StopAt => "inFlight.stopAt",
             Limit::Deferred => "deferred",
             Limit::LaneRemoved => "lane removed from the config",
+            Limit::TenantConcurrency => "tenants.maxConcurrency of the tenant",
         }
     }
 }
@@ -155,6 +159,10 @@ pub struct Pass {
     pub remaining_seconds: f64,
     /// Seconds it waited in the queue.
     pub waited_seconds: f64,
+    /// Its tenant's place in flight, in a lane with a maximum per tenant:
+    /// give it back with [`crate::Core::release_tenant`] when the request
+    /// finishes.
+    pub tenant_slot: Option<crate::TenantSlot>,
 }
 
 /// A request that may not go upstream.

@@ -50,12 +50,13 @@ impl Core {
             let Some((_, key, tenant)) = by_deadline.or(by_ttl) else {
                 return;
             };
+            let blocked = lane.tenants.at_max(lane.queue.tenant_name(tenant));
             let w = lane.queue.remove(tenant, key).expect("indexed");
             self.tickets.remove(&w.ticket);
             let past_deadline = w.first_arrival + deadline - now < svc;
             out.push((
                 w.ticket,
-                Resolution::Refuse(expired(lane, li, &w, past_deadline)),
+                Resolution::Refuse(expired(lane, li, &w, past_deadline, blocked)),
             ));
         }
     }
@@ -67,7 +68,7 @@ impl Core {
         loop {
             let slot = self.has_slot(li, *taken);
             let lane = &mut self.lanes[li];
-            if !slot || lane.queue.is_empty() {
+            if !slot || !lane.queue.ready(&lane.tenants) {
                 lane.bucket.tokens = lane.bucket.tokens.min(lane.bucket.cap());
                 return;
             }
@@ -76,7 +77,9 @@ impl Core {
             {
                 return;
             }
-            let Some(w) = lane.queue.pop() else { return };
+            let Some((w, tenant_slot)) = lane.queue.pop_ready(&mut lane.tenants) else {
+                return;
+            };
             *taken += 1;
             lane.bucket.used.add(now);
             self.tickets.remove(&w.ticket);
@@ -89,6 +92,7 @@ impl Core {
                 ),
                 remaining_seconds: w.first_arrival + lane.cfg.deadline_seconds as f64 - now,
                 waited_seconds: now - w.queued_at,
+                tenant_slot,
             };
             out.push((w.ticket, Resolution::Pass(pass)));
         }
@@ -113,10 +117,12 @@ impl Core {
     fn lane_wake(&self, li: usize, now: f64) -> Option<f64> {
         let lane = &self.lanes[li];
         let rate = effective_rate(&self.lanes, li, now);
-        let slot = self.has_slot(li, 0);
-        let token = (slot && rate > 0.0)
+        // Tenants at their maximum wait for a request to finish, not for a
+        // token; sheddable lanes wait for a slot.
+        let ready = self.has_slot(li, 0) && lane.queue.has_ready();
+        let token = (ready && rate > 0.0)
             .then(|| now + ((1.0 - lane.bucket.tokens_at(now, rate)).max(0.0) / rate));
-        let spare = if slot && lane.draws_on_spare() {
+        let spare = if ready && lane.draws_on_spare() {
             self.spare.ready_at(now, lane.cfg.work_units_per_request)
         } else {
             None
@@ -145,7 +151,13 @@ impl Core {
 
 /// The refusal of a request whose wait ran out: deferred on a `Defer` lane
 /// while its deadline can still be met, expired otherwise.
-fn expired(lane: &mut Lane, li: usize, w: &Waiting, past_deadline: bool) -> Refusal {
+fn expired(
+    lane: &mut Lane,
+    li: usize,
+    w: &Waiting,
+    past_deadline: bool,
+    tenant_blocked: bool,
+) -> Refusal {
     let deferred = lane.defers() && !past_deadline;
     if deferred {
         lane.seen.mark_deferred(w.request_key);
@@ -162,6 +174,8 @@ fn expired(lane: &mut Lane, li: usize, w: &Waiting, past_deadline: bool) -> Refu
             Limit::Deferred
         } else if past_deadline {
             Limit::Deadline
+        } else if tenant_blocked {
+            Limit::TenantConcurrency
         } else {
             Limit::QueueTtl
         },
