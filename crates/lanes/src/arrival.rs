@@ -5,7 +5,7 @@
 
 use crate::core::{Core, DEFAULT_TENANT};
 use crate::expected_wait::whole;
-use crate::fair_queue::{Key, Waiting};
+use crate::fair_queue::{Key, TenantId, Waiting};
 use crate::history::history_turns;
 use crate::lane::{Lane, effective_rate};
 use crate::remembered::{IdRef, Seen};
@@ -106,7 +106,7 @@ impl Core {
             };
             return self.refuse_or_defer(a, outcome, Limit::TenantConcurrency);
         }
-        if !lane.defers() && lane.queue.len() >= lane.max_depth {
+        if !lane.defers() && lane.queue.len() >= lane.max_depth && fattest(lane, tenant).is_none() {
             return refuse(lane, a, Outcome::RejectedQueueFull, Limit::QueueDepth);
         }
         if rate <= 0.0 && !(lane.cfg.spare_capacity && self.spare.rate > 0.0) {
@@ -141,8 +141,12 @@ impl Core {
             let verdict = self.refuse_or_defer(a, Outcome::RejectedOverload, Limit::StopAt);
             return told_at_least(verdict, slot_wait);
         }
-        if lane.queue.len() >= lane.max_depth && !self.make_room(a) {
-            return self.defer(a);
+        if lane.queue.len() >= lane.max_depth {
+            if !lane.defers() {
+                self.evict_fattest(a, tenant);
+            } else if !self.make_room(a) {
+                return self.defer(a);
+            }
         }
         let ticket = self.enqueue(a, tenant, now);
         Verdict::Queued {
@@ -150,6 +154,31 @@ impl Core {
             attempt: a.attempt,
             ticket,
         }
+    }
+
+    /// A full queue of a lane that does not defer: a newcomer whose tenant
+    /// has fewer waiting than the tenant with the most (by two or more)
+    /// takes the place of that tenant's newest request, which is refused
+    /// as queue full (reported by the next `poll`). One tenant cannot hold
+    /// a lane's whole queue against the others.
+    fn evict_fattest(&mut self, a: &Arrival, tenant: &str) {
+        let lane = &mut self.lanes[a.lane];
+        let Some((id, key)) = fattest(lane, tenant) else {
+            return;
+        };
+        let Some(w) = lane.queue.remove(id, key) else {
+            return;
+        };
+        self.tickets.remove(&w.ticket);
+        let refusal = Refusal {
+            lane: a.lane,
+            attempt: w.attempt,
+            outcome: Outcome::RejectedQueueFull,
+            limit: Limit::QueueDepth,
+            retry_after_seconds: lane.retry_after(),
+            inside_floor: lane.inside_floor(),
+        };
+        self.pending.push((w.ticket, Resolution::Refuse(refusal)));
     }
 
     /// A full queue of a `Defer` lane: the request that arrived last is the
@@ -220,6 +249,14 @@ impl Core {
             inside_floor: lane.inside_floor(),
         })
     }
+}
+
+/// The newest request of the tenant with the most waiting in `lane`, when
+/// that tenant has at least two more waiting than `tenant` (a newcomer of
+/// `tenant` may take its place on a full queue).
+fn fattest(lane: &Lane, tenant: &str) -> Option<(TenantId, Key)> {
+    let (id, most, key) = lane.queue.fattest()?;
+    (lane.queue.waiting_of(tenant) + 1 < most).then_some((id, key))
 }
 
 /// A refusal at the in-flight limit tells at least the wait for a slot (a

@@ -304,6 +304,27 @@ impl FairQueue {
         }
     }
 
+    /// The tenant with the most requests waiting: its id, how many, and the
+    /// key of its newest. A scan of the waiting tenants, done only when the
+    /// queue is full.
+    pub(crate) fn fattest(&self) -> Option<(TenantId, usize, Key)> {
+        self.tenants
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let (key, _) = t.waiting.last_key_value()?;
+                Some((i as TenantId, t.waiting.len(), *key))
+            })
+            .max_by_key(|(_, n, _)| *n)
+    }
+
+    /// How many requests `tenant` has waiting.
+    pub(crate) fn waiting_of(&self, tenant: &str) -> usize {
+        self.ids
+            .get(tenant)
+            .map_or(0, |id| self.tenants[*id as usize].waiting.len())
+    }
+
     /// The request with the latest first arrival.
     pub(crate) fn newest(&self) -> Option<Found> {
         self.ends.newest

@@ -235,6 +235,52 @@ fn tenants_share_a_lane_fairly() {
     );
 }
 
+/// A tenant that fills a lane's queue does not keep the others out: a
+/// newcomer of a tenant with fewer waiting takes the place of the fullest
+/// tenant's newest request (refused as queue full by the next poll) until
+/// the two are within one of each other; then the queue is full for both.
+#[test]
+fn a_tenant_that_fills_the_queue_gives_way_to_the_others() {
+    let mut l = lane("a", 0.001, 1);
+    l.queue.max_depth = 4;
+    l.queue.ttl_seconds = 10_000;
+    l.deadline_seconds = 10_000;
+    let mut c = core(vec![l]);
+    let at = |t: &'static str| Request {
+        lane: "a",
+        tenant: Some(t),
+        attempt: None,
+        request_id: None,
+    };
+    assert!(matches!(c.admit(&at("loop"), 0.0), Verdict::Pass(_)));
+    let mut loops = Vec::new();
+    for i in 0..4 {
+        match c.admit(&at("loop"), 0.1 * f64::from(i)) {
+            Verdict::Queued { ticket, .. } => loops.push(ticket),
+            v => panic!("{v:?}"),
+        }
+    }
+    let full = |v: Verdict| matches!(v, Verdict::Refuse(r) if r.limit == Limit::QueueDepth && r.outcome == Outcome::RejectedQueueFull);
+    assert!(
+        full(c.admit(&at("loop"), 1.0)),
+        "the loop's own fifth is refused"
+    );
+    for (quiet, evicted) in [(0, 3), (1, 2)] {
+        assert!(
+            matches!(c.admit(&at("quiet"), 1.0), Verdict::Queued { .. }),
+            "quiet #{quiet}"
+        );
+        let out = c.poll(1.0);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].0, loops[evicted], "the loop's newest gives way");
+        assert!(matches!(&out[0].1, Resolution::Refuse(r) if r.limit == Limit::QueueDepth));
+    }
+    // Two each: a third of the quiet tenant's would only move the
+    // imbalance to the other side.
+    assert!(full(c.admit(&at("quiet"), 1.0)));
+    assert!(c.poll(1.0).is_empty());
+}
+
 #[test]
 fn retries_are_counted_by_id_and_limited() {
     let mut l = lane("a", 1000.0, 1000);
