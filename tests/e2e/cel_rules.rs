@@ -148,47 +148,83 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "a tenant weight of 1001",
-            with(l(), "/spec/tenants", Some(json!({"overrides": [{"name": "team-a", "weight": 1001}]}))),
+            with(
+                l(),
+                "/spec/tenants",
+                Some(json!({"overrides": [{"name": "team-a", "weight": 1001}]})),
+            ),
             "weight must be within 1..1000",
         ),
         (
             "an empty breaker route",
-            with(p(), "/spec/breakers", Some(json!({"routes": [{"route": ""}]}))),
+            with(
+                p(),
+                "/spec/breakers",
+                Some(json!({"routes": [{"route": ""}]})),
+            ),
             "route must not be empty",
         ),
         (
             "negative consecutive failures",
-            with(p(), "/spec/breakers", Some(json!({"default": {"consecutiveFailures": -1}}))),
+            with(
+                p(),
+                "/spec/breakers",
+                Some(json!({"default": {"consecutiveFailures": -1}})),
+            ),
             "consecutiveFailures must be >= 0",
         ),
         (
             "a failure ratio of 101 %",
-            with(p(), "/spec/breakers", Some(json!({"default": {"failureRatioPercent": 101}}))),
+            with(
+                p(),
+                "/spec/breakers",
+                Some(json!({"default": {"failureRatioPercent": 101}})),
+            ),
             "failureRatioPercent must be within 0..100",
         ),
         (
             "a breaker window of no requests",
-            with(p(), "/spec/breakers", Some(json!({"routes": [{"route": "pool", "minRequests": 0}]}))),
+            with(
+                p(),
+                "/spec/breakers",
+                Some(json!({"routes": [{"route": "pool", "minRequests": 0}]})),
+            ),
             "minRequests must be >= 1",
         ),
         (
             "a breaker window of 0 s",
-            with(p(), "/spec/breakers", Some(json!({"default": {"windowSeconds": 0}}))),
+            with(
+                p(),
+                "/spec/breakers",
+                Some(json!({"default": {"windowSeconds": 0}})),
+            ),
             "windowSeconds must be within 1..3600",
         ),
         (
             "a breaker open for over an hour",
-            with(p(), "/spec/breakers", Some(json!({"default": {"openSeconds": 3601}}))),
+            with(
+                p(),
+                "/spec/breakers",
+                Some(json!({"default": {"openSeconds": 3601}})),
+            ),
             "openSeconds must be within 0..3600",
         ),
         (
             "a probe jitter of 101 %",
-            with(p(), "/spec/breakers", Some(json!({"default": {"probeJitterPercent": 101}}))),
+            with(
+                p(),
+                "/spec/breakers",
+                Some(json!({"default": {"probeJitterPercent": 101}})),
+            ),
             "probeJitterPercent must be within 0..100",
         ),
         (
             "a breaker that never closes",
-            with(p(), "/spec/breakers", Some(json!({"default": {"closeAfterSuccesses": 0}}))),
+            with(
+                p(),
+                "/spec/breakers",
+                Some(json!({"default": {"closeAfterSuccesses": 0}})),
+            ),
             "closeAfterSuccesses must be >= 1",
         ),
         // CapacityProfile
