@@ -222,7 +222,7 @@ pub(crate) fn sample(text: &str, fragments: &[&str]) -> f64 {
         .unwrap_or(0.0)
 }
 
-async fn control(c: &reqwest::Client, m: &Proc) -> Value {
+pub(crate) async fn control(c: &reqwest::Client, m: &Proc) -> Value {
     c.get(format!("http://{}/control", m.addr))
         .send()
         .await

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::gateway::{
-    Proc, client, config_file, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
+    Proc, client, config_file, control, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
 };
 
 fn chat(c: &reqwest::Client, gw: &Proc, lane: &str) -> reqwest::RequestBuilder {
@@ -18,16 +18,6 @@ fn chat(c: &reqwest::Client, gw: &Proc, lane: &str) -> reqwest::RequestBuilder {
         .header("content-type", "application/json")
         .header("x-lanekeeper-lane", lane)
         .body(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string())
-}
-
-async fn control(c: &reqwest::Client, m: &Proc) -> Value {
-    c.get(format!("http://{}/control", m.addr))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 async fn set(c: &reqwest::Client, m: &Proc, v: Value) {

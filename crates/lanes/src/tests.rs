@@ -194,6 +194,16 @@ fn a_full_queue_rejects_and_the_ttl_expires() {
     assert_eq!(c.queue_depth(0), 0);
 }
 
+/// A request of lane "a" from tenant `t`.
+fn from_tenant(t: &'static str) -> Request<'static> {
+    Request {
+        lane: "a",
+        tenant: Some(t),
+        attempt: None,
+        request_id: None,
+    }
+}
+
 #[test]
 fn tenants_share_a_lane_fairly() {
     let mut l = lane("a", 1.0, 1);
@@ -201,12 +211,7 @@ fn tenants_share_a_lane_fairly() {
     l.queue.ttl_seconds = 10_000;
     l.deadline_seconds = 10_000;
     let mut c = core(vec![l]);
-    let at = |t: &'static str| Request {
-        lane: "a",
-        tenant: Some(t),
-        attempt: None,
-        request_id: None,
-    };
+    let at = from_tenant;
     // Tenant "loop" queues 100 first; "quiet" queues 5 after.
     let _ = c.admit(&at("loop"), 0.0);
     let mut owner = HashMap::new();
@@ -246,12 +251,7 @@ fn a_tenant_that_fills_the_queue_gives_way_to_the_others() {
     l.queue.ttl_seconds = 10_000;
     l.deadline_seconds = 10_000;
     let mut c = core(vec![l]);
-    let at = |t: &'static str| Request {
-        lane: "a",
-        tenant: Some(t),
-        attempt: None,
-        request_id: None,
-    };
+    let at = from_tenant;
     assert!(matches!(c.admit(&at("loop"), 0.0), Verdict::Pass(_)));
     let mut loops = Vec::new();
     for i in 0..4 {
