@@ -27,7 +27,10 @@
 //!   reset it). With `chatStatus` set (500, 429, 503, ...) every chat
 //!   request is answered with that status after `serviceMillis`, with
 //!   `Retry-After: chatRetryAfter` when set: a failing or overloaded
-//!   upstream on demand.
+//!   upstream on demand. With `chatSlots` set (or `--slots`), at most that
+//!   many chat requests are served at once and the others wait for a slot
+//!   in arrival order, as a model server's batch does (`chatWaiting` counts
+//!   them); lowering it takes effect as requests finish: a capacity cut.
 //!
 //! ```sh
 //! lanekeeper-fake-model --listen 0.0.0.0:8000 --running 12 --waiting 3
@@ -79,6 +82,9 @@ struct Args {
     /// Completion tokens per answer.
     #[arg(long, env = "FAKE_MODEL_COMPLETION_TOKENS", default_value_t = 16)]
     completion_tokens: u64,
+    /// Chat requests served at once (0: no limit); the others wait.
+    #[arg(long, default_value_t = 0)]
+    slots: u64,
 }
 
 /// The numbers the server reports; `PUT /control` replaces any of them.
@@ -136,6 +142,12 @@ struct Numbers {
     /// Most chat requests in progress at once (read-only).
     #[serde(default)]
     chat_in_flight_peak: u64,
+    /// Chat requests served at once (0: no limit).
+    #[serde(default)]
+    chat_slots: u64,
+    /// Chat requests waiting for a slot (read-only).
+    #[serde(default)]
+    chat_waiting: u64,
 }
 
 /// A partial update: every field optional.
@@ -155,12 +167,52 @@ struct Update {
     chat_status: Option<u16>,
     chat_retry_after: Option<u64>,
     chat_in_flight_peak: Option<u64>,
+    chat_slots: Option<u64>,
 }
 
 #[derive(Clone)]
 struct App {
     model: String,
     numbers: Arc<Mutex<Numbers>>,
+    slots: Arc<Slots>,
+}
+
+/// The permits of "no limit": more than any test sends at once.
+const UNLIMITED_SLOTS: u64 = 1 << 20;
+
+/// The chat slots: a semaphore whose size a test changes. Growing adds
+/// permits at once; shrinking takes permits back as requests finish.
+struct Slots {
+    permits: Arc<tokio::sync::Semaphore>,
+    size: Mutex<u64>,
+}
+
+impl Slots {
+    fn new(slots: u64) -> Self {
+        let size = if slots == 0 { UNLIMITED_SLOTS } else { slots };
+        Self {
+            permits: Arc::new(tokio::sync::Semaphore::new(size as usize)),
+            size: Mutex::new(size),
+        }
+    }
+
+    /// Sets the number of slots (0: no limit).
+    fn resize(&self, slots: u64) {
+        let want = if slots == 0 { UNLIMITED_SLOTS } else { slots };
+        let mut size = self.size.lock().expect("not poisoned");
+        if want > *size {
+            self.permits.add_permits((want - *size) as usize);
+        } else if want < *size {
+            let fewer = (*size - want) as u32;
+            let permits = self.permits.clone();
+            tokio::spawn(async move {
+                if let Ok(p) = permits.acquire_many_owned(fewer).await {
+                    p.forget();
+                }
+            });
+        }
+        *size = want;
+    }
 }
 
 impl App {
@@ -331,6 +383,10 @@ async fn put_control(State(app): State<App>, body: Bytes) -> Response {
     if let Some(v) = update.chat_in_flight_peak {
         n.chat_in_flight_peak = v;
     }
+    if let Some(v) = update.chat_slots {
+        n.chat_slots = v;
+        app.slots.resize(v);
+    }
     let now = n.clone();
     drop(n);
     json(StatusCode::OK, &now)
@@ -341,6 +397,36 @@ async fn put_control(State(app): State<App>, body: Bytes) -> Response {
 struct InProgress {
     numbers: Arc<Mutex<Numbers>>,
     done: bool,
+    /// The chat slot it holds until it ends.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Counts a chat request waiting for a slot while it waits.
+struct Waiting(Arc<Mutex<Numbers>>);
+
+impl Waiting {
+    fn new(numbers: &Arc<Mutex<Numbers>>) -> Self {
+        numbers.lock().expect("not poisoned").chat_waiting += 1;
+        Self(numbers.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut n = self.0.lock().expect("not poisoned");
+        n.chat_waiting = n.chat_waiting.saturating_sub(1);
+    }
+}
+
+/// Waits for a free chat slot, in arrival order.
+async fn take_slot(app: &App) -> tokio::sync::OwnedSemaphorePermit {
+    let _waiting = Waiting::new(&app.numbers);
+    app.slots
+        .permits
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("the slots are never closed")
 }
 
 impl Drop for InProgress {
@@ -407,7 +493,9 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
     let mut guard = InProgress {
         numbers: app.numbers.clone(),
         done: false,
+        slot: None,
     };
+    guard.slot = Some(take_slot(&app).await);
     let model = request["model"].as_str().unwrap_or(&app.model).to_owned();
     tokio::time::sleep(Duration::from_millis(service)).await;
     if let Some((status, retry_after)) = failing {
@@ -502,7 +590,10 @@ async fn main() -> std::io::Result<()> {
             chat_status: 0,
             chat_retry_after: 0,
             chat_in_flight_peak: 0,
+            chat_slots: args.slots,
+            chat_waiting: 0,
         })),
+        slots: Arc::new(Slots::new(args.slots)),
     };
     let router = Router::new()
         .route("/metrics", get(metrics))

@@ -185,3 +185,43 @@ fn metrics_delay_slows_the_page() {
     assert_eq!(status, 200);
     assert!(t.elapsed() >= Duration::from_millis(300));
 }
+
+/// `n` chat requests at once: the seconds until the last answer, and
+/// `chatWaiting` 150 ms after they were sent.
+fn chats_at_once(addr: &str, n: usize) -> (f64, u64) {
+    let start = Instant::now();
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let addr = addr.to_owned();
+            std::thread::spawn(move || request(&addr, "POST", "/v1/chat/completions", Some(body)).0)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(150));
+    let (_, control) = request(addr, "GET", "/control", None);
+    let waiting = serde_json::from_str::<serde_json::Value>(&control).unwrap()["chatWaiting"]
+        .as_u64()
+        .unwrap();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 200);
+    }
+    (start.elapsed().as_secs_f64(), waiting)
+}
+
+#[test]
+fn chat_slots_hold_the_rest_waiting_and_a_cut_takes_effect() {
+    let s = start(&["--slots", "2", "--service-millis", "300"]);
+    // Four answers through two slots: two wait, two rounds of 0.3 s.
+    let (t, waiting) = chats_at_once(&s.addr, 4);
+    assert_eq!(waiting, 2);
+    assert!(t >= 0.59, "four answers through two slots took {t}");
+    // Four slots: none waits.
+    let (status, _) = request(&s.addr, "PUT", "/control", Some(r#"{"chatSlots": 4}"#));
+    assert_eq!(status, 200);
+    assert_eq!(chats_at_once(&s.addr, 4).1, 0);
+    // Cut to one slot: three wait, four rounds.
+    request(&s.addr, "PUT", "/control", Some(r#"{"chatSlots": 1}"#));
+    let (t, waiting) = chats_at_once(&s.addr, 4);
+    assert_eq!(waiting, 3);
+    assert!(t >= 1.19, "four answers through one slot took {t}");
+}

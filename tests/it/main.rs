@@ -33,6 +33,7 @@ mod fleet_store_redis;
 mod gateway;
 mod gateway_breaker;
 mod gateway_conn;
+mod gateway_cut;
 mod gateway_doc;
 mod gateway_objective;
 mod gateway_tenants;
