@@ -13,9 +13,22 @@ use super::route_health::Taken;
 
 /// Where a finished request's latency goes (the core, under its lock).
 pub(super) trait InFlightSink: Send + Sync {
-    /// A request that went upstream finished after `latency` seconds (its
-    /// tenant's slot given back, when it held one).
-    fn finished(&self, latency: f64, tenant: Option<TenantSlot>);
+    /// A request that went upstream finished.
+    fn finished(&self, done: Finished);
+}
+
+/// What a request in flight reports when it ends.
+pub(super) struct Finished {
+    /// Its lane's name.
+    pub(super) lane: Arc<str>,
+    /// Seconds until the upstream's answer began (or until the end when
+    /// there was none).
+    pub(super) latency: f64,
+    /// Seconds from its pass until its answer ended, when it was answered
+    /// in full (the lane's service time).
+    pub(super) served: Option<f64>,
+    /// Its tenant's slot, to give back, when it held one.
+    pub(super) tenant: Option<TenantSlot>,
 }
 
 /// A passed request's way upstream.
@@ -66,6 +79,7 @@ impl Dispatch {
                 sink,
                 meters: Arc::clone(meters),
                 lane: pass.lane,
+                lane_name: core.lane_name(pass.lane),
                 armed: true,
                 started: Instant::now(),
                 latency: None,
@@ -119,6 +133,7 @@ struct InFlight {
     sink: Arc<dyn InFlightSink>,
     meters: Arc<Vec<LaneMeter>>,
     lane: usize,
+    lane_name: Arc<str>,
     armed: bool,
     started: Instant,
     latency: Option<f64>,
@@ -141,9 +156,13 @@ impl Drop for InFlight {
             failed: self.failed,
             late,
         }));
-        let latency = self
-            .latency
-            .unwrap_or_else(|| self.started.elapsed().as_secs_f64());
-        self.sink.finished(latency, self.tenant.take());
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let answered = self.latency.is_some_and(f64::is_finite) && !self.failed;
+        self.sink.finished(Finished {
+            lane: Arc::clone(&self.lane_name),
+            latency: self.latency.unwrap_or(elapsed),
+            served: answered.then_some(elapsed),
+            tenant: self.tenant.take(),
+        });
     }
 }

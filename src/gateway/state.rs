@@ -12,7 +12,7 @@ use tokio::sync::{Notify, oneshot};
 
 use super::args::GatewayArgs;
 use super::decision::{DecisionLog, IdMaker};
-use super::dispatch::{Dispatch, InFlightSink};
+use super::dispatch::{Dispatch, Finished, InFlightSink};
 use super::identity::Identity;
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
 use super::route_health::RouteHealth;
@@ -229,15 +229,18 @@ impl Gateway {
 }
 
 impl InFlightSink for Gateway {
-    fn finished(&self, latency: f64, tenant: Option<lanes::TenantSlot>) {
+    fn finished(&self, done: Finished) {
         self.metrics.in_flight(-1);
         let now = self.now();
         let mut wake = false;
         if let Some(core) = self.lock().core.as_mut() {
+            if let Some(seconds) = done.served {
+                core.served(&done.lane, now, seconds);
+            }
             // A slot of the in-flight limit a waiting request was held for.
-            wake = core.finished(now, latency);
+            wake = core.finished(now, done.latency);
             // A request of a tenant that was at its maximum may go now.
-            wake |= tenant.is_some_and(|t| core.release_tenant(&t));
+            wake |= done.tenant.is_some_and(|t| core.release_tenant(&t));
         }
         if wake {
             self.wake.notify_one();

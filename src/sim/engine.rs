@@ -1484,6 +1484,9 @@ impl<'a> Sim<'a> {
         // tenant below its maximum again: the gateway's driver is woken and
         // hands it out at once.
         if let Some(core) = self.cores[p].as_mut() {
+            if !failed {
+                core.served(&self.lanes[li].name, at, at - a.passed);
+            }
             let mut freed = core.finished(at, at - a.passed);
             if let Some(s) = self.tenant_slots.remove(&(a.id, a.n)) {
                 freed |= core.release_tenant(&s);

@@ -36,6 +36,7 @@ impl Core {
         let rate = effective_rate(&self.lanes, li, now);
         let lane = &mut self.lanes[li];
         lane.refill(now, rate);
+        lane.refresh_service(now);
         lane.seen.sweep(now);
         let a = count_attempt(lane, li, req, now);
         if let Err(limit) = check_retries(lane, &a, now) {

@@ -182,6 +182,12 @@ impl Core {
         self.by_name.get(name).copied()
     }
 
+    /// The name of the lane at an index, to hand to [`Core::served`] once
+    /// its request is answered.
+    pub fn lane_name(&self, i: usize) -> std::sync::Arc<str> {
+        std::sync::Arc::clone(&self.lanes[i].name)
+    }
+
     /// The lane at an index.
     pub fn lane(&self, i: usize) -> &LaneConfig {
         &self.lanes[i].cfg
@@ -242,6 +248,22 @@ impl Core {
         self.slot_freed_for_waiting()
     }
 
+    /// A request of lane `lane` (by name: the config may have changed
+    /// since it passed) was answered `seconds` after it passed: the lane's
+    /// service time is measured from these (see `service_time`).
+    pub fn served(&mut self, lane: &str, now: f64, seconds: f64) {
+        if let Some(li) = self.lane_index(lane) {
+            self.lanes[li].service.record(now, seconds);
+        }
+    }
+
+    /// The expected service time of lane `li` now: its configured
+    /// `expectedServiceSeconds`, or its answers' recent p95 when longer.
+    pub fn expected_service_seconds(&mut self, li: usize, now: f64) -> f64 {
+        self.lanes[li].refresh_service(now);
+        self.lanes[li].expected_service
+    }
+
     /// The in-flight limit in force (`inFlight.stopAt`, this replica's
     /// share), None without one.
     pub fn in_flight_limit(&self) -> Option<u64> {
@@ -264,6 +286,8 @@ fn carry_lane(mut old: Lane, new: &mut Lane, now: f64) {
     new.tenants.carry(&mut old.tenants);
     new.queue.reweigh(&new.tenants);
     new.seen = std::mem::take(&mut old.seen);
+    old.service.carry_into(&mut new.service);
+    new.refresh_service(now);
     new.retries = std::mem::take(&mut old.retries);
 }
 

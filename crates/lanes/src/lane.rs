@@ -1,24 +1,33 @@
 //! One lane's live state: its bucket, its queue, its remembered ids and its
 //! retry window, and the rate its bucket runs at now.
 
+use std::sync::Arc;
+
 use crate::bucket::{Bucket, Grant};
 use crate::config::{LaneConfig, LaneState};
 use crate::expected_wait::{LaneWait, retry_after_seconds};
 use crate::fair_queue::FairQueue;
 use crate::remembered::{Remembered, RetryWindow};
+use crate::service_time::ServiceTime;
 use crate::tenants::TenantGate;
 
 /// One lane's live state.
 #[derive(Debug)]
 pub(crate) struct Lane {
     pub(crate) cfg: LaneConfig,
+    /// The lane's name, shared with what outlives a config (a request in
+    /// flight).
+    pub(crate) name: Arc<str>,
     pub(crate) bucket: Bucket,
     /// Most waiting requests (the replica's share of `queue.maxDepth`).
     pub(crate) max_depth: usize,
     pub(crate) queue: FairQueue,
     pub(crate) seen: Remembered,
     pub(crate) retries: RetryWindow,
+    /// The expected service time in force (see [`ServiceTime`]), as of
+    /// the last [`Lane::refresh_service`].
     pub(crate) expected_service: f64,
+    pub(crate) service: ServiceTime,
     pub(crate) tenants: TenantGate,
 }
 
@@ -26,15 +35,22 @@ impl Lane {
     pub(crate) fn new(cfg: LaneConfig, share: f64, now: f64) -> Lane {
         let paused = cfg.state == LaneState::Paused;
         Lane {
+            name: Arc::from(cfg.name.as_str()),
             bucket: Bucket::new(&cfg, paused, share, now),
             max_depth: (cfg.queue.max_depth as f64 * share).ceil() as usize,
             queue: FairQueue::default(),
             seen: Remembered::default(),
             retries: RetryWindow::default(),
             expected_service: cfg.expected_service_seconds.unwrap_or(0.0),
+            service: ServiceTime::new(cfg.expected_service_seconds),
             tenants: TenantGate::new(&cfg, share),
             cfg,
         }
+    }
+
+    /// The expected service time as measured by `now`.
+    pub(crate) fn refresh_service(&mut self, now: f64) {
+        self.expected_service = self.service.expected(now);
     }
 
     /// Grants on the lenders' indexes (`index` of a lane name).

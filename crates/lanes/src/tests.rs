@@ -144,6 +144,32 @@ fn a_wait_past_the_deadline_is_refused_at_once() {
 }
 
 #[test]
+fn a_measured_service_time_longer_than_configured_refuses_what_cannot_make_it() {
+    let mut l = lane("a", 100.0, 100);
+    l.deadline_seconds = 2;
+    l.queue.ttl_seconds = 100;
+    l.expected_service_seconds = Some(0.5);
+    let mut c = core(vec![l]);
+    // 2 s is time enough for the configured 0.5 s.
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Pass(_)));
+    // Answers now take 2.5 s (a capacity cut), measured over 20 answers.
+    for _ in 0..crate::service_time::MIN_SERVICE_SAMPLES {
+        c.served("a", 1.0, 2.5);
+    }
+    let e = c.expected_service_seconds(0, 2.0);
+    assert!((2.5..2.7).contains(&e), "{e}");
+    // A new request cannot be served within its 2 s: refused at once,
+    // not cut at its deadline.
+    match c.admit(&req("a"), 2.0) {
+        Verdict::Refuse(r) => assert_eq!(r.outcome, Outcome::RejectedDeadline),
+        v => panic!("{v:?}"),
+    }
+    // A lane the config no longer has is not measured.
+    c.served("gone", 2.0, 100.0);
+    assert!(c.expected_service_seconds(0, 3.0) < 2.7);
+}
+
+#[test]
 fn a_full_queue_rejects_and_the_ttl_expires() {
     let mut l = lane("a", 0.1, 1);
     l.queue.max_depth = 2;

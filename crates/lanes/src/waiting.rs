@@ -37,6 +37,7 @@ impl Core {
     /// Refuses (or defers) the waiting requests past their TTL or unable to
     /// meet their deadline: such a request is never served.
     fn expire(&mut self, li: usize, now: f64, out: &mut Vec<(Ticket, Resolution)>) {
+        self.lanes[li].refresh_service(now);
         loop {
             let lane = &mut self.lanes[li];
             let ttl = lane.cfg.queue.ttl_seconds as f64;
