@@ -66,11 +66,13 @@ mod lane;
 mod pressure;
 pub mod qualified;
 mod remembered;
+pub mod request_shape;
 pub mod route_config;
 pub mod route_pace;
 mod slots;
 mod spare;
 pub mod tenants;
+pub mod tokens;
 pub mod validate;
 mod verdict;
 mod waiting;
@@ -97,6 +99,7 @@ pub use crate::route_config::Breakers;
 pub use crate::route_pace::{Paced, RoutePace};
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::tenants::{TenantLimits, TenantOverride, TenantSlot};
+pub use crate::tokens::{TokenCost, TokenLimits};
 pub use crate::validate::ConfigError;
 pub use crate::verdict::{
     Attempt, Limit, Outcome, Pass, Refusal, Request, Resolution, Ticket, Verdict,
