@@ -130,8 +130,10 @@ mod tests {
             (Some(1024), Some(256))
         );
         assert_eq!(t.output_limit(), Some(256));
-        // A lane the actions do not select keeps only its own limit.
+        // A lane the actions do not select keeps only its own limit (level
+        // 1 selects by priority; level 2 names p1, which this lane is).
         let p0 = lane(serde_json::json!({"priority": 0}));
-        assert_eq!(tokens(&p0, Some(&p), 2), None);
+        assert_eq!(tokens(&p0, Some(&p), 1), None);
+        assert_eq!(level_output_cap(Some(&p), 2, &p0), Some(64));
     }
 }
