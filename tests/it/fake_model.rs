@@ -321,7 +321,7 @@ fn prefill_and_decode_take_time_per_token() {
         &s.addr,
         "POST",
         "/v1/chat/completions",
-        Some(&chat_body(40, "")),
+        Some(&chat_body(100, "")),
     );
     assert!(
         t.elapsed() < Duration::from_millis(900),

@@ -36,10 +36,12 @@ async fn send(c: &reqwest::Client, gw: &Proc, body: String) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-/// INC-47 at 420 with P1's `tokens` set.
+/// INC-47 at 420 with P1's `tokens` set (and no content hash, so that a
+/// rewrite with other tokens is not taken for the same config).
 fn with_tokens(tokens: Value) -> Value {
     let mut cfg = inc47();
     lane_mut(&mut cfg, LANE)["tokens"] = tokens;
+    cfg["contentHash"] = json!("");
     cfg
 }
 
