@@ -17,6 +17,10 @@ use super::state::Gateway;
 /// The body to forward, or the refusal. Without a config, a known lane or
 /// limits on it the body goes on as sent (the admission step answers for a
 /// missing config or an unknown lane).
+#[expect(
+    clippy::result_large_err,
+    reason = "the error is the answer for the client, made once per refused request"
+)]
 pub(super) fn check(
     gw: &Gateway,
     lane: Option<&str>,
