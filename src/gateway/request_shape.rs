@@ -3,7 +3,8 @@
 //! reaches the upstream): 413 `context_too_long` over `maxInputTokens`, 400
 //! for an output field that is not a count, and the body forwarded with its
 //! `max_tokens` lowered to (or set at) the limit in force. The rule itself
-//! is the `lanes` crate's ([`lanes::request_shape`]).
+//! is the `lanes` crate's ([`lanes::request_shape`]). An observe config
+//! checks nothing: it admits every request as sent.
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
@@ -37,10 +38,11 @@ pub(super) fn check(
     }
 }
 
-/// The lane's limits in the config in force (a copy, taken under the lock).
+/// The lane's limits in the config in force (a copy, taken under the
+/// lock); none in observe mode, which admits every request as sent.
 fn limits_of(gw: &Gateway, lane: &str) -> Option<TokenLimits> {
     let st = gw.lock();
-    let core = st.core.as_ref()?;
+    let core = st.core.as_ref().filter(|c| c.enforcing())?;
     let i = core.lane_index(lane)?;
     core.lane(i).tokens.filter(|t| !t.is_empty())
 }

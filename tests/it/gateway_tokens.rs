@@ -154,3 +154,17 @@ async fn a_levels_cap_output_tokens_applies_and_is_lifted_on_reload() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observe_config_forwards_every_shape_as_sent() {
+    let m = model(&["--service-millis", "0"]);
+    let mut cfg = with_tokens(json!({"maxInputTokens": 10, "maxOutputTokens": 5}));
+    cfg["mode"] = json!("Observe");
+    let path = config_file("tokens-observe", &cfg);
+    let gw = gateway_to(&path, &m.addr, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    let (status, body) = send(&c, &gw, body_of(1000, r#", "max_tokens": 50"#)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(control(&c, &m).await["lastMaxTokens"], 50);
+}
