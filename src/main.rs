@@ -381,6 +381,11 @@ struct PlanArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     output: Output,
+    /// Also write, for each profile, the `lanes.json` the controller would
+    /// publish at the last step (byte for byte its ConfigMap's key), as
+    /// DIR/NAMESPACE/CONFIGMAP/lanes.json.
+    #[arg(long, value_name = "DIR")]
+    emit_gateway_config: Option<PathBuf>,
 }
 
 fn parse_approvals(items: &[String]) -> Result<Approvals, CliError> {
@@ -434,11 +439,36 @@ fn run_plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), CliError> {
         eprintln!("note: no CapacityProfile found: nothing to evaluate");
     }
     let p = plan::plan(&loaded.world, &timeline, &approvals);
+    if let Some(dir) = &args.emit_gateway_config {
+        emit_gateway_configs(dir, &plan::emitted(&loaded.world, &p))?;
+    }
     let text = match args.output {
         Output::Table => plan::render_table(&p),
         Output::Json => format!("{}\n", serde_json::to_string_pretty(&p)?),
     };
     write_out(out, &text)
+}
+
+/// Writes `plan --emit-gateway-config`'s files under `dir`.
+fn emit_gateway_configs(
+    dir: &std::path::Path,
+    configs: &[plan::EmittedConfig],
+) -> Result<(), CliError> {
+    for c in configs {
+        let path = dir.join(&c.path);
+        let write = |p: &std::path::Path| -> std::io::Result<()> {
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(p, c.json.as_bytes())
+        };
+        write(&path).map_err(|source| CliError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 /// Parses RFC 3339 or Unix seconds.

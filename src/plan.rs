@@ -10,8 +10,10 @@ use crate::policy::{
 };
 use crate::snapshot::{ProfileSignals, SignalsFile, Snapshot};
 
+mod gateway_configs;
 mod objectives;
 
+pub use gateway_configs::{EmittedConfig, emitted};
 pub use objectives::ObjectiveSummary;
 
 /// The plan: one evaluation per step.

@@ -96,6 +96,14 @@ pub struct LaneContractSpec {
     /// per tenant and the tenants' weights in the lane's fair queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<super::tenants::LaneTenants>,
+    /// The cost of a request counted in tokens (absent: every request costs
+    /// `workUnitsPerRequest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<super::tokens::LaneCost>,
+    /// Limits on a request's input and output tokens, enforced by the
+    /// gateway before admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<super::tokens::LaneTokens>,
     /// The lane's objective over qualified outcomes, and with it an error
     /// budget (`lanekeeper rules` turns it into Prometheus rules).
     #[serde(default, skip_serializing_if = "Option::is_none")]

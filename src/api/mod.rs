@@ -11,6 +11,7 @@ pub mod policy;
 pub mod profile;
 pub mod state;
 pub mod tenants;
+pub mod tokens;
 
 pub use breakers::*;
 pub use clients::*;
@@ -22,6 +23,7 @@ pub use policy::*;
 pub use profile::*;
 pub use state::*;
 pub use tenants::*;
+pub use tokens::{CapOutputTokensAction, LaneCost, LaneTokens};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

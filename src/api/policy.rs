@@ -322,6 +322,12 @@ pub struct Actions {
     /// below their `minUnitsPerSecond`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cap: Vec<CapAction>,
+    /// Lanes whose answers are held to at most this many output tokens
+    /// (the "shorter answers" rung): the gateway lowers a request's
+    /// `max_tokens` to it, or sets it, like the lane's
+    /// `tokens.maxOutputTokens` (the lower of the two applies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_output_tokens: Vec<super::tokens::CapOutputTokensAction>,
 }
 
 /// Selects lanes by priority or by name.

@@ -7,7 +7,10 @@
 //! - `GET /metrics`: Prometheus text format with `vllm:num_requests_running`,
 //!   `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (and the older
 //!   `vllm:gpu_cache_usage_perc`), `vllm:request_success_total` and
-//!   `vllm:request_errors_total` (a request error counter).
+//!   `vllm:request_errors_total` (a request error counter), the token
+//!   counters `vllm:prompt_tokens_total` and `vllm:generation_tokens_total`
+//!   and the histogram `vllm:time_to_first_token_seconds` of the chat
+//!   answers served.
 //! - `GET /health`: 200 while ready, 503 otherwise (use it as the pod's
 //!   readiness probe). `GET /livez`: always 200.
 //! - `GET /control`: the current numbers as JSON.
@@ -23,6 +26,15 @@
 //!   `x-lanekeeper-*`, `authorization` and `x-request-id` headers and
 //!   message count (`lastHeaders`,
 //!   `lastMessages`), so tests can see what a gateway sent.
+//!   Every answer carries `usage`: `prompt_tokens` is the request body's
+//!   bytes / 4 (rounded up), `completion_tokens` the lower of the request's
+//!   `max_tokens` (or `max_completion_tokens`) and `completionTokens`; a
+//!   stream ends with a usage chunk (empty `choices`) when the request sets
+//!   `stream_options.include_usage`. With `prefillMicrosPerToken` and
+//!   `decodeMicrosPerToken` an answer takes that long per prompt token
+//!   before its first token and per completion token after it (a stream's
+//!   tokens also keep `tokenMillis` between them). `lastMaxTokens` and
+//!   `lastMaxCompletionTokens` echo the last request's fields as sent.
 //!   `chatInFlightPeak` is the most in progress at once (settable, to
 //!   reset it). With `chatStatus` set (500, 429, 503, ...) every chat
 //!   request is answered with that status after `serviceMillis`, with
@@ -79,12 +91,20 @@ struct Args {
     /// Time between streamed tokens, in milliseconds.
     #[arg(long, env = "FAKE_MODEL_TOKEN_MILLIS", default_value_t = 5)]
     token_millis: u64,
-    /// Completion tokens per answer.
+    /// Completion tokens per answer (fewer when the request's `max_tokens`
+    /// is lower).
     #[arg(long, env = "FAKE_MODEL_COMPLETION_TOKENS", default_value_t = 16)]
     completion_tokens: u64,
     /// Chat requests served at once (0: no limit); the others wait.
     #[arg(long, default_value_t = 0)]
     slots: u64,
+    /// Prefill time per prompt token, in microseconds (before the first
+    /// token).
+    #[arg(long, env = "FAKE_MODEL_PREFILL_MICROS_PER_TOKEN", default_value_t = 0)]
+    prefill_micros_per_token: u64,
+    /// Decode time per completion token, in microseconds.
+    #[arg(long, env = "FAKE_MODEL_DECODE_MICROS_PER_TOKEN", default_value_t = 0)]
+    decode_micros_per_token: u64,
 }
 
 /// The numbers the server reports; `PUT /control` replaces any of them.
@@ -148,6 +168,44 @@ struct Numbers {
     /// Chat requests waiting for a slot (read-only).
     #[serde(default)]
     chat_waiting: u64,
+    /// Prefill time per prompt token, in microseconds.
+    #[serde(default)]
+    prefill_micros_per_token: u64,
+    /// Decode time per completion token, in microseconds.
+    #[serde(default)]
+    decode_micros_per_token: u64,
+    /// The token counters and the time-to-first-token histogram (read-only).
+    #[serde(default)]
+    tokens: TokenCounters,
+    /// The last chat request's `max_tokens`, as sent (read-only).
+    #[serde(default)]
+    last_max_tokens: Option<serde_json::Value>,
+    /// The last chat request's `max_completion_tokens`, as sent
+    /// (read-only).
+    #[serde(default)]
+    last_max_completion_tokens: Option<serde_json::Value>,
+}
+
+/// Bounds of `vllm:time_to_first_token_seconds` (vLLM's).
+const TTFT_BUCKETS: [f64; 15] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Tokens served and the time to the first token of each answer.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct TokenCounters {
+    /// `vllm:prompt_tokens_total`.
+    prompt_tokens_total: u64,
+    /// `vllm:generation_tokens_total`.
+    generation_tokens_total: u64,
+    /// `vllm:time_to_first_token_seconds` per bucket of [`TTFT_BUCKETS`]
+    /// (not cumulative), then the count above the last bound.
+    ttft_buckets: Vec<u64>,
+    /// The histogram's sum of seconds.
+    ttft_sum: f64,
+    /// The histogram's count.
+    ttft_count: u64,
 }
 
 /// A partial update: every field optional.
@@ -168,6 +226,8 @@ struct Update {
     chat_retry_after: Option<u64>,
     chat_in_flight_peak: Option<u64>,
     chat_slots: Option<u64>,
+    prefill_micros_per_token: Option<u64>,
+    decode_micros_per_token: Option<u64>,
 }
 
 #[derive(Clone)]
@@ -277,7 +337,97 @@ fn metrics_text(model: &str, n: &Numbers) -> String {
         &l,
         n.request_errors_total.to_string(),
     );
+    token_metrics(&mut out, &l, &n.tokens);
     out
+}
+
+/// The token counters and the TTFT histogram, in vLLM's names.
+fn token_metrics(out: &mut String, labels: &str, t: &TokenCounters) {
+    for (name, help, v) in [
+        (
+            "vllm:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            t.prompt_tokens_total,
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "Number of generation tokens processed.",
+            t.generation_tokens_total,
+        ),
+    ] {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}\n"
+        ));
+    }
+    let name = "vllm:time_to_first_token_seconds";
+    out.push_str(&format!(
+        "# HELP {name} Histogram of time to first token in seconds.\n# TYPE {name} histogram\n"
+    ));
+    let mut cumulative = 0;
+    for (i, le) in TTFT_BUCKETS.iter().enumerate() {
+        cumulative += t.ttft_buckets.get(i).copied().unwrap_or(0);
+        out.push_str(&format!(
+            "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}\n"
+        ));
+    }
+    out.push_str(&format!(
+        "{name}_bucket{{{labels},le=\"+Inf\"}} {}\n{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}\n",
+        t.ttft_count, t.ttft_sum, t.ttft_count
+    ));
+}
+
+/// A chat request's tokens: its prompt from the body's bytes (4 a token,
+/// rounded up), its completion the lower of what it asks for and the
+/// configured answer length.
+fn request_tokens(body_len: usize, request: &serde_json::Value, configured: u64) -> (u64, u64) {
+    let prompt = (body_len as u64).div_ceil(4);
+    let asked = ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .filter_map(|f| request[*f].as_u64())
+        .min();
+    (prompt, asked.map_or(configured, |a| a.min(configured)))
+}
+
+/// The `usage` object of an answer.
+fn usage(prompt: u64, completion: u64) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion
+    })
+}
+
+/// Counts an answer's tokens and its time to the first token.
+fn count_tokens(numbers: &Mutex<Numbers>, prompt: u64, completion: u64, ttft: Duration) {
+    let mut n = numbers.lock().expect("not poisoned");
+    let t = &mut n.tokens;
+    t.prompt_tokens_total += prompt;
+    t.generation_tokens_total += completion;
+    if t.ttft_buckets.len() != TTFT_BUCKETS.len() + 1 {
+        t.ttft_buckets = vec![0; TTFT_BUCKETS.len() + 1];
+    }
+    let secs = ttft.as_secs_f64();
+    let i = TTFT_BUCKETS
+        .iter()
+        .position(|le| secs <= *le)
+        .unwrap_or(TTFT_BUCKETS.len());
+    t.ttft_buckets[i] += 1;
+    t.ttft_sum += secs;
+    t.ttft_count += 1;
+}
+
+/// The time a request's tokens take: prefill before the first token, and
+/// decode per completion token.
+fn token_time(
+    prompt: u64,
+    per_prompt_micros: u64,
+    tokens: u64,
+    per_token_micros: u64,
+) -> (Duration, Duration) {
+    (
+        Duration::from_micros(prompt.saturating_mul(per_prompt_micros)),
+        Duration::from_micros(tokens.saturating_mul(per_token_micros)),
+    )
 }
 
 async fn metrics(State(app): State<App>) -> Response {
@@ -387,6 +537,12 @@ async fn put_control(State(app): State<App>, body: Bytes) -> Response {
         n.chat_slots = v;
         app.slots.resize(v);
     }
+    if let Some(v) = update.prefill_micros_per_token {
+        n.prefill_micros_per_token = v;
+    }
+    if let Some(v) = update.decode_micros_per_token {
+        n.decode_micros_per_token = v;
+    }
     let now = n.clone();
     drop(n);
     json(StatusCode::OK, &now)
@@ -451,7 +607,53 @@ fn failure(status: u16, retry_after: Option<u64>) -> Response {
     r
 }
 
+/// What one chat request is served with, read under the lock.
+struct Served {
+    service: u64,
+    token: u64,
+    completion_tokens: u64,
+    prefill_micros: u64,
+    decode_micros: u64,
+    failing: Option<(u16, Option<u64>)>,
+}
+
+/// Counts a chat request and records what it carried (under the lock).
+fn received(app: &App, headers: &axum::http::HeaderMap, request: &serde_json::Value) -> Served {
+    let mut n = app.numbers.lock().expect("not poisoned");
+    n.chat_requests += 1;
+    n.chat_in_flight += 1;
+    n.chat_in_flight_peak = n.chat_in_flight_peak.max(n.chat_in_flight);
+    n.last_headers = headers
+        .iter()
+        .filter(|(k, _)| {
+            let k = k.as_str();
+            k.starts_with("x-lanekeeper-") || k == "authorization" || k == "x-request-id"
+        })
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                v.to_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    n.last_messages = request["messages"].as_array().map_or(0, Vec::len);
+    n.last_max_tokens = request.get("max_tokens").cloned();
+    n.last_max_completion_tokens = request.get("max_completion_tokens").cloned();
+    Served {
+        service: n.service_millis,
+        token: n.token_millis,
+        completion_tokens: n.completion_tokens,
+        prefill_micros: n.prefill_micros_per_token,
+        decode_micros: n.decode_micros_per_token,
+        failing: (n.chat_status != 0 && n.chat_status != 200).then_some((
+            n.chat_status,
+            (n.chat_retry_after > 0).then_some(n.chat_retry_after),
+        )),
+    }
+}
+
 async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Bytes) -> Response {
+    let started = tokio::time::Instant::now();
     let request: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
@@ -460,36 +662,12 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
         }
     };
     let stream = request["stream"].as_bool().unwrap_or(false);
-    let (service, token, tokens, failing) = {
-        let mut n = app.numbers.lock().expect("not poisoned");
-        n.chat_requests += 1;
-        n.chat_in_flight += 1;
-        n.chat_in_flight_peak = n.chat_in_flight_peak.max(n.chat_in_flight);
-        n.last_headers = headers
-            .iter()
-            .filter(|(k, _)| {
-                let k = k.as_str();
-                k.starts_with("x-lanekeeper-") || k == "authorization" || k == "x-request-id"
-            })
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_owned(),
-                    v.to_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect();
-        n.last_messages = request["messages"].as_array().map_or(0, Vec::len);
-        let failing = (n.chat_status != 0 && n.chat_status != 200).then_some((
-            n.chat_status,
-            (n.chat_retry_after > 0).then_some(n.chat_retry_after),
-        ));
-        (
-            n.service_millis,
-            n.token_millis,
-            n.completion_tokens,
-            failing,
-        )
-    };
+    let include_usage = request["stream_options"]["include_usage"]
+        .as_bool()
+        .unwrap_or(false);
+    let served = received(&app, &headers, &request);
+    let (prompt, tokens) = request_tokens(body.len(), &request, served.completion_tokens);
+    let (prefill, decode) = token_time(prompt, served.prefill_micros, tokens, served.decode_micros);
     let mut guard = InProgress {
         numbers: app.numbers.clone(),
         done: false,
@@ -497,13 +675,15 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
     };
     guard.slot = Some(take_slot(&app).await);
     let model = request["model"].as_str().unwrap_or(&app.model).to_owned();
-    tokio::time::sleep(Duration::from_millis(service)).await;
-    if let Some((status, retry_after)) = failing {
+    tokio::time::sleep(Duration::from_millis(served.service) + prefill).await;
+    if let Some((status, retry_after)) = served.failing {
         guard.done = true;
         drop(guard);
         return failure(status, retry_after);
     }
+    count_tokens(&app.numbers, prompt, tokens, started.elapsed());
     if !stream {
+        tokio::time::sleep(decode).await;
         guard.done = true;
         drop(guard);
         let content = "ok ".repeat(tokens as usize);
@@ -512,12 +692,28 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
             "object": "chat.completion",
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content.trim_end()}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
+            "usage": usage(prompt, tokens)
         });
         return json_value(StatusCode::OK, &answer);
     }
+    let per_token =
+        Duration::from_millis(served.token) + Duration::from_micros(served.decode_micros);
+    let last = include_usage.then(|| usage(prompt, tokens));
+    streamed(guard, model, tokens, per_token, last)
+}
+
+/// A streamed answer: `tokens` chunks `per_token` apart, the usage chunk
+/// when asked for, then `[DONE]`.
+fn streamed(
+    guard: InProgress,
+    model: String,
+    tokens: u64,
+    per_token: Duration,
+    usage: Option<serde_json::Value>,
+) -> Response {
     let events = futures::stream::unfold((0u64, Some(guard)), move |(i, guard)| {
         let model = model.clone();
+        let usage = usage.clone();
         async move {
             let mut guard = guard?;
             if i > tokens {
@@ -526,12 +722,24 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
             if i == tokens {
                 guard.done = true;
                 drop(guard);
+                let mut text = String::new();
+                if let Some(u) = usage {
+                    let chunk = serde_json::json!({
+                        "id": "chatcmpl-fake",
+                        "object": "chat.completion.chunk",
+                        "model": model,
+                        "choices": [],
+                        "usage": u
+                    });
+                    text.push_str(&format!("data: {chunk}\n\n"));
+                }
+                text.push_str("data: [DONE]\n\n");
                 return Some((
-                    Ok::<_, std::convert::Infallible>(Bytes::from_static(b"data: [DONE]\n\n")),
+                    Ok::<_, std::convert::Infallible>(Bytes::from(text)),
                     (i + 1, None),
                 ));
             }
-            tokio::time::sleep(Duration::from_millis(token)).await;
+            tokio::time::sleep(per_token).await;
             let chunk = serde_json::json!({
                 "id": "chatcmpl-fake",
                 "object": "chat.completion.chunk",
@@ -592,6 +800,11 @@ async fn main() -> std::io::Result<()> {
             chat_in_flight_peak: 0,
             chat_slots: args.slots,
             chat_waiting: 0,
+            prefill_micros_per_token: args.prefill_micros_per_token,
+            decode_micros_per_token: args.decode_micros_per_token,
+            tokens: TokenCounters::default(),
+            last_max_tokens: None,
+            last_max_completion_tokens: None,
         })),
         slots: Arc::new(Slots::new(args.slots)),
     };

@@ -33,6 +33,7 @@ mod listen;
 mod metrics;
 mod peer;
 mod request;
+mod request_shape;
 mod respond;
 mod route_health;
 mod route_metrics;

@@ -23,6 +23,7 @@ use super::decision::{self, MAX_REQUEST_ID, REQUEST_ID, Record, client_request_i
 use super::dispatch::Dispatch;
 use super::identity::{self, IdentityKind};
 use super::metrics::{LaneMeter, TenantClass};
+use super::request_shape;
 use super::respond;
 use super::state::{Gateway, Resolved, State as Locked};
 use super::surface::OnSurface;
@@ -157,6 +158,10 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         .as_deref()
         .map(|t| respond::prefix(t, 64).to_owned());
     let body = match read_body(body, gw.args.max_body_bytes).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let body = match request_shape::check(gw, asked.lane.as_deref(), parts.uri.path(), body) {
         Ok(b) => b,
         Err(r) => return r,
     };

@@ -20,7 +20,7 @@ use lanes::{
 use crate::api::{
     BreakerSpec, BreakersSpec, DegradationPolicy, LaneContract, PolicyMode, SheddingMode,
 };
-use crate::policy::{LaneDecision, LaneState, ProfileDecision};
+use crate::policy::{LaneDecision, LaneState, ProfileDecision, gateway_tokens};
 
 /// The expected time to resume of a `Defer` lane, in seconds: the
 /// `Retry-After` its gateway gives a deferred request.
@@ -87,6 +87,8 @@ pub fn build(
         stable_for: stable_for_seconds(policy),
         prev,
         now,
+        policy,
+        level: decision.level,
     };
     let mut generations = Generations {
         profile: profile_generation,
@@ -138,6 +140,9 @@ struct LaneContext<'a> {
     stable_for: i64,
     prev: Option<&'a GatewayConfig>,
     now: i64,
+    /// For the level's `capOutputTokens`.
+    policy: Option<&'a DegradationPolicy>,
+    level: u32,
 }
 
 /// One lane's entry: the decision's rate and state with the contract's
@@ -215,6 +220,8 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
         spare_capacity: matches!(d.state, LaneState::Admitted | LaneState::Throttled),
         clients: clients(contract),
         tenants: tenants(contract),
+        cost: gateway_tokens::cost(contract),
+        tokens: gateway_tokens::tokens(contract, ctx.policy, ctx.level),
     }
 }
 

@@ -14,6 +14,7 @@ pub mod drain;
 pub mod evidence;
 pub mod freeze;
 pub mod gateway_config;
+pub mod gateway_tokens;
 mod in_flight;
 pub mod ladder;
 mod shares;

@@ -142,6 +142,57 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
     let d = policy;
     vec![
         (
+            "a cost whose every term is 0",
+            with(
+                l(),
+                "/spec/cost",
+                Some(json!({"perRequest": "0", "perInputToken": "0.0"})),
+            ),
+            "cost must set at least one of perRequest, perInputToken, perOutputToken greater than 0",
+        ),
+        (
+            "a cost with no term",
+            with(l(), "/spec/cost", Some(json!({}))),
+            "cost must set at least one of perRequest, perInputToken, perOutputToken greater than 0",
+        ),
+        (
+            "maxInputTokens 0",
+            with(l(), "/spec/tokens", Some(json!({"maxInputTokens": 0}))),
+            "maxInputTokens must be >= 1",
+        ),
+        (
+            "maxOutputTokens -1",
+            with(l(), "/spec/tokens", Some(json!({"maxOutputTokens": -1}))),
+            "maxOutputTokens must be >= 1",
+        ),
+        (
+            "capOutputTokens without a selector",
+            with(
+                d(),
+                "/spec/levels/1/actions/capOutputTokens",
+                Some(json!([{"tokens": 256}])),
+            ),
+            "capOutputTokens needs priorityAtLeast or lanes",
+        ),
+        (
+            "capOutputTokens of 0 tokens",
+            with(
+                d(),
+                "/spec/levels/1/actions/capOutputTokens",
+                Some(json!([{"priorityAtLeast": 1, "tokens": 0}])),
+            ),
+            "tokens must be >= 1",
+        ),
+        (
+            "capOutputTokens from priority -1",
+            with(
+                d(),
+                "/spec/levels/1/actions/capOutputTokens",
+                Some(json!([{"priorityAtLeast": -1, "tokens": 64}])),
+            ),
+            "priorityAtLeast must be >= 0",
+        ),
+        (
             "a tenant maximum of 0",
             with(l(), "/spec/tenants", Some(json!({"maxConcurrency": 0}))),
             "maxConcurrency must be >= 1",
@@ -1109,6 +1160,35 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
 /// Good objects besides the three above: boundary values that must pass.
 fn good_variants() -> Vec<(&'static str, Value)> {
     vec![
+        (
+            "a cost of output tokens alone, and token limits of 1",
+            with(
+                with(
+                    lane(),
+                    "/spec/cost",
+                    Some(json!({"perRequest": "0", "perOutputToken": "0.002"})),
+                ),
+                "/spec/tokens",
+                Some(json!({"maxInputTokens": 1, "maxOutputTokens": 1})),
+            ),
+        ),
+        (
+            "a cost of input tokens alone",
+            with(
+                lane(),
+                "/spec/cost",
+                Some(json!({"perInputToken": "0.0001"})),
+            ),
+        ),
+        (
+            "capOutputTokens by name and by priority",
+            with(
+                policy(),
+                "/spec/levels/1/actions/capOutputTokens",
+                Some(json!([{"lanes": ["p1-agent-assist"], "tokens": 1},
+                            {"priorityAtLeast": 0, "tokens": 512}])),
+            ),
+        ),
         (
             "a level entered by a burn rate alone",
             with(

@@ -225,3 +225,155 @@ fn chat_slots_hold_the_rest_waiting_and_a_cut_takes_effect() {
     assert_eq!(waiting, 3);
     assert!(t >= 1.19, "four answers through one slot took {t}");
 }
+
+/// A chat body of exactly `bytes` bytes (the content padded with `x`).
+fn chat_body(bytes: usize, extra: &str) -> String {
+    let head = format!(r#"{{"model": "m"{extra}, "messages": [{{"role": "user", "content": ""#);
+    let tail = r#""}]}"#;
+    let pad = bytes - head.len() - tail.len();
+    format!("{head}{}{tail}", "x".repeat(pad))
+}
+
+#[test]
+fn answers_carry_usage_from_the_body_and_max_tokens() {
+    let s = start(&["--completion-tokens", "16", "--service-millis", "0"]);
+    // 401 bytes: 101 prompt tokens (rounded up); no max_tokens: 16.
+    let (status, body) = request(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat_body(401, "")),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["usage"],
+        serde_json::json!({"prompt_tokens": 101, "completion_tokens": 16, "total_tokens": 117})
+    );
+    // max_tokens below the answer's length shortens it; above, it does not.
+    for (field, asked, want) in [
+        ("max_tokens", 5, 5),
+        ("max_completion_tokens", 3, 3),
+        ("max_tokens", 500, 16),
+    ] {
+        let (_, body) = request(
+            &s.addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(&chat_body(400, &format!(r#", "{field}": {asked}"#))),
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["usage"]["prompt_tokens"], 100);
+        assert_eq!(v["usage"]["completion_tokens"], want, "{field} {asked}");
+    }
+    // What the last request asked for is echoed, as sent.
+    let (_, control) = request(&s.addr, "GET", "/control", None);
+    let c: serde_json::Value = serde_json::from_str(&control).unwrap();
+    assert_eq!(c["lastMaxTokens"], 500);
+    assert_eq!(c["lastMaxCompletionTokens"], serde_json::Value::Null);
+    // The counters add up what the answers said, one TTFT sample each.
+    let (_, page) = request(&s.addr, "GET", "/metrics", None);
+    assert_eq!(sample(&page, "vllm:prompt_tokens_total{"), 401.0);
+    assert_eq!(sample(&page, "vllm:generation_tokens_total{"), 40.0);
+    assert_eq!(
+        sample(&page, "vllm:time_to_first_token_seconds_count{"),
+        4.0
+    );
+    assert_eq!(
+        sample(
+            &page,
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"agent-large\",le=\"+Inf\"}"
+        ),
+        4.0
+    );
+    assert!(page.contains("# TYPE vllm:time_to_first_token_seconds histogram"));
+    assert!(page.contains("# TYPE vllm:prompt_tokens_total counter"));
+}
+
+/// The `data:` events of a streamed answer, parsed (`[DONE]` as a string).
+fn events(body: &str) -> Vec<serde_json::Value> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|_| serde_json::Value::from(d)))
+        .collect()
+}
+
+#[test]
+fn a_stream_ends_with_a_usage_chunk_only_when_asked() {
+    let s = start(&[
+        "--completion-tokens",
+        "4",
+        "--service-millis",
+        "0",
+        "--token-millis",
+        "1",
+    ]);
+    let asked = chat_body(
+        200,
+        r#", "stream": true, "stream_options": {"include_usage": true}, "max_tokens": 3"#,
+    );
+    let (status, body) = request(&s.addr, "POST", "/v1/chat/completions", Some(&asked));
+    assert_eq!(status, 200);
+    let ev = events(&body);
+    assert_eq!(ev.len(), 3 + 2, "{body}");
+    assert_eq!(ev[4], "[DONE]");
+    assert_eq!(ev[3]["choices"], serde_json::json!([]));
+    assert_eq!(
+        ev[3]["usage"],
+        serde_json::json!({"prompt_tokens": 50, "completion_tokens": 3, "total_tokens": 53})
+    );
+    assert!(ev[..3].iter().all(|e| e.get("usage").is_none()));
+    let plain = chat_body(200, r#", "stream": true"#);
+    let (_, body) = request(&s.addr, "POST", "/v1/chat/completions", Some(&plain));
+    let ev = events(&body);
+    assert_eq!(ev.len(), 4 + 1, "{body}");
+    assert!(ev.iter().all(|e| e.get("usage").is_none()), "{body}");
+}
+
+#[test]
+fn prefill_and_decode_take_time_per_token() {
+    // 1 ms per prompt token: a 1,000-token prompt waits a second before its
+    // first token; 10 ms per completion token: 16 tokens add 160 ms.
+    let s = start(&[
+        "--service-millis",
+        "0",
+        "--prefill-micros-per-token",
+        "1000",
+        "--decode-micros-per-token",
+        "10000",
+    ]);
+    let t = Instant::now();
+    let (status, _) = request(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat_body(4000, "")),
+    );
+    assert_eq!(status, 200);
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(1160), "{took:?}");
+    let (_, page) = request(&s.addr, "GET", "/metrics", None);
+    let ttft = sample(&page, "vllm:time_to_first_token_seconds_sum{");
+    assert!((1.0..1.16).contains(&ttft), "TTFT {ttft}: prefill only");
+    // A short prompt is fast: the time is per token, not per request.
+    let t = Instant::now();
+    request(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat_body(100, "")),
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+    // Settable over /control like the other timings.
+    let (status, body) = request(
+        &s.addr,
+        "PUT",
+        "/control",
+        Some(r#"{"prefillMicrosPerToken": 0, "decodeMicrosPerToken": 0}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+}

@@ -234,6 +234,14 @@ pub struct LaneConfig {
     /// `spec.tenants`; absent: no maximum, every weight 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<crate::tenants::TenantLimits>,
+    /// What a request costs counted in tokens (the contract's `spec.cost`;
+    /// absent: `workUnitsPerRequest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::tokens::TokenCost>,
+    /// Limits on a request's input and output tokens (the contract's
+    /// `spec.tokens` and the level's `capOutputTokens`; absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<crate::tokens::TokenLimits>,
 }
 
 /// Queue limits of a lane.

@@ -67,12 +67,16 @@ mod latency_window;
 mod pressure;
 pub mod qualified;
 mod remembered;
+pub mod request_shape;
 pub mod route_config;
 pub mod route_pace;
 mod service_time;
+pub mod settlement;
 mod slots;
 mod spare;
 pub mod tenants;
+pub mod token_estimate;
+pub mod tokens;
 pub mod validate;
 mod verdict;
 mod waiting;
@@ -99,6 +103,7 @@ pub use crate::route_config::Breakers;
 pub use crate::route_pace::{Paced, RoutePace};
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::tenants::{TenantLimits, TenantOverride, TenantSlot};
+pub use crate::tokens::{TokenCost, TokenLimits};
 pub use crate::validate::ConfigError;
 pub use crate::verdict::{
     Attempt, Limit, Outcome, Pass, Refusal, Request, Resolution, Ticket, Verdict,

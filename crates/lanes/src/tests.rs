@@ -41,6 +41,8 @@ pub(crate) fn lane(name: &str, rps: f64, burst: u64) -> LaneConfig {
         spare_capacity: false,
         clients: Vec::new(),
         tenants: None,
+        cost: None,
+        tokens: None,
     }
 }
 

@@ -94,6 +94,7 @@ pub fn validate(cfg: &GatewayConfig) -> Result<(), ConfigError> {
         check_grants(l, &names)?;
         crate::clients::check_clients(l)?;
         crate::tenants::check_tenants(l)?;
+        crate::tokens::check_tokens(l)?;
     }
     if let Some(f) = &cfg.in_flight
         && !(f.resume_below <= f.conserve_at && f.conserve_at <= f.stop_at && f.resume_below >= 0)

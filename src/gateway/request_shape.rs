@@ -1,0 +1,141 @@
+//! The request's shape against its lane's token limits, before admission
+//! (no token of any bucket is taken for a refused request, and it never
+//! reaches the upstream): 413 `context_too_long` over `maxInputTokens`, 400
+//! for an output field that is not a count, and the body forwarded with its
+//! `max_tokens` lowered to (or set at) the limit in force. The rule itself
+//! is the `lanes` crate's ([`lanes::request_shape`]). An observe config
+//! checks nothing: it admits every request as sent.
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::Response;
+use lanes::TokenLimits;
+use lanes::request_shape::{self, DEFAULT_BYTES_PER_TOKEN, ShapeRefusal};
+
+use super::respond;
+use super::state::Gateway;
+
+/// The body to forward, or the refusal. Without a config, a known lane or
+/// limits on it the body goes on as sent (the admission step answers for a
+/// missing config or an unknown lane).
+#[expect(
+    clippy::result_large_err,
+    reason = "the error is the answer for the client, made once per refused request"
+)]
+pub(super) fn check(
+    gw: &Gateway,
+    lane: Option<&str>,
+    path: &str,
+    body: Bytes,
+) -> Result<Bytes, Response> {
+    let Some(limits) = lane.and_then(|l| limits_of(gw, l)) else {
+        return Ok(body);
+    };
+    let lane = lane.unwrap_or_default();
+    match request_shape::shape(&body, &limits, takes_output_limit(path)) {
+        Ok(s) => Ok(s.rewritten.map_or(body, Bytes::from)),
+        Err(r) => Err(refusal(lane, &r)),
+    }
+}
+
+/// The lane's limits in the config in force (a copy, taken under the
+/// lock); none in observe mode, which admits every request as sent.
+fn limits_of(gw: &Gateway, lane: &str) -> Option<TokenLimits> {
+    let st = gw.lock();
+    let core = st.core.as_ref().filter(|c| c.enforcing())?;
+    let i = core.lane_index(lane)?;
+    core.lane(i).tokens.filter(|t| !t.is_empty())
+}
+
+/// Paths whose requests ask for output tokens: chat completions and
+/// completions (not embeddings or paths an operator added).
+fn takes_output_limit(path: &str) -> bool {
+    matches!(path, "/v1/chat/completions" | "/v1/completions")
+}
+
+/// The answer to a refused shape.
+pub(super) fn refusal(lane: &str, r: &ShapeRefusal) -> Response {
+    match r {
+        ShapeRefusal::ContextTooLong { estimated, limit } => respond::error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "context_too_long",
+            format!(
+                "lane {lane}: the request carries about {estimated} input tokens (its body's bytes / {DEFAULT_BYTES_PER_TOKEN}); the lane's maxInputTokens is {limit}"
+            ),
+        ),
+        ShapeRefusal::NotJsonObject => respond::error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "invalid_body",
+            format!(
+                "lane {lane}: the request body must be a JSON object (the lane limits output tokens)"
+            ),
+        ),
+        ShapeRefusal::BadOutputField { field, value } => respond::error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "invalid_max_tokens",
+            format!(
+                "{} must be an integer >= 1; it was {}",
+                field.as_str(),
+                respond::prefix(value, 64)
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_of(r: Response) -> (StatusCode, serde_json::Value) {
+        let status = r.status();
+        let bytes = http_body_util::BodyExt::collect(r.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn each_refusal_has_its_status_and_code() {
+        let (s, b) = body_of(refusal(
+            "p1",
+            &ShapeRefusal::ContextTooLong {
+                estimated: 9000,
+                limit: 8000,
+            },
+        ))
+        .await;
+        assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(b["error"]["code"], "context_too_long");
+        let msg = b["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("8000") && msg.contains("9000"), "{msg}");
+        let (s, b) = body_of(refusal("p1", &ShapeRefusal::NotJsonObject)).await;
+        assert_eq!(
+            (s, b["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_body"))
+        );
+        let (s, b) = body_of(refusal(
+            "p1",
+            &ShapeRefusal::BadOutputField {
+                field: request_shape::OutputField::MaxTokens,
+                value: "x".repeat(500),
+            },
+        ))
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert_eq!(b["error"]["code"], "invalid_max_tokens");
+        // The client's value is echoed cut short.
+        assert!(b["error"]["message"].as_str().unwrap().len() < 200);
+    }
+
+    #[test]
+    fn only_completion_paths_take_an_output_limit() {
+        assert!(takes_output_limit("/v1/chat/completions"));
+        assert!(takes_output_limit("/v1/completions"));
+        assert!(!takes_output_limit("/v1/embeddings"));
+        assert!(!takes_output_limit("/v1/chat/completions/x"));
+    }
+}
