@@ -29,7 +29,8 @@ pub use decision::*;
 
 pub use actions::contract_overrides;
 pub use burn::lanes_without_objective;
-pub use evidence::{CAPACITY_SIGNAL, calibration_held};
+pub use evidence::{CAPACITY_SIGNAL, calibration_held, lowered_by_goodput};
+pub use crate::snapshot::GOODPUT_SIGNAL;
 
 use actions::{apply_actions, lane_cap};
 use allocation::EPS;
