@@ -47,6 +47,10 @@
 //! - **Routes**: a circuit breaker per route (`breaker`, settings in
 //!   `route_config`) and the pace of a route that pushes back
 //!   (`route_pace`); the gateway drives them per request.
+//! - **Saturation**: every slot of the in-flight limit taken with a
+//!   request waiting; the gateway exports its time saturated and the work
+//!   completed meanwhile, the controller's capacity evidence
+//!   (`saturation`).
 //! - **Observe mode**: a config with `mode: Observe` is evaluated but never
 //!   enforced (the caller admits everything and counts the verdicts).
 
@@ -66,6 +70,7 @@ mod lane;
 mod pressure;
 pub mod qualified;
 mod remembered;
+pub mod saturation;
 pub mod route_config;
 pub mod route_pace;
 mod slots;
@@ -95,6 +100,7 @@ pub use crate::qualified::{Qualified, Served};
 pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
 pub use crate::route_config::Breakers;
 pub use crate::route_pace::{Paced, RoutePace};
+pub use crate::saturation::SaturationMeter;
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::tenants::{TenantLimits, TenantOverride, TenantSlot};
 pub use crate::validate::ConfigError;
