@@ -40,6 +40,7 @@ mod gateway_tls;
 mod goodput_rule_promtool;
 mod objectives_plan;
 mod plan_cli;
+mod prometheus_goodput;
 mod prometheus_inc47;
 mod prometheus_queries;
 mod prometheus_scrape;
