@@ -337,7 +337,9 @@ fn run_rules(args: &RulesArgs, out: &mut dyn Write) -> Result<(), CliError> {
     }
     let file = lanekeeper::signals::rules::rules(&loaded.world, args.selector.as_deref());
     if file.groups.is_empty() {
-        eprintln!("note: no lane has an objective: no rules");
+        eprintln!(
+            "note: no lane has an objective and no profile reads the gateway's evidence: no rules"
+        );
     }
     write_out(out, &lanekeeper::signals::rules::to_yaml(&file))
 }
