@@ -375,9 +375,7 @@ pub enum ScenarioError {
     #[error("controller.windowSeconds must be >= 1")]
     Window,
     /// `controller.gatewayEvidence` has a bad interval or window.
-    #[error(
-        "controller.gatewayEvidence: scrapeIntervalSeconds must be > 0 and windowSeconds >= 1"
-    )]
+    #[error("controller.gatewayEvidence: scrapeIntervalSeconds must be > 0 and windowSeconds >= 1")]
     GatewayEvidence,
     /// An outage is not `0 <= from < to`.
     #[error("controller.telemetryOutages: each needs 0 <= from < to")]

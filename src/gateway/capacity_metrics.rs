@@ -86,7 +86,9 @@ impl CapacityMetrics {
         if !(units.is_finite() && units > 0.0) {
             return;
         }
-        self.completed.with_label_values(&[lane, route]).inc_by(units);
+        self.completed
+            .with_label_values(&[lane, route])
+            .inc_by(units);
         let counted = self
             .meter
             .lock()
@@ -107,7 +109,12 @@ mod tests {
         r.gather()
             .iter()
             .find(|f| f.get_name() == name)
-            .map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value()).sum())
+            .map(|f| {
+                f.get_metric()
+                    .iter()
+                    .map(|m| m.get_counter().get_value())
+                    .sum()
+            })
             .unwrap_or(0.0)
     }
 
@@ -126,9 +133,18 @@ mod tests {
         m.completed("p1", "vllm", 1.5);
         m.observe(9.0, false, None);
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
-        assert!(close(value(&r, "lanekeeper_gateway_completed_units_total"), 5.2));
-        assert!(close(value(&r, "lanekeeper_gateway_saturated_completed_units_total"), 2.2));
-        assert!(close(value(&r, "lanekeeper_gateway_saturated_seconds_total"), 3.0));
+        assert!(close(
+            value(&r, "lanekeeper_gateway_completed_units_total"),
+            5.2
+        ));
+        assert!(close(
+            value(&r, "lanekeeper_gateway_saturated_completed_units_total"),
+            2.2
+        ));
+        assert!(close(
+            value(&r, "lanekeeper_gateway_saturated_seconds_total"),
+            3.0
+        ));
         assert_eq!(m.in_flight_limit.get(), 0, "no limit in force");
     }
 }

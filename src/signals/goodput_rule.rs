@@ -100,8 +100,10 @@ mod tests {
         assert!(e.contains("lanekeeper_gateway_saturated_completed_units_total{job=\"gw\"}[1m]"));
         assert!(e.contains("lanekeeper_gateway_saturated_seconds_total{job=\"gw\"}[1m]) >= 1"));
         assert_eq!(
-            e.matches("lanekeeper_gateway_config_info{job=\"gw\",profile=\"ai-platform/agent-assist\"}")
-                .count(),
+            e.matches(
+                "lanekeeper_gateway_config_info{job=\"gw\",profile=\"ai-platform/agent-assist\"}"
+            )
+            .count(),
             2
         );
         let bare = expr("a", "b", None);

@@ -8,7 +8,9 @@
 //! is a finite, non-negative number whose sample is no older than
 //! `stalenessSeconds`; anything else (stale, NaN, ±Inf, an empty vector, an
 //! HTTP error, a timeout, a malformed body) makes that signal Unknown with a
-//! reason, never zero.
+//! reason, never zero. One exception: `gatewayGoodputWhileSaturated` has a
+//! series only while the gateway is saturated, so its empty vector is no
+//! evidence (nothing Unknown).
 //!
 //! The same code builds the controller's live snapshot
 //! ([`PrometheusSource`]) and the `plan --prometheus` timeline

@@ -246,8 +246,8 @@ impl LaneRules<'_> {
 }
 
 /// The rules of every lane with an objective in `world`, one group per
-/// lane (its recording rules, then its alerts), then the capacity evidence
-/// of every profile that reads it ([`super::goodput_rule`]). `selector`: extra PromQL
+/// lane (its recording rules, then its alerts); `lanekeeper rules` adds
+/// the groups of the gateway's capacity evidence. `selector`: extra PromQL
 /// matchers for the gateway's series (`job="lanekeeper-gateway"`).
 pub fn rules(world: &World, selector: Option<&str>) -> RuleFile {
     let mut lanes: Vec<&LaneContract> = world
@@ -275,12 +275,7 @@ pub fn rules(world: &World, selector: Option<&str>) -> RuleFile {
                 rules,
             }
         })
-        .collect::<Vec<_>>();
-    let mut groups = groups;
-    groups.extend(super::goodput_rule::groups(
-        world,
-        selector.filter(|s| !s.trim().is_empty()),
-    ));
+        .collect();
     RuleFile { groups }
 }
 

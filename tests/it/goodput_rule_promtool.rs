@@ -99,7 +99,10 @@ fn promtool_passes_the_goodput_rule_on_synthetic_gateway_series() {
         1,
         "one group, for the profile that reads the evidence:\n{rules}"
     );
-    assert!(rules.contains("name: lanekeeper-capacity-team-pool"), "{rules}");
+    assert!(
+        rules.contains("name: lanekeeper-capacity-team-pool"),
+        "{rules}"
+    );
     std::fs::write(dir.0.join("rules.yaml"), &rules).unwrap();
     let test = dir.0.join("rules_test.yaml");
     std::fs::write(&test, test_file()).unwrap();

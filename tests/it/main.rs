@@ -32,6 +32,7 @@ mod fake_model;
 mod fleet_store_redis;
 mod gateway;
 mod gateway_breaker;
+mod gateway_capacity;
 mod gateway_conn;
 mod gateway_doc;
 mod gateway_objective;

@@ -42,12 +42,24 @@ async fn the_documented_query_reads_the_recorded_evidence() {
             s.add(GOODPUT_WHILE_SATURATED, &labels("ns", "pool"), ts, 410.0);
         }
         s.add(GOODPUT_WHILE_SATURATED, &labels("ns", "other"), ts, 9000.0);
-        s.add(GOODPUT_WHILE_SATURATED, &labels("ns", "broken"), ts, f64::NAN);
+        s.add(
+            GOODPUT_WHILE_SATURATED,
+            &labels("ns", "broken"),
+            ts,
+            f64::NAN,
+        );
     }
     // ns/old: saturated long ago, last recorded 240 s before t.
-    s.add(GOODPUT_WHILE_SATURATED, &labels("ns", "old"), t - 240, 300.0);
-    let Some(prom) = Prom::start("the_documented_query_reads_the_recorded_evidence", &s.render())
-    else {
+    s.add(
+        GOODPUT_WHILE_SATURATED,
+        &labels("ns", "old"),
+        t - 240,
+        300.0,
+    );
+    let Some(prom) = Prom::start(
+        "the_documented_query_reads_the_recorded_evidence",
+        &s.render(),
+    ) else {
         return;
     };
 

@@ -122,7 +122,10 @@ mod tests {
         // Without an in-flight limit the gateway is never saturated.
         let mut free = Core::new(config(vec![queued_lane("slow", 1.0, 1)]), 1.0, 0.0, 0.0).unwrap();
         assert!(matches!(free.admit(&req("slow"), 0.0), Verdict::Pass(_)));
-        assert!(matches!(free.admit(&req("slow"), 0.0), Verdict::Queued { .. }));
+        assert!(matches!(
+            free.admit(&req("slow"), 0.0),
+            Verdict::Queued { .. }
+        ));
         assert!(!free.saturated());
     }
 
