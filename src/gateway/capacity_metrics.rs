@@ -105,17 +105,17 @@ impl CapacityMetrics {
 mod tests {
     use super::*;
 
+    /// The sum of a family's samples on the text page.
     fn value(r: &Registry, name: &str) -> f64 {
-        r.gather()
-            .iter()
-            .find(|f| f.get_name() == name)
-            .map(|f| {
-                f.get_metric()
-                    .iter()
-                    .map(|m| m.get_counter().get_value())
-                    .sum()
-            })
-            .unwrap_or(0.0)
+        let mut page = Vec::new();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &r.gather(), &mut page)
+            .unwrap();
+        String::from_utf8(page)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     #[test]

@@ -138,6 +138,15 @@ fn refused_before_admission(r: &Registry) -> IntCounterVec {
     )
 }
 
+fn pressure(r: &Registry) -> IntGaugeVec {
+    gauges(
+        r,
+        "lanekeeper_gateway_pressure",
+        "The in-flight pressure state (1 for the state in force: normal, conserve, stop).",
+        &["state"],
+    )
+}
+
 fn qualified(r: &Registry) -> IntCounterVec {
     counters(
         r,
@@ -213,12 +222,7 @@ impl GatewayMetrics {
                 )
                 .expect("valid metric"),
             ),
-            pressure: gauges(
-                &r,
-                "lanekeeper_gateway_pressure",
-                "The in-flight pressure state (1 for the state in force: normal, conserve, stop).",
-                &["state"],
-            ),
+            pressure: pressure(&r),
             replicas: gauge(
                 &r,
                 "lanekeeper_gateway_replicas",
