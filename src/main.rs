@@ -335,9 +335,16 @@ fn run_rules(args: &RulesArgs, out: &mut dyn Write) -> Result<(), CliError> {
     for n in &loaded.notes {
         eprintln!("note: {n}");
     }
-    let file = lanekeeper::signals::rules::rules(&loaded.world, args.selector.as_deref());
+    let mut file = lanekeeper::signals::rules::rules(&loaded.world, args.selector.as_deref());
+    file.groups
+        .extend(lanekeeper::signals::goodput_rule::groups(
+            &loaded.world,
+            args.selector.as_deref().filter(|s| !s.trim().is_empty()),
+        ));
     if file.groups.is_empty() {
-        eprintln!("note: no lane has an objective: no rules");
+        eprintln!(
+            "note: no lane has an objective and no profile reads the gateway's evidence: no rules"
+        );
     }
     write_out(out, &lanekeeper::signals::rules::to_yaml(&file))
 }

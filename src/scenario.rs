@@ -63,6 +63,33 @@ pub struct ControllerSpec {
     /// Approvals granted during the run (as `plan --approve` does).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<ApprovalAt>,
+    /// The gateway's capacity evidence as a signal source: the simulated
+    /// gateway's goodput while saturated reaches the engine as
+    /// `gatewayGoodputWhileSaturated`, one scrape old (absent: not used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_evidence: Option<GatewayEvidence>,
+}
+
+/// How the controller reads the gateway's goodput while saturated: scraped
+/// every `scrapeIntervalSeconds` (the evaluation sees what was measured up
+/// to one scrape ago, not `telemetryLagSeconds`), over the saturated
+/// seconds of the last `windowSeconds` (the recording rule's minute).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GatewayEvidence {
+    /// Seconds between scrapes of the gateway: how old the evidence is.
+    #[serde(default = "default_scrape")]
+    pub scrape_interval_seconds: f64,
+    /// The window whose saturated seconds count.
+    #[serde(default = "default_evidence_window")]
+    pub window_seconds: f64,
+}
+
+fn default_scrape() -> f64 {
+    15.0
+}
+fn default_evidence_window() -> f64 {
+    60.0
 }
 
 fn default_eval() -> f64 {
@@ -83,6 +110,7 @@ impl Default for ControllerSpec {
             window_seconds: default_window(),
             telemetry_outages: Vec::new(),
             approvals: Vec::new(),
+            gateway_evidence: None,
         }
     }
 }
@@ -346,6 +374,9 @@ pub enum ScenarioError {
     /// `controller.windowSeconds` is below 1.
     #[error("controller.windowSeconds must be >= 1")]
     Window,
+    /// `controller.gatewayEvidence` has a bad interval or window.
+    #[error("controller.gatewayEvidence: scrapeIntervalSeconds must be > 0 and windowSeconds >= 1")]
+    GatewayEvidence,
     /// An outage is not `0 <= from < to`.
     #[error("controller.telemetryOutages: each needs 0 <= from < to")]
     Outage,
@@ -499,6 +530,14 @@ pub fn check(s: &Scenario) -> Result<(), ScenarioError> {
     }
     if !(c.window_seconds.is_finite() && c.window_seconds >= 1.0) {
         return Err(ScenarioError::Window);
+    }
+    if let Some(g) = &c.gateway_evidence
+        && !(g.scrape_interval_seconds.is_finite()
+            && g.scrape_interval_seconds > 0.0
+            && g.window_seconds.is_finite()
+            && g.window_seconds >= 1.0)
+    {
+        return Err(ScenarioError::GatewayEvidence);
     }
     for o in &c.telemetry_outages {
         if !(finite_nonneg(o.from) && o.to.is_finite() && o.to > o.from) {

@@ -107,6 +107,11 @@ impl SignalsFile {
     }
 }
 
+/// The name of the gateway's capacity evidence
+/// ([`ProfileSignals::gateway_goodput_while_saturated`]), as in
+/// `spec.signals.prometheus.queries` and in `status.unknownSignals`.
+pub const GOODPUT_SIGNAL: &str = "gatewayGoodputWhileSaturated";
+
 /// What telemetry says at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -130,6 +135,13 @@ pub struct ProfileSignals {
     /// Capacity available now, in work units per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available_units_per_second: Option<f64>,
+    /// The work units per second the pool completed through the gateway
+    /// while the gateway was saturated (every slot of its in-flight limit
+    /// taken with requests waiting for one): capacity evidence that can
+    /// only lower the capacity (see `policy::evidence`). Absent: the
+    /// gateway was not saturated, or the source is not configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_goodput_while_saturated: Option<f64>,
     /// Ready replicas of the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<u32>,
@@ -398,12 +410,22 @@ impl ProfileSignals {
         let clean = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0);
         Self {
             available_units_per_second: clean(self.available_units_per_second),
+            gateway_goodput_while_saturated: clean(self.gateway_goodput_while_saturated),
             ready_replicas: self.ready_replicas,
             in_flight: clean(self.in_flight),
             queue_depth: clean(self.queue_depth),
             p95_latency_seconds: clean(self.p95_latency_seconds),
             error_ratio: clean(self.error_ratio),
-            unknown: self.unknown.clone(),
+            unknown: {
+                let mut u = self.unknown.clone();
+                if self.gateway_goodput_while_saturated.is_some()
+                    && clean(self.gateway_goodput_while_saturated).is_none()
+                {
+                    u.entry(GOODPUT_SIGNAL.to_owned())
+                        .or_insert_with(|| "not a finite, non-negative number".to_owned());
+                }
+                u
+            },
             calibration_stale: self.calibration_stale,
             rollout_in_progress: self.rollout_in_progress,
             current_revision: self.current_revision.clone(),

@@ -438,6 +438,19 @@ pub struct PrometheusQueries {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
     pub available_units_per_second: Option<String>,
+    /// The gateway's capacity evidence: work units per second the pool
+    /// completed through the gateway while the gateway was saturated
+    /// (every in-flight slot taken, requests waiting for one); `lanekeeper
+    /// rules` records it as
+    /// `lanekeeper:gateway_goodput_while_saturated:units_per_second`. One
+    /// series while saturated, none otherwise (no series is no evidence,
+    /// not Unknown). It only ever lowers the capacity: the engine uses the
+    /// lower of it and the capacity signal, so a capacity drop shows within
+    /// a scrape and an evaluation. A failed query makes the capacity
+    /// Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub gateway_goodput_while_saturated: Option<String>,
     /// Requests in flight in the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]

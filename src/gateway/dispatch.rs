@@ -85,6 +85,7 @@ impl Dispatch {
                 latency: None,
                 deadline: None,
                 failed: false,
+                answered_by: None,
                 tenant: pass.tenant_slot.clone(),
             },
         }
@@ -121,6 +122,12 @@ impl Dispatch {
         self.slot.latency = Some(f64::NAN);
     }
 
+    /// `route` answered with a 2xx: the lane's units count as completed
+    /// once the body ends, unless it fails on the way.
+    pub(super) fn answered_by(&mut self, route: &str) {
+        self.slot.answered_by = Some(route.to_owned());
+    }
+
     /// The upstream answered with headers after `latency` seconds.
     pub(super) fn set_latency(&mut self, latency: f64) {
         self.slot.latency = Some(latency);
@@ -139,6 +146,8 @@ struct InFlight {
     latency: Option<f64>,
     deadline: Option<Instant>,
     failed: bool,
+    /// The route that answered with a 2xx.
+    answered_by: Option<String>,
     tenant: Option<TenantSlot>,
 }
 
@@ -146,6 +155,9 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         if !self.armed {
             return;
+        }
+        if let Some(route) = self.answered_by.as_deref().filter(|_| !self.failed) {
+            self.meters[self.lane].completed(route);
         }
         let late = self.deadline.is_some_and(|t| Instant::now() > t);
         if late {

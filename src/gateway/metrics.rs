@@ -3,10 +3,11 @@
 //! label combination on first use), so the request path increments an
 //! atomic without formatting or hashing labels.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use lanes::{Attempt, GatewayConfig, Outcome, Pressure, Qualified, Refusal};
 
+use super::capacity_metrics::CapacityMetrics;
 use super::identity::AuthRefusal;
 use prometheus::core::Collector;
 use prometheus::{
@@ -99,6 +100,8 @@ pub struct GatewayMetrics {
     refused_before_admission: IntCounterVec,
     auth_refusals: IntCounterVec,
     qualified: IntCounterVec,
+    /// Completed units, the in-flight limit and saturation.
+    pub(super) capacity: Arc<CapacityMetrics>,
 }
 
 fn registered<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -132,6 +135,15 @@ fn refused_before_admission(r: &Registry) -> IntCounterVec {
         "lanekeeper_gateway_refused_before_admission_total",
         "Requests answered by the gateway before admission (no lane's bucket touched), by reason: not_found, method_not_allowed, invalid_attempt, invalid_request_id, unknown_lane, no_config, body_too_large, body_unreadable.",
         &["reason"],
+    )
+}
+
+fn pressure(r: &Registry) -> IntGaugeVec {
+    gauges(
+        r,
+        "lanekeeper_gateway_pressure",
+        "The in-flight pressure state (1 for the state in force: normal, conserve, stop).",
+        &["state"],
     )
 }
 
@@ -210,12 +222,7 @@ impl GatewayMetrics {
                 )
                 .expect("valid metric"),
             ),
-            pressure: gauges(
-                &r,
-                "lanekeeper_gateway_pressure",
-                "The in-flight pressure state (1 for the state in force: normal, conserve, stop).",
-                &["state"],
-            ),
+            pressure: pressure(&r),
             replicas: gauge(
                 &r,
                 "lanekeeper_gateway_replicas",
@@ -230,6 +237,7 @@ impl GatewayMetrics {
             refused_before_admission: refused_before_admission(&r),
             auth_refusals: auth_refusals(&r),
             qualified: qualified(&r),
+            capacity: Arc::new(CapacityMetrics::new(&r)),
             registry: r,
         }
     }
@@ -271,6 +279,8 @@ impl GatewayMetrics {
                     self.qualified
                         .with_label_values(&[&l.name, q.label().expect("counted")])
                 }),
+                units: l.work_units_per_request,
+                capacity: Arc::clone(&self.capacity),
             })
             .collect()
     }
@@ -358,6 +368,9 @@ pub struct LaneMeter {
     /// By [`Qualified`]: good, bad.
     qualified: [IntCounter; 2],
     families: (IntCounterVec, IntCounterVec),
+    /// The lane's work units per request.
+    units: f64,
+    capacity: Arc<CapacityMetrics>,
 }
 
 fn index_of<T: PartialEq>(all: &[T], v: &T) -> usize {
@@ -428,6 +441,11 @@ impl LaneMeter {
     /// The upstream answered with headers after `seconds`.
     pub fn upstream_latency(&self, seconds: f64) {
         self.upstream.observe(seconds);
+    }
+
+    /// A request of this lane was answered in full by `route`.
+    pub fn completed(&self, route: &str) {
+        self.capacity.completed(&self.lane, route, self.units);
     }
 
     /// A request ran past its deadline upstream.

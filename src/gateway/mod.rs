@@ -21,6 +21,7 @@
 #![deny(clippy::too_many_lines)]
 
 mod args;
+mod capacity_metrics;
 mod conn;
 mod credential;
 mod cut;

@@ -327,5 +327,8 @@ fn poll_once(gw: &Arc<Gateway>) -> Option<f64> {
         m.queue_depth(core.queue_depth(i));
     }
     gw.metrics.pressure(core.pressure());
+    gw.metrics
+        .capacity
+        .observe(now, core.saturated(), core.in_flight_limit());
     core.next_wake(now).map(|t| (t - now).max(0.0))
 }

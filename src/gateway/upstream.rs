@@ -265,6 +265,11 @@ fn answered(
     let latency = sent.elapsed().as_secs_f64();
     d.set_latency(latency);
     d.meter().upstream_latency(latency);
+    if response.status().is_success()
+        && let Some(route) = d.route_hold.as_ref().map(|t| t.route.clone())
+    {
+        d.answered_by(&route);
+    }
     if response.status().is_server_error() {
         d.failed();
         d.meter()

@@ -22,7 +22,7 @@ use crate::api::{
     CapacityProfile, DegradationPolicy, LaneContract, ObjectKey, ProfileState, Ramp, RecoverySpec,
     StaleCalibrationMode,
 };
-use crate::snapshot::{ProfileSignals, Snapshot};
+use crate::snapshot::{GOODPUT_SIGNAL, ProfileSignals, Snapshot};
 
 use super::allocation::EPS;
 use super::bind::Binding;
@@ -157,11 +157,51 @@ pub fn ramped(full: f64, ramp: &Ramp, percent: i32) -> f64 {
     ramp.base + (full - ramp.base) * f64::from(percent) / 100.0
 }
 
-/// Capacity from the signals: available capacity, else ready replicas ×
-/// units per replica, else ready pods × units per replica. With a stale
-/// calibration and `onStaleCalibration: Hold`, only the measured available
-/// capacity counts (the rest is derived from calibration numbers).
+/// Capacity from the signals: [`capacity_measured`], lowered to the
+/// gateway's goodput while saturated when that is lower
+/// ([`lowered_by_goodput`]).
 fn capacity_of(
+    profile: &CapacityProfile,
+    sig: Option<&ProfileSignals>,
+) -> (Option<f64>, Option<String>, Option<u32>) {
+    let (capacity, source, ready) = capacity_measured(profile, sig);
+    let (capacity, source) = lowered_by_goodput(capacity, source, sig);
+    (capacity, source, ready)
+}
+
+/// The gateway's evidence applied to a capacity: while the gateway is
+/// saturated (every in-flight slot taken, requests waiting for one), what
+/// the pool completed through it is what the pool can do now, so the
+/// capacity is the lower of the two; that is how a capacity drop shows one
+/// scrape after the gateway sees it, before the capacity signal (or a
+/// count of ready replicas, which does not move when a provider degrades)
+/// does. The evidence only ever lowers: absent (not saturated) it changes
+/// nothing, it never raises a capacity, and it never stands in for an
+/// Unknown one. A configured source that failed (listed in `unknown`)
+/// makes the capacity Unknown, so nothing relaxes on it.
+pub fn lowered_by_goodput(
+    capacity: Option<f64>,
+    source: Option<String>,
+    sig: Option<&ProfileSignals>,
+) -> (Option<f64>, Option<String>) {
+    let Some(sig) = sig else {
+        return (capacity, source);
+    };
+    if sig.unknown.contains_key(GOODPUT_SIGNAL) {
+        return (None, None);
+    }
+    match (capacity, valid(sig.gateway_goodput_while_saturated)) {
+        (Some(c), Some(g)) if g < c => (Some(g), Some(GOODPUT_SIGNAL.into())),
+        _ => (capacity, source),
+    }
+}
+
+/// Capacity from the measuring signals: available capacity, else ready
+/// replicas × units per replica, else ready pods × units per replica. With
+/// a stale calibration and `onStaleCalibration: Hold`, only the measured
+/// available capacity counts (the rest is derived from calibration
+/// numbers).
+fn capacity_measured(
     profile: &CapacityProfile,
     sig: Option<&ProfileSignals>,
 ) -> (Option<f64>, Option<String>, Option<u32>) {
@@ -289,6 +329,50 @@ mod tests {
         RecoverySpec {
             steps_percent: vec![1, 10],
             step_seconds: 300,
+        }
+    }
+
+    fn goodput(g: Option<f64>) -> ProfileSignals {
+        ProfileSignals {
+            gateway_goodput_while_saturated: g,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn goodput_while_saturated_lowers_the_capacity_and_never_raises_it() {
+        let measured = || (Some(560.0), Some(CAPACITY_SIGNAL.to_owned()));
+        // Saturated at 420: the pool does 420 now, whatever the signal says.
+        let (c, src) = lowered_by_goodput(measured().0, measured().1, Some(&goodput(Some(420.0))));
+        assert_eq!(c, Some(420.0));
+        assert_eq!(src.as_deref(), Some(GOODPUT_SIGNAL));
+        // Saturated above the measured capacity: the measurement stands.
+        let (c, src) = lowered_by_goodput(measured().0, measured().1, Some(&goodput(Some(600.0))));
+        assert_eq!(c, Some(560.0), "never above the measured capacity");
+        assert_eq!(src.as_deref(), Some(CAPACITY_SIGNAL));
+        // Not saturated (absent): nothing changes.
+        let (c, _) = lowered_by_goodput(measured().0, measured().1, Some(&goodput(None)));
+        assert_eq!(c, Some(560.0));
+        // No signals at all: nothing changes.
+        assert_eq!(lowered_by_goodput(Some(560.0), None, None).0, Some(560.0));
+        // An Unknown capacity stays Unknown: a lower bound does not stand
+        // in for it.
+        let (c, src) = lowered_by_goodput(None, None, Some(&goodput(Some(420.0))));
+        assert_eq!((c, src), (None, None));
+    }
+
+    #[test]
+    fn a_failed_goodput_source_makes_the_capacity_unknown() {
+        let mut sig = goodput(None);
+        sig.unknown
+            .insert(GOODPUT_SIGNAL.to_owned(), "timeout".to_owned());
+        let (c, src) = lowered_by_goodput(Some(560.0), Some(CAPACITY_SIGNAL.into()), Some(&sig));
+        assert_eq!((c, src), (None, None), "missing is Unknown, never relaxes");
+        // Garbage is Unknown too (the snapshot's sanitizing says so).
+        for bad in [f64::NAN, f64::INFINITY, -1.0] {
+            let clean = goodput(Some(bad)).sanitized();
+            assert!(clean.unknown.contains_key(GOODPUT_SIGNAL), "{bad}");
+            assert_eq!(lowered_by_goodput(Some(560.0), None, Some(&clean)).0, None);
         }
     }
 

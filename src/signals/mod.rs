@@ -15,6 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::{CapacityProfile, LaneContract};
 use crate::snapshot::{BurnWindow, LaneSignals, PodSignals, ProfileSignals};
 
+pub mod goodput_rule;
 pub mod prometheus;
 pub mod rules;
 pub mod scrape;
@@ -147,6 +148,9 @@ pub fn merge(base: &mut SourceOutput, overlay: SourceOutput) {
     b.available_units_per_second = o
         .available_units_per_second
         .or(b.available_units_per_second);
+    b.gateway_goodput_while_saturated = o
+        .gateway_goodput_while_saturated
+        .or(b.gateway_goodput_while_saturated);
     b.ready_replicas = o.ready_replicas.or(b.ready_replicas);
     b.in_flight = o.in_flight.or(b.in_flight);
     b.queue_depth = o.queue_depth.or(b.queue_depth);

@@ -8,7 +8,9 @@
 //! is a finite, non-negative number whose sample is no older than
 //! `stalenessSeconds`; anything else (stale, NaN, ±Inf, an empty vector, an
 //! HTTP error, a timeout, a malformed body) makes that signal Unknown with a
-//! reason, never zero.
+//! reason, never zero. One exception: `gatewayGoodputWhileSaturated` has a
+//! series only while the gateway is saturated, so its empty vector is no
+//! evidence (nothing Unknown).
 //!
 //! The same code builds the controller's live snapshot
 //! ([`PrometheusSource`]) and the `plan --prometheus` timeline
@@ -29,13 +31,14 @@ use super::{SignalSource, SourceInput, SourceOutput, Trigger};
 use crate::api::profile::{PrometheusQueries, PrometheusSignals};
 use crate::api::{CapacityProfile, LaneContract};
 use crate::metrics::Metrics;
-use crate::policy::{CAPACITY_SIGNAL, World, bind, key};
+use crate::policy::{CAPACITY_SIGNAL, GOODPUT_SIGNAL, World, bind, key};
 use crate::snapshot::{BurnWindow, LaneSignals, SignalsFile, Snapshot};
 
 /// The signal names, as in `spec.signals.prometheus.queries` and in
 /// `status.unknownSignals`.
-pub const SIGNALS: [&str; 13] = [
+pub const SIGNALS: [&str; 14] = [
     CAPACITY_SIGNAL,
+    GOODPUT_SIGNAL,
     "inFlight",
     "queueDepth",
     "p95LatencySeconds",
@@ -582,6 +585,11 @@ pub async fn evaluate(
                 }
                 Ok(by_time) => by_time.get(&at).map(Vec::as_slice).unwrap_or_default(),
             };
+            if pts.is_empty() && signal == GOODPUT_SIGNAL {
+                // No series: the gateway is not saturated, so there is no
+                // evidence (and nothing Unknown).
+                continue;
+            }
             if pts.is_empty() {
                 let why = "empty: the query returned no series";
                 set_unknown(&mut e, signal, "empty", why.into());
@@ -612,6 +620,7 @@ pub async fn evaluate(
                             let p = &mut e.output.profile;
                             match signal {
                                 CAPACITY_SIGNAL => p.available_units_per_second = Some(v),
+                                GOODPUT_SIGNAL => p.gateway_goodput_while_saturated = Some(v),
                                 "inFlight" => p.in_flight = Some(v),
                                 "queueDepth" => p.queue_depth = Some(v),
                                 "p95LatencySeconds" => p.p95_latency_seconds = Some(v),
@@ -769,6 +778,7 @@ fn pod_values(
 pub fn configured(q: &PrometheusQueries) -> Vec<(&'static str, &str)> {
     [
         &q.available_units_per_second,
+        &q.gateway_goodput_while_saturated,
         &q.in_flight,
         &q.queue_depth,
         &q.p95_latency_seconds,
@@ -1287,6 +1297,9 @@ pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
     let target = &profile.spec.pool.scale_target_ref.name;
     PrometheusQueries {
         available_units_per_second: pool("available_units_per_second"),
+        // The gateway's evidence is configured, never assumed (a pool
+        // without lanekeeper's gateway has none).
+        gateway_goodput_while_saturated: None,
         in_flight: pool("in_flight"),
         queue_depth: pool("queue_depth"),
         p95_latency_seconds: pool("p95_latency_seconds"),

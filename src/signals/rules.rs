@@ -107,7 +107,7 @@ pub enum Rule {
 }
 
 /// A PromQL string literal.
-fn quoted(s: &str) -> String {
+pub(super) fn quoted(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
@@ -246,7 +246,8 @@ impl LaneRules<'_> {
 }
 
 /// The rules of every lane with an objective in `world`, one group per
-/// lane (its recording rules, then its alerts). `selector`: extra PromQL
+/// lane (its recording rules, then its alerts); `lanekeeper rules` adds
+/// the groups of the gateway's capacity evidence. `selector`: extra PromQL
 /// matchers for the gateway's series (`job="lanekeeper-gateway"`).
 pub fn rules(world: &World, selector: Option<&str>) -> RuleFile {
     let mut lanes: Vec<&LaneContract> = world

@@ -19,7 +19,9 @@ use rustc_hash::FxHashMap;
 use crate::api::ObjectKey;
 use crate::policy::{self, Approvals, EngineState, Evaluation, World, key};
 use crate::snapshot::{LaneSignals, ProfileSignals, Snapshot};
-use lanes::{Core, GatewayConfig, Outcome, Refusal, Resolution, TenantSlot, Ticket, Verdict};
+use lanes::{
+    Core, GatewayConfig, Outcome, Refusal, Resolution, SaturationMeter, TenantSlot, Ticket, Verdict,
+};
 
 use crate::scenario::{ClientSpec, Scenario, Steps};
 
@@ -458,6 +460,12 @@ struct Sim<'a> {
     // telemetry per profile per second
     lat: Vec<Vec<Vec<f32>>>,
     done: Vec<Vec<u32>>,
+    /// lanekeeper's gateway: when it is saturated, and per second the
+    /// seconds it spent so and the work units it completed meanwhile (its
+    /// capacity evidence).
+    saturation: Vec<SaturationMeter>,
+    saturated_seconds: Vec<Vec<f32>>,
+    saturated_units: Vec<Vec<f32>>,
     errors: Vec<Vec<u32>>,
     pool_heap: BinaryHeap<Timed<(Attempt, bool)>>,
     /// Retries and returns after a deferral, by when they come back.
@@ -742,6 +750,9 @@ impl<'a> Sim<'a> {
             pool_count: vec![0; nl],
             lat: vec![vec![Vec::new(); nsec]; np],
             done: vec![vec![0; nsec]; np],
+            saturation: vec![SaturationMeter::default(); np],
+            saturated_seconds: vec![vec![0.0; nsec]; np],
+            saturated_units: vec![vec![0.0; nsec]; np],
             errors: vec![vec![0; nsec]; np],
             pool_heap: BinaryHeap::new(),
             retry_heap: Calendar::new(sc.tick_seconds, ticks),
@@ -1070,13 +1081,14 @@ impl<'a> Sim<'a> {
                     .insert(self.lanes[i].key.clone(), self.lane_signals(i, window));
             }
             if !outage {
-                let sig = match window {
+                let mut sig = match window {
                     Some(w) => self.profile_signals(p, w),
                     None => ProfileSignals {
                         available_units_per_second: Some(self.capacity[p].at(0.0)),
                         ..Default::default()
                     },
                 };
+                sig.gateway_goodput_while_saturated = self.gateway_goodput(p, now);
                 snap.profiles.insert(key(&pr.namespace, &pr.name), sig);
             }
         }
@@ -1101,6 +1113,43 @@ impl<'a> Sim<'a> {
             requests_per_second: Some(rps),
             retry_requests_per_second: Some(retry_rps),
             ..Default::default()
+        }
+    }
+
+    /// The gateway's goodput while saturated as the controller reads it at
+    /// `now` (with `controller.gatewayEvidence`): work units completed while
+    /// saturated ÷ seconds saturated, over the window that ends one scrape
+    /// ago; None (no evidence) with less than a second saturated in it.
+    fn gateway_goodput(&self, p: usize, now: f64) -> Option<f64> {
+        let g = self.sc.controller.gateway_evidence.as_ref()?;
+        let hi = ((now - g.scrape_interval_seconds).floor().max(0.0) as usize)
+            .min(self.saturated_seconds[p].len());
+        let lo = ((now - g.scrape_interval_seconds - g.window_seconds)
+            .floor()
+            .max(0.0) as usize)
+            .min(hi);
+        let secs: f64 = self.saturated_seconds[p][lo..hi]
+            .iter()
+            .map(|&x| f64::from(x))
+            .sum();
+        let units: f64 = self.saturated_units[p][lo..hi]
+            .iter()
+            .map(|&x| f64::from(x))
+            .sum();
+        (secs >= 1.0).then(|| units / secs)
+    }
+
+    /// lanekeeper's gateway after a tick: saturated or not from `now` on;
+    /// the tick's saturated time is counted in its second.
+    fn observe_saturation(&mut self, p: usize, t: f64, now: f64) {
+        let Some(core) = self.cores[p].as_ref() else {
+            return;
+        };
+        let was = self.saturation[p].is_saturated();
+        self.saturation[p].observe(now, core.saturated());
+        if was {
+            let s = self.sec(t);
+            self.saturated_seconds[p][s] += (now - t) as f32;
         }
     }
 
@@ -1503,6 +1552,9 @@ impl<'a> Sim<'a> {
         }
         let latency = at - a.origin;
         self.done[p][s] += 1;
+        if self.saturation[p].completed(self.lanes[li].units) {
+            self.saturated_units[p][s] += self.lanes[li].units as f32;
+        }
         if self.policy == Strategy::Lanekeeper {
             // Only lanekeeper's controller reads the profile's latencies.
             self.lat[p][s].push(latency as f32);
@@ -1588,7 +1640,10 @@ impl<'a> Sim<'a> {
             let lanes = self.profile_lanes[p].clone();
             match self.policy {
                 Strategy::Fifo => self.dispatch_fifo(p, tick, now),
-                Strategy::Lanekeeper => self.dispatch_lanekeeper(p, tick, now),
+                Strategy::Lanekeeper => {
+                    self.dispatch_lanekeeper(p, tick, now);
+                    self.observe_saturation(p, t, now);
+                }
                 Strategy::Static => self.dispatch_static(p, &lanes, tick, dt, now),
                 Strategy::Fair => self.dispatch_fair(p, &lanes, tick, now),
             }

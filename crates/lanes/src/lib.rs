@@ -47,6 +47,10 @@
 //! - **Routes**: a circuit breaker per route (`breaker`, settings in
 //!   `route_config`) and the pace of a route that pushes back
 //!   (`route_pace`); the gateway drives them per request.
+//! - **Saturation**: every slot of the in-flight limit taken with a
+//!   request waiting; the gateway exports its time saturated and the work
+//!   completed meanwhile, the controller's capacity evidence
+//!   (`saturation`).
 //! - **Observe mode**: a config with `mode: Observe` is evaluated but never
 //!   enforced (the caller admits everything and counts the verdicts).
 
@@ -70,6 +74,7 @@ mod remembered;
 pub mod request_shape;
 pub mod route_config;
 pub mod route_pace;
+pub mod saturation;
 mod service_time;
 pub mod settlement;
 mod slots;
@@ -101,6 +106,7 @@ pub use crate::qualified::{Qualified, Served};
 pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
 pub use crate::route_config::Breakers;
 pub use crate::route_pace::{Paced, RoutePace};
+pub use crate::saturation::SaturationMeter;
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::tenants::{TenantLimits, TenantOverride, TenantSlot};
 pub use crate::tokens::{TokenCost, TokenLimits};
