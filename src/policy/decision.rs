@@ -86,6 +86,11 @@ pub struct ProfileDecision {
     pub warnings: Vec<Warning>,
     /// Flags for the gateway.
     pub gateway: GatewayFlags,
+    /// The change freeze of the profile's error budgets in this step: its
+    /// state and the lanes that cause it with their bands (absent when no
+    /// lane has an objective).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<super::freeze::Freeze>,
     /// Per lane, in priority order then name.
     pub lanes: Vec<LaneDecision>,
 }

@@ -1,7 +1,8 @@
 //! The change freeze of the error budgets on a real API server (issue 25
 //! item 6): the chart's ValidatingAdmissionPolicy enforces it with the
-//! parameters the controller keeps current, while a real Prometheus serves
-//! a lane's error budget (`laneErrorBudgetRemainingPercent`).
+//! parameters the controller keeps current (the profile's `LaneFreeze`),
+//! while a real Prometheus serves a lane's error budget
+//! (`laneErrorBudgetRemainingPercent`).
 //!
 //! With the budget of P0 driven to Exhausted: `kubectl set image` on the
 //! pool and an edit of a lane's routes are denied with a message naming the
@@ -9,22 +10,26 @@
 //! more than 24 h ahead is denied, a valid one admitted and recorded (status
 //! and event); the freeze's parameters cannot be deleted by an admin; the
 //! controller still scales the pool; and when the budget recovers above
-//! 20 % the freeze lifts within one evaluation.
+//! 20 % the freeze lifts within one evaluation. Creating a lane or a policy
+//! for the frozen profile and deleting one of its lanes are denied the same
+//! way (an exception lets them through), and the freeze survives its policy
+//! and binding being deleted and re-created, as a reinstall does
+//! (kubernetes/kubernetes#130887 does not hit a custom-resource paramKind).
 
 use crate::support;
 use crate::world;
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
+use lanekeeper::api::{Covered, FreezeState, LaneFreeze, LaneFreezeSpec};
 use serde_json::{Value, json};
 use support::cluster::{Cluster, Controller, connect, eventually};
 use world::*;
 
 const P0: &str = "p0-disruption-assist";
 const P1: &str = "p1-agent-assist";
-const PARAMS: &str = "agent-assist-freeze";
+const PARAMS: &str = PROFILE;
 const EXCEPTION: &str = "lanekeeper.dev/freeze-exception";
 
 /// The world with an objective on P0 and the profile reading its budget
@@ -70,12 +75,36 @@ async fn until_budget(w: &World, want: f64) {
     tokio::time::sleep(Duration::from_millis(1000)).await;
 }
 
-async fn params(w: &World) -> Option<std::collections::BTreeMap<String, String>> {
-    Api::<ConfigMap>::namespaced(w.client.clone(), w.name())
+/// The profile's LaneFreeze spec (None: none yet).
+async fn params(w: &World) -> Option<LaneFreezeSpec> {
+    Api::<LaneFreeze>::namespaced(w.client.clone(), w.name())
         .get_opt(PARAMS)
         .await
         .ok()?
-        .map(|cm| cm.data.unwrap_or_default())
+        .map(|f| f.spec)
+}
+
+/// Whether a LaneFreeze spec freezes nothing.
+fn open(p: &Option<LaneFreezeSpec>) -> bool {
+    p.as_ref().is_none_or(|p| {
+        p.state == FreezeState::Open && p.lanes.is_empty() && p.objects.is_empty()
+    })
+}
+
+/// Waits until the profile's LaneFreeze is in `state`.
+async fn until_state(w: &World, state: FreezeState) -> LaneFreezeSpec {
+    eventually("the LaneFreeze in the wanted state", T, || async {
+        params(w).await.filter(|p| p.state == state)
+    })
+    .await
+}
+
+/// The role the LaneFreeze gives `kind`/`name`.
+fn role(p: &LaneFreezeSpec, kind: &str, name: &str) -> Option<Covered> {
+    p.objects
+        .iter()
+        .find(|o| o.kind == kind && o.name == name)
+        .map(|o| o.role)
 }
 
 /// `kubectl set image` on the pool: Ok(stdout) or Err(stderr).
@@ -173,10 +202,7 @@ async fn an_exhausted_budget_freezes_changes_at_the_api_server_until_it_recovers
         (f["state"] == "Open" && f["band"] == "Routine").then_some(())
     })
     .await;
-    assert!(
-        params(&w).await.unwrap_or_default().is_empty(),
-        "open: no parameters"
-    );
+    assert!(open(&params(&w).await), "open: nothing frozen");
     set_image(&c, &w, "open-1").expect("an open freeze admits a new image");
 
     // P0's budget is spent.
@@ -184,16 +210,13 @@ async fn an_exhausted_budget_freezes_changes_at_the_api_server_until_it_recovers
         t.budgets.insert(P0.into(), -5.0);
     });
     until_budget(&w, -5.0).await;
-    let p = eventually("the freeze parameters say Exhausted", T, || async {
-        params(&w)
-            .await
-            .filter(|p| p.get("band").is_some_and(|b| b == "Exhausted"))
-    })
-    .await;
-    assert_eq!(p["lanes"], P0);
-    assert_eq!(p[&format!("object.Deployment.{POOL}")], "scaleTarget");
-    assert_eq!(p[&format!("object.LaneContract.{P1}")], "lane");
-    // The API server's parameter cache follows the ConfigMap within moments.
+    let p = until_state(&w, FreezeState::Everything).await;
+    assert_eq!(p.lanes.len(), 1);
+    assert_eq!((p.lanes[0].name.as_str(), p.lanes[0].band.as_str()), (P0, "Exhausted"));
+    assert_eq!(role(&p, "Deployment", POOL), Some(Covered::ScaleTarget));
+    assert_eq!(role(&p, "LaneContract", P1), Some(Covered::Lane));
+    assert!(p.clock.is_some(), "the minute clock");
+    // The API server's parameter cache follows the LaneFreeze within moments.
     let mut n = 0;
     let denied = eventually("kubectl set image denied", T, || {
         n += 1;
@@ -211,14 +234,29 @@ async fn an_exhausted_budget_freezes_changes_at_the_api_server_until_it_recovers
     assert!(routes.contains(&format!("LaneContract {P1}")), "{routes}");
 
     // Nobody but the controller may lift the freeze by its parameters.
-    let o = c.kubectl(&["-n", w.name(), "delete", "configmap", PARAMS]);
+    let o = c.kubectl(&["-n", w.name(), "delete", "lanefreeze", PARAMS]);
     assert!(
         !o.ok && o.stderr.contains("written by lanekeeper only"),
         "{}",
         o.stderr
     );
-    let o = c.kubectl(&["-n", w.name(), "label", "configmap", PARAMS, "band-", "x=y"]);
+    let o = c.kubectl(&["-n", w.name(), "label", "lanefreeze", PARAMS, "x=y"]);
     assert!(!o.ok, "an admin relabels the parameters: {}", o.stdout);
+    let o = c.kubectl(&[
+        "-n",
+        w.name(),
+        "patch",
+        "lanefreeze",
+        PARAMS,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"state":"Open","lanes":[],"objects":[]}}"#,
+    ]);
+    assert!(
+        !o.ok && o.stderr.contains("written by lanekeeper only"),
+        "an admin opens the freeze: {}",
+        o.stderr
+    );
 
     // The controller still scales the pool (the scale subresource).
     let before = w.deployment().await.spec.unwrap().replicas.unwrap();
@@ -283,8 +321,9 @@ async fn an_exhausted_budget_freezes_changes_at_the_api_server_until_it_recovers
     });
     until_budget(&w, 30.0).await;
     let started = Instant::now();
-    eventually("the freeze parameters empty", T, || async {
-        params(&w).await.filter(|p| p.is_empty()).map(|_| ())
+    eventually("the LaneFreeze open", T, || async {
+        let p = params(&w).await;
+        open(&p).then_some(())
     })
     .await;
     let lifted = started.elapsed();
@@ -323,12 +362,8 @@ async fn a_restricted_budget_freezes_rollouts_and_routes_only() {
         "freeze-restricted",
         &["--leader-elect=false"],
     );
-    eventually("the freeze parameters say Restricted", T, || async {
-        params(&w)
-            .await
-            .filter(|p| p.get("band").is_some_and(|b| b == "Restricted"))
-    })
-    .await;
+    let p = until_state(&w, FreezeState::Rollouts).await;
+    assert_eq!(p.lanes[0].band.as_str(), "Restricted");
     let mut n = 0;
     let denied = eventually("kubectl set image denied", T, || {
         n += 1;
