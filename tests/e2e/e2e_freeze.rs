@@ -404,4 +404,199 @@ async fn a_restricted_budget_freezes_rollouts_and_routes_only() {
         "a lane edit beside its routes passes while Restricted: {}",
         o.stderr
     );
+    // Creating a lane is not a rollout: it passes while Restricted.
+    create(&c, &new_lane(&w, "p5-restricted", json!({})))
+        .expect("a new lane passes while Restricted");
+}
+
+/// A new lane for the profile, `name`, a copy of P1 (with `annotations`).
+fn new_lane(w: &World, name: &str, annotations: Value) -> Value {
+    let mut lane = inc47_objects(w.name(), &w.prom.url())
+        .into_iter()
+        .find(|o| o["kind"] == "LaneContract" && o["metadata"]["name"] == P1)
+        .unwrap();
+    lane["metadata"]["name"] = json!(name);
+    lane["metadata"]["annotations"] = annotations;
+    lane
+}
+
+/// `kubectl create -f -`: Ok(stdout) or Err(stderr).
+fn create(c: &Cluster, v: &Value) -> Result<String, String> {
+    let o = c.kubectl_stdin(&["create", "-f", "-"], &v.to_string());
+    if o.ok { Ok(o.stdout) } else { Err(o.stderr) }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exhausted_budget_freezes_creating_and_deleting_lanes_and_policies() {
+    let test = "an_exhausted_budget_freezes_creating_and_deleting_lanes_and_policies";
+    let Some(c) = connect(test).await else {
+        return;
+    };
+    let _shared = CLUSTER.read().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = budget_world(&c, -5.0).await else {
+        return;
+    };
+    let _ctl = Controller::start(&kc, w.name(), "freeze-create", &["--leader-elect=false"]);
+    until_state(&w, FreezeState::Everything).await;
+    // Once the API server's parameter cache has the LaneFreeze:
+    let mut n = 0;
+    eventually("kubectl set image denied", T, || {
+        n += 1;
+        let r = set_image(&c, &w, &format!("frozen-{n}"));
+        async move { r.err() }
+    })
+    .await;
+    // a new lane for the frozen profile is a spec change of the profile's
+    // lanes: denied, naming profile, lane and band.
+    let lane = new_lane(&w, "p5-new-lane", json!({}));
+    let denied = create(&c, &lane).expect_err("creating a lane is frozen");
+    names_cause(&denied, "Exhausted");
+    assert!(
+        denied.contains("LaneContract p5-new-lane") && denied.contains("creating it"),
+        "{denied}"
+    );
+    // So is a second DegradationPolicy for the profile.
+    let mut policy = inc47_objects(w.name(), &w.prom.url())
+        .into_iter()
+        .find(|o| o["kind"] == "DegradationPolicy")
+        .unwrap();
+    policy["metadata"]["name"] = json!("another-ladder");
+    names_cause(
+        &create(&c, &policy).expect_err("creating a policy is frozen"),
+        "Exhausted",
+    );
+    // A lane for another profile is not this freeze's business.
+    let mut other = new_lane(&w, "p5-other-profile", json!({}));
+    other["spec"]["profile"] = json!("some-other-pool");
+    create(&c, &other).expect("a lane of another profile is admitted");
+    // Moving that lane onto the frozen profile is a change of its lanes.
+    let o = c.kubectl(&[
+        "-n",
+        w.name(),
+        "patch",
+        "lanecontract",
+        "p5-other-profile",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"profile":"agent-assist"}}"#,
+    ]);
+    assert!(!o.ok, "moving a lane onto the frozen profile: {}", o.stdout);
+    names_cause(&o.stderr, "Exhausted");
+    // With an exception, the new lane is admitted and recorded.
+    let with = new_lane(
+        &w,
+        "p5-excepted",
+        json!({EXCEPTION: exception(&rfc3339_in(3600))}),
+    );
+    create(&c, &with).expect("a new lane with a valid exception");
+    let bad = new_lane(
+        &w,
+        "p5-bad-exception",
+        json!({EXCEPTION: exception(&rfc3339_in(25 * 3600))}),
+    );
+    let err = create(&c, &bad).expect_err("an exception 25 h ahead");
+    assert!(err.contains("at most 24h ahead"), "{err}");
+
+    // Deleting a lane is a change too: denied without an exception.
+    let o = c.kubectl(&["-n", w.name(), "delete", "lanecontract", P1, "--wait=false"]);
+    assert!(!o.ok, "deleting a lane under Exhausted: {}", o.stdout);
+    names_cause(&o.stderr, "Exhausted");
+    assert!(o.stderr.contains("deleting it"), "{}", o.stderr);
+    let o = c.kubectl(&["-n", w.name(), "delete", "capacityprofile", PROFILE, "--wait=false"]);
+    assert!(!o.ok, "deleting the profile under Exhausted: {}", o.stdout);
+    // Annotating is not a spec change; the annotated lane may go.
+    c.kubectl_ok(&[
+        "-n",
+        w.name(),
+        "annotate",
+        "lanecontract",
+        P1,
+        &format!("{EXCEPTION}={}", exception(&rfc3339_in(3600))),
+    ]);
+    c.kubectl_ok(&["-n", w.name(), "delete", "lanecontract", P1, "--wait=false"]);
+    eventually("the excepted lane gone", T, || async {
+        let o = c.kubectl(&["-n", w.name(), "get", "lanecontract", P1]);
+        (!o.ok && o.stderr.contains("NotFound")).then_some(())
+    })
+    .await;
+}
+
+/// The policy or binding as the API server has it, ready to be created
+/// again (server-set metadata and status removed, Helm's labels and
+/// annotations kept).
+fn as_created(c: &Cluster, kind: &str, name: &str) -> Value {
+    let mut v: Value = serde_json::from_str(&c.kubectl_ok(&["get", kind, name, "-o", "json"]))
+        .expect("kubectl prints JSON");
+    let meta = v["metadata"].as_object_mut().unwrap();
+    for k in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "generation",
+        "managedFields",
+    ] {
+        meta.remove(k);
+    }
+    v.as_object_mut().unwrap().remove("status");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_freeze_holds_after_its_policy_and_binding_are_recreated() {
+    let test = "the_freeze_holds_after_its_policy_and_binding_are_recreated";
+    let Some(c) = connect(test).await else {
+        return;
+    };
+    // Alone: every other test relies on the freeze policy being there.
+    let _alone = CLUSTER.write().await;
+    let kc = controller_kubeconfig(&c).await;
+    let Some(w) = budget_world(&c, -5.0).await else {
+        return;
+    };
+    let _ctl = Controller::start(&kc, w.name(), "freeze-reinstall", &["--leader-elect=false"]);
+    until_state(&w, FreezeState::Everything).await;
+    let mut n = 0;
+    eventually("frozen before the reinstall", T, || {
+        n += 1;
+        let r = set_image(&c, &w, &format!("before-{n}"));
+        async move { r.err() }
+    })
+    .await;
+    // What `helm uninstall` then `helm install` does to the policy: both
+    // objects deleted, then created anew.
+    let name = format!("{}-freeze", support::cluster::RELEASE);
+    let policy = as_created(&c, "validatingadmissionpolicy", &name);
+    let binding = as_created(&c, "validatingadmissionpolicybinding", &name);
+    c.kubectl_ok(&["delete", "validatingadmissionpolicybinding", &name]);
+    c.kubectl_ok(&["delete", "validatingadmissionpolicy", &name]);
+    eventually("the pool may change without the policy", T, || {
+        n += 1;
+        let r = set_image(&c, &w, &format!("unbound-{n}"));
+        async move { r.ok() }
+    })
+    .await;
+    create(&c, &policy).expect("policy created again");
+    create(&c, &binding).expect("binding created again");
+    // The same LaneFreeze, not rewritten: the API server reads it again.
+    let denied = eventually("frozen again after the reinstall", T, || {
+        n += 1;
+        let r = set_image(&c, &w, &format!("after-{n}"));
+        async move { r.err() }
+    })
+    .await;
+    names_cause(&denied, "Exhausted");
+    // And it keeps following the LaneFreeze: the budget recovers, the
+    // freeze lifts.
+    w.set(|t| {
+        t.budgets.insert(P0.into(), 30.0);
+    });
+    until_budget(&w, 30.0).await;
+    until_state(&w, FreezeState::Open).await;
+    eventually("thawed after the reinstall", T, || {
+        n += 1;
+        let r = set_image(&c, &w, &format!("thawed-{n}"));
+        async move { r.ok() }
+    })
+    .await;
 }
