@@ -8,34 +8,11 @@
 //! no lanes, no objects and no clock: nothing is frozen, and the spec does
 //! not change from one minute to the next.
 
-use serde::{Deserialize, Serialize};
-
 use crate::api::common::rfc3339;
-use crate::api::{Band, Covered, FreezeLane, FreezeState, FrozenObject, LaneFreezeSpec};
+use crate::api::{Covered, FreezeLane, FreezeState, FrozenObject, LaneFreezeSpec};
 
+pub use super::decision::Freeze;
 use super::decision::LaneDecision;
-
-/// A profile's freeze in one step (what `plan -o json` shows per profile).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Freeze {
-    /// What is frozen: `Open`, `Rollouts` or `Everything`.
-    pub state: FreezeState,
-    /// The worst band among the lanes with an objective (None: no lane has
-    /// one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub band: Option<Band>,
-    /// The lanes in that band with their bands, in the decision's order.
-    #[serde(default)]
-    pub lanes: Vec<FreezeLane>,
-}
-
-impl Freeze {
-    /// The names of the lanes that cause it.
-    pub fn lane_names(&self) -> Vec<String> {
-        self.lanes.iter().map(|l| l.name.clone()).collect()
-    }
-}
 
 /// The freeze of a profile's lane decisions.
 pub fn freeze(lanes: &[LaneDecision]) -> Freeze {
@@ -106,6 +83,7 @@ pub fn open(profile: &str) -> LaneFreezeSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::Band;
     use crate::policy::decision::LaneObjective;
 
     fn lane(name: &str, band: Option<Band>) -> LaneDecision {
