@@ -159,7 +159,11 @@ mod tests {
                 band: Band::Exhausted
             }]
         );
-        assert_eq!(p.clock.as_deref(), Some(rfc3339(1_796_300_040).as_str()), "whole minutes");
+        assert_eq!(
+            p.clock.as_deref(),
+            Some(rfc3339(1_796_300_040).as_str()),
+            "whole minutes"
+        );
         assert_eq!(p.objects.len(), 4);
         assert_eq!(
             p.objects[0],
@@ -172,7 +176,11 @@ mod tests {
         assert_eq!(p.objects[3].role, Covered::Policy);
         // The same minute gives the same parameters (no write per evaluation).
         assert_eq!(p, params("pool", &f, &objects, 1_796_300_041));
-        assert_ne!(p, params("pool", &f, &objects, 1_796_300_100), "next minute");
+        assert_ne!(
+            p,
+            params("pool", &f, &objects, 1_796_300_100),
+            "next minute"
+        );
     }
 
     #[test]

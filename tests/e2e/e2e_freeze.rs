@@ -86,9 +86,8 @@ async fn params(w: &World) -> Option<LaneFreezeSpec> {
 
 /// Whether a LaneFreeze spec freezes nothing.
 fn open(p: &Option<LaneFreezeSpec>) -> bool {
-    p.as_ref().is_none_or(|p| {
-        p.state == FreezeState::Open && p.lanes.is_empty() && p.objects.is_empty()
-    })
+    p.as_ref()
+        .is_none_or(|p| p.state == FreezeState::Open && p.lanes.is_empty() && p.objects.is_empty())
 }
 
 /// Waits until the profile's LaneFreeze is in `state`.
@@ -212,7 +211,10 @@ async fn an_exhausted_budget_freezes_changes_at_the_api_server_until_it_recovers
     until_budget(&w, -5.0).await;
     let p = until_state(&w, FreezeState::Everything).await;
     assert_eq!(p.lanes.len(), 1);
-    assert_eq!((p.lanes[0].name.as_str(), p.lanes[0].band.as_str()), (P0, "Exhausted"));
+    assert_eq!(
+        (p.lanes[0].name.as_str(), p.lanes[0].band.as_str()),
+        (P0, "Exhausted")
+    );
     assert_eq!(role(&p, "Deployment", POOL), Some(Covered::ScaleTarget));
     assert_eq!(role(&p, "LaneContract", P1), Some(Covered::Lane));
     assert!(p.clock.is_some(), "the minute clock");
@@ -503,7 +505,14 @@ async fn an_exhausted_budget_freezes_creating_and_deleting_lanes_and_policies() 
     assert!(!o.ok, "deleting a lane under Exhausted: {}", o.stdout);
     names_cause(&o.stderr, "Exhausted");
     assert!(o.stderr.contains("deleting it"), "{}", o.stderr);
-    let o = c.kubectl(&["-n", w.name(), "delete", "capacityprofile", PROFILE, "--wait=false"]);
+    let o = c.kubectl(&[
+        "-n",
+        w.name(),
+        "delete",
+        "capacityprofile",
+        PROFILE,
+        "--wait=false",
+    ]);
     assert!(!o.ok, "deleting the profile under Exhausted: {}", o.stdout);
     // Annotating is not a spec change; the annotated lane may go.
     c.kubectl_ok(&[

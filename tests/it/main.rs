@@ -39,6 +39,7 @@ mod gateway_tenants;
 mod gateway_tls;
 mod objectives_plan;
 mod plan_cli;
+mod plan_freeze;
 mod prometheus_inc47;
 mod prometheus_queries;
 mod prometheus_scrape;
