@@ -114,6 +114,16 @@ fn the_table_prints_a_line_where_the_freeze_changes() {
     };
     assert_eq!(at("freeze Open -> Rollouts"), "0s");
     assert_eq!(at("freeze Rollouts -> Everything"), "420s");
+    // docs/concepts.md quotes them.
+    let concepts =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/concepts.md"))
+            .unwrap();
+    for l in lines {
+        assert!(
+            concepts.contains(&format!("           {l}\n")),
+            "concepts.md quotes {l:?}"
+        );
+    }
 }
 
 #[test]
