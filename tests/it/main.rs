@@ -20,6 +20,7 @@ mod chart;
 mod cli_output;
 mod controller;
 mod controller_approval;
+mod controller_freeze;
 mod crds;
 mod docs;
 mod drain;
