@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::FreezeState;
 use crate::api::common::format_number;
 use crate::policy::{
     self, Approvals, EngineState, Evaluation, LaneDecision, ProfileDecision, World, key,
@@ -145,6 +146,7 @@ pub fn render_table(plan: &Plan) -> String {
         String,
         (Option<policy::CalibrationStale>, bool),
     > = Default::default();
+    let mut last_freeze: std::collections::BTreeMap<String, FreezeState> = Default::default();
     for step in &plan.steps {
         for w in &step.warnings {
             let _ = writeln!(out, "at {:>6}s  warning: {w}", step.at);
@@ -199,6 +201,11 @@ pub fn render_table(plan: &Plan) -> String {
                     (None, _) => writeln!(out, "           calibration valid again"),
                 };
                 last_calibration.insert(k.clone(), cal);
+            }
+            let freeze = p.freeze.as_ref().map_or(FreezeState::Open, |f| f.state);
+            let was = last_freeze.insert(k.clone(), freeze).unwrap_or_default();
+            if was != freeze {
+                let _ = writeln!(out, "           {}", freeze_line(was, p.freeze.as_ref()));
             }
             let sig = lanes_signature(p);
             if last.get(&k) != Some(&sig) {
@@ -257,4 +264,22 @@ fn objective_line(o: &ObjectiveSummary) -> String {
         o.final_band.as_str(),
         o.worst_band.as_str()
     )
+}
+
+/// A change of a profile's freeze, for the table: the states and the lanes
+/// that cause the new one with their bands.
+fn freeze_line(was: FreezeState, now: Option<&policy::freeze::Freeze>) -> String {
+    let state = now.map_or(FreezeState::Open, |f| f.state);
+    let lanes: Vec<String> = now
+        .map(|f| f.lanes.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|l| format!("lane {} is {}", l.name, l.band.as_str()))
+        .collect();
+    let cause = if state == FreezeState::Open || lanes.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", lanes.join(", "))
+    };
+    format!("freeze {} -> {}{cause}", was.as_str(), state.as_str())
 }

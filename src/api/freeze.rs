@@ -44,7 +44,8 @@ pub enum FreezeState {
     /// template and the lanes' routes are frozen.
     Rollouts,
     /// A lane is Exhausted: every spec change to the profile, its lanes, its
-    /// policy and the pool's pod template is frozen.
+    /// policy and the pool's pod template is frozen, and so are creating a
+    /// lane or policy for the profile and deleting any of them.
     Everything,
 }
 

@@ -6,6 +6,7 @@ pub mod clients;
 pub mod common;
 pub mod freeze;
 pub mod lane;
+pub mod lane_freeze;
 pub mod objective;
 pub mod policy;
 pub mod profile;
@@ -18,6 +19,7 @@ pub use clients::*;
 pub use common::Decimal;
 pub use freeze::{FreezeException, FreezeState, FreezeStatus};
 pub use lane::*;
+pub use lane_freeze::{Covered, FreezeLane, FrozenObject, LaneFreeze, LaneFreezeSpec};
 pub use objective::{Band, ObjectiveSpec, ObjectiveStatus};
 pub use policy::*;
 pub use profile::*;
@@ -65,12 +67,13 @@ pub const APPROVE_ANNOTATION: &str = "lanekeeper.dev/approve-level";
 /// The API group of every lanekeeper resource.
 pub const GROUP: &str = "lanekeeper.dev";
 
-/// The three CRDs, in a stable order.
+/// The four CRDs, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         CapacityProfile::crd(),
         LaneContract::crd(),
         DegradationPolicy::crd(),
+        LaneFreeze::crd(),
     ]
 }
 
@@ -89,7 +92,7 @@ pub fn crd_files() -> Vec<(String, String)> {
         .collect()
 }
 
-/// The three CRDs as one multi-document YAML stream (what `crdgen` prints).
+/// The four CRDs as one multi-document YAML stream (what `crdgen` prints).
 pub fn crds_yaml() -> String {
     crd_files().into_iter().map(|(_, y)| y).collect()
 }

@@ -105,8 +105,8 @@ pub struct SweepMemory {
     pub reconciled: Mutex<HashMap<String, Reconciled>>,
     /// Invalid objects already reported (uid → generation).
     pub reported_invalid: Mutex<HashMap<String, String>>,
-    /// The freeze parameters this leader last wrote, per profile key.
-    pub freeze_params: Mutex<HashMap<String, std::collections::BTreeMap<String, String>>>,
+    /// The LaneFreeze spec this leader last wrote, per profile key.
+    pub freeze_params: Mutex<HashMap<String, crate::api::LaneFreezeSpec>>,
 }
 
 /// Readiness flags served on /readyz.

@@ -1,5 +1,5 @@
 //! The watch caches behind every read a reconcile makes besides the
-//! lanekeeper objects: the owned ConfigMaps, the HPAs, and per profile its
+//! lanekeeper objects: the owned ConfigMaps and LaneFreezes, the HPAs, and per profile its
 //! scale target and (for a Deployment) its ReplicaSets' metadata. The pods
 //! are in [`super::pods::PodIndex`], built on the same [`Watch`].
 //!
@@ -29,7 +29,7 @@ use kube::{Client, ResourceExt};
 use super::error::Error;
 use super::pods::selector_of;
 use super::scale::{Resolver, TargetState};
-use crate::api::{CapacityProfile, ScaleTargetRef};
+use crate::api::{CapacityProfile, LaneFreeze, ScaleTargetRef};
 
 pub use super::watch::{Trigger, Watch};
 
@@ -151,6 +151,8 @@ pub struct Index {
     trigger: Trigger,
     /// lanekeeper's ConfigMaps (label `app.kubernetes.io/managed-by`).
     configmaps: Store<ConfigMap>,
+    /// The freeze parameters (one LaneFreeze per profile).
+    freezes: Store<LaneFreeze>,
     /// The HPAs of the watched namespaces.
     hpas: Store<HorizontalPodAutoscaler>,
     targets: Mutex<HashMap<ObjectRef<CapacityProfile>, TargetEntry>>,
@@ -165,12 +167,14 @@ impl Index {
         client: Client,
         trigger: Trigger,
         configmaps: Store<ConfigMap>,
+        freezes: Store<LaneFreeze>,
         hpas: Store<HorizontalPodAutoscaler>,
     ) -> Self {
         Self {
             client,
             trigger,
             configmaps,
+            freezes,
             hpas,
             targets: Mutex::new(HashMap::new()),
             lag: Lag::default(),
@@ -181,12 +185,18 @@ impl Index {
     pub fn synced(&self) -> bool {
         use futures::FutureExt;
         self.configmaps.wait_until_ready().now_or_never().is_some()
+            && self.freezes.wait_until_ready().now_or_never().is_some()
             && self.hpas.wait_until_ready().now_or_never().is_some()
     }
 
     /// A ConfigMap from the cache.
     pub fn configmap(&self, ns: &str, name: &str) -> Option<Arc<ConfigMap>> {
         self.configmaps.get(&ObjectRef::new(name).within(ns))
+    }
+
+    /// A LaneFreeze from the cache.
+    pub fn lane_freeze(&self, ns: &str, name: &str) -> Option<Arc<LaneFreeze>> {
+        self.freezes.get(&ObjectRef::new(name).within(ns))
     }
 
     /// The HPA that targets the workload, if any.

@@ -36,7 +36,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-use crate::api::{CapacityProfile, DegradationPolicy, LaneContract};
+use crate::api::{CapacityProfile, DegradationPolicy, LaneContract, LaneFreeze};
 use crate::signals::{ClusterSource, SignalSource};
 
 pub use crate::metrics::Metrics;
@@ -47,7 +47,7 @@ use reconcile::writes::Writes;
 /// How long in-flight reconciles may take to finish on shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Checks that the three CRDs are installed; the error says how to install
+/// Checks that the four CRDs are installed; the error says how to install
 /// them. Transient API errors (5xx, 429, transport) are retried with backoff
 /// for about a minute before giving up.
 pub async fn check_crds(client: &Client) -> Result<(), Error> {
@@ -218,6 +218,9 @@ async fn run_namespace(
         scoped_api::<HorizontalPodAutoscaler>(&client, &ns),
         watch_config(),
     );
+    // The freeze parameters (owned by their profiles).
+    let (freeze_store, freeze_stream) =
+        reflected(scoped_api::<LaneFreeze>(&client, &ns), watch_config());
     for source in &sources {
         source.attach(&ns, trigger_tx.clone());
     }
@@ -230,7 +233,13 @@ async fn run_namespace(
         lanes: lane_store.clone(),
         policies: policy_store.clone(),
         pods: pods::PodIndex::new(client.clone(), trigger_tx.clone()),
-        index: index::Index::new(client.clone(), trigger_tx, cm_store, hpa_store),
+        index: index::Index::new(
+            client.clone(),
+            trigger_tx,
+            cm_store,
+            freeze_store,
+            hpa_store,
+        ),
         resolver: scale::Resolver::default(),
         writes: Writes::new(client.clone(), metrics.clone()),
         seen: context::SweepMemory::default(),
@@ -267,6 +276,7 @@ async fn run_namespace(
     let ctx_for_stop = ctx.clone();
     let run = controller
         .owns_stream(cm_stream)
+        .owns_stream(freeze_stream)
         .watches_stream(hpa_stream, move |h: HorizontalPodAutoscaler| {
             index::profiles_of_hpa(&h, &hpa_profiles.state())
         })

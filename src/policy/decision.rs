@@ -86,8 +86,36 @@ pub struct ProfileDecision {
     pub warnings: Vec<Warning>,
     /// Flags for the gateway.
     pub gateway: GatewayFlags,
+    /// The change freeze of the profile's error budgets in this step: its
+    /// state and the lanes that cause it with their bands (absent when no
+    /// lane has an objective).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<Freeze>,
     /// Per lane, in priority order then name.
     pub lanes: Vec<LaneDecision>,
+}
+
+/// A profile's change freeze in one step (what `plan -o json` shows per
+/// profile; `policy::freeze` decides it).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Freeze {
+    /// What is frozen: `Open`, `Rollouts` or `Everything`.
+    pub state: crate::api::FreezeState,
+    /// The worst band among the lanes with an objective (None: no lane has
+    /// one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub band: Option<crate::api::Band>,
+    /// The lanes in that band with their bands, in the decision's order.
+    #[serde(default)]
+    pub lanes: Vec<crate::api::FreezeLane>,
+}
+
+impl Freeze {
+    /// The names of the lanes that cause it.
+    pub fn lane_names(&self) -> Vec<String> {
+        self.lanes.iter().map(|l| l.name.clone()).collect()
+    }
 }
 
 /// A level change.

@@ -1,42 +1,18 @@
 //! The change freeze, pure: a profile's freeze is the worst band among its
 //! lanes with an objective (`Restricted` freezes rollouts, `Exhausted`
 //! every spec change), and the parameters the API server's admission
-//! policy (`charts/lanekeeper/templates/freeze.yaml`) reads to enforce it.
-//!
-//! The parameters are one ConfigMap per profile, flat string keys (CEL in
-//! the API server has no JSON parser):
-//!
-//! - `profile`, `band`, `lanes` (comma-separated): what the denial names;
-//! - `object.<Kind>.<name>`: the objects the freeze covers, valued
-//!   `scaleTarget`, `profile`, `lane` or `policy`;
-//! - `clock`: the controller's time (RFC 3339, whole minutes), the "now"
-//!   an exception's `expires` is checked against (admission CEL has no
-//!   clock of its own).
-//!
-//! An open freeze has no keys at all: nothing is frozen.
-
-use std::collections::BTreeMap;
+//! policy (`charts/lanekeeper/templates/freeze.yaml`) reads to enforce it:
+//! the spec of the profile's `LaneFreeze` (state, the lanes that cause it
+//! with their bands, the objects it covers and the controller's clock in
+//! whole minutes, since admission CEL has no clock). An open freeze lists
+//! no lanes, no objects and no clock: nothing is frozen, and the spec does
+//! not change from one minute to the next.
 
 use crate::api::common::rfc3339;
-use crate::api::{Band, FreezeState};
+use crate::api::{Covered, FreezeLane, FreezeState, FrozenObject, LaneFreezeSpec};
 
+pub use super::decision::Freeze;
 use super::decision::LaneDecision;
-
-/// The label every freeze parameter ConfigMap carries (what the policy
-/// binding selects and the guard policy protects).
-pub const PARAMS_LABEL: &str = "lanekeeper.dev/freeze-params";
-
-/// A profile's freeze in one step.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Freeze {
-    /// What is frozen.
-    pub state: FreezeState,
-    /// The worst band among the lanes with an objective (None: no lane has
-    /// one).
-    pub band: Option<Band>,
-    /// The lanes in that band, in the decision's order.
-    pub lanes: Vec<String>,
-}
 
 /// The freeze of a profile's lane decisions.
 pub fn freeze(lanes: &[LaneDecision]) -> Freeze {
@@ -53,61 +29,61 @@ pub fn freeze(lanes: &[LaneDecision]) -> Freeze {
         lanes: lanes
             .iter()
             .filter(|l| l.objective.as_ref().is_some_and(|o| o.band == band))
-            .map(|l| l.name.clone())
+            .map(|l| FreezeLane {
+                name: l.name.clone(),
+                band,
+            })
             .collect(),
     }
 }
 
-/// What an object is to the profile whose freeze covers it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Covered {
-    /// The pool's workload (its pod template is frozen).
-    ScaleTarget,
-    /// The CapacityProfile itself.
-    Profile,
-    /// One of its LaneContracts.
-    Lane,
-    /// Its governing DegradationPolicy.
-    Policy,
+/// The freeze of a step as `plan` reports it: None when no lane of the
+/// profile has an objective.
+pub fn reported(lanes: &[LaneDecision]) -> Option<Freeze> {
+    let f = freeze(lanes);
+    f.band.is_some().then_some(f)
 }
 
-impl Covered {
-    /// The value in the parameters.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Covered::ScaleTarget => "scaleTarget",
-            Covered::Profile => "profile",
-            Covered::Lane => "lane",
-            Covered::Policy => "policy",
-        }
-    }
-}
-
-/// The freeze parameters of `profile` (empty while open): `objects` are
-/// (kind, name, what it is), `now` the controller's time in Unix seconds.
+/// The `LaneFreeze` spec of `profile` (open: no lanes, objects or clock):
+/// `objects` are (kind, name, what it is), `now` the controller's time in
+/// Unix seconds.
 pub fn params(
     profile: &str,
     freeze: &Freeze,
     objects: &[(&str, &str, Covered)],
     now: i64,
-) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let Some(band) = freeze.band.filter(|_| freeze.state != FreezeState::Open) else {
-        return out;
-    };
-    out.insert("profile".into(), profile.to_owned());
-    out.insert("band".into(), band.as_str().to_owned());
-    out.insert("lanes".into(), freeze.lanes.join(", "));
-    out.insert("clock".into(), rfc3339(now - now.rem_euclid(60)));
-    for (kind, name, what) in objects {
-        out.insert(format!("object.{kind}.{name}"), what.as_str().to_owned());
+) -> LaneFreezeSpec {
+    if freeze.state == FreezeState::Open {
+        return open(profile);
     }
-    out
+    LaneFreezeSpec {
+        profile: profile.to_owned(),
+        state: freeze.state,
+        lanes: freeze.lanes.clone(),
+        objects: objects
+            .iter()
+            .map(|(kind, name, role)| FrozenObject {
+                kind: (*kind).to_owned(),
+                name: (*name).to_owned(),
+                role: *role,
+            })
+            .collect(),
+        clock: Some(rfc3339(now - now.rem_euclid(60))),
+    }
+}
+
+/// The spec of an open freeze: nothing frozen.
+pub fn open(profile: &str) -> LaneFreezeSpec {
+    LaneFreezeSpec {
+        profile: profile.to_owned(),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::Band;
     use crate::policy::decision::LaneObjective;
 
     fn lane(name: &str, band: Option<Band>) -> LaneDecision {
@@ -148,40 +124,75 @@ mod tests {
             lane("p2", Some(Band::Exhausted)),
         ]);
         assert_eq!(f.state, FreezeState::Everything);
-        assert_eq!(f.lanes, ["p1", "p2"]);
+        assert_eq!(f.lane_names(), ["p1", "p2"]);
         let f = freeze(&[
             lane("p0", Some(Band::Restricted)),
             lane("p1", Some(Band::Cautious)),
         ]);
         assert_eq!(f.state, FreezeState::Rollouts);
-        assert_eq!(f.lanes, ["p0"]);
+        assert_eq!(f.lane_names(), ["p0"]);
     }
 
     #[test]
-    fn parameters_name_the_profile_band_lanes_objects_and_the_minute() {
+    fn parameters_name_the_profile_lanes_objects_and_the_minute() {
         let objects = [
             ("Deployment", "vllm", Covered::ScaleTarget),
             ("LaneContract", "p0", Covered::Lane),
             ("CapacityProfile", "pool", Covered::Profile),
             ("DegradationPolicy", "ladder", Covered::Policy),
         ];
-        let open = freeze(&[lane("p0", Some(Band::Routine))]);
-        assert!(
-            params("pool", &open, &objects, 125).is_empty(),
-            "open: no keys"
+        let cautious = freeze(&[lane("p0", Some(Band::Cautious))]);
+        assert_eq!(
+            params("pool", &cautious, &objects, 125),
+            open("pool"),
+            "open: nothing listed, no clock"
         );
+        assert!(open("pool").lanes.is_empty() && open("pool").clock.is_none());
         let f = freeze(&[lane("p0", Some(Band::Exhausted))]);
         let p = params("pool", &f, &objects, 1_796_300_059);
-        assert_eq!(p["profile"], "pool");
-        assert_eq!(p["band"], "Exhausted");
-        assert_eq!(p["lanes"], "p0");
-        assert_eq!(p["clock"], rfc3339(1_796_300_040), "whole minutes");
-        assert_eq!(p["object.Deployment.vllm"], "scaleTarget");
-        assert_eq!(p["object.LaneContract.p0"], "lane");
-        assert_eq!(p["object.CapacityProfile.pool"], "profile");
-        assert_eq!(p["object.DegradationPolicy.ladder"], "policy");
-        assert_eq!(p.len(), 8);
+        assert_eq!(p.profile, "pool");
+        assert_eq!(p.state, FreezeState::Everything);
+        assert_eq!(
+            p.lanes,
+            [FreezeLane {
+                name: "p0".into(),
+                band: Band::Exhausted
+            }]
+        );
+        assert_eq!(
+            p.clock.as_deref(),
+            Some(rfc3339(1_796_300_040).as_str()),
+            "whole minutes"
+        );
+        assert_eq!(p.objects.len(), 4);
+        assert_eq!(
+            p.objects[0],
+            FrozenObject {
+                kind: "Deployment".into(),
+                name: "vllm".into(),
+                role: Covered::ScaleTarget
+            }
+        );
+        assert_eq!(p.objects[3].role, Covered::Policy);
         // The same minute gives the same parameters (no write per evaluation).
         assert_eq!(p, params("pool", &f, &objects, 1_796_300_041));
+        assert_ne!(
+            p,
+            params("pool", &f, &objects, 1_796_300_100),
+            "next minute"
+        );
+    }
+
+    #[test]
+    fn plan_reports_a_freeze_only_with_objectives() {
+        assert_eq!(reported(&[lane("p4", None)]), None);
+        let f = reported(&[lane("p0", Some(Band::Restricted)), lane("p4", None)]).unwrap();
+        assert_eq!(f.state, FreezeState::Rollouts);
+        assert_eq!(f.lane_names(), ["p0"]);
+        let json = serde_json::to_value(&f).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"state": "Rollouts", "band": "Restricted", "lanes": [{"name": "p0", "band": "Restricted"}]})
+        );
     }
 }

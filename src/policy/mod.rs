@@ -137,6 +137,7 @@ pub fn evaluate_profile(
         drain,
         warnings,
         gateway: actions::gateway_flags(profile, policy, level),
+        freeze: freeze::reported(&lanes),
         lanes,
     };
     (decision, next)

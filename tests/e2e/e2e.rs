@@ -88,6 +88,7 @@ async fn install_with_helm_then_upgrade_and_uninstall() {
         "capacityprofiles.lanekeeper.dev",
         "lanecontracts.lanekeeper.dev",
         "degradationpolicies.lanekeeper.dev",
+        "lanefreezes.lanekeeper.dev",
     ] {
         let established = c.kubectl_ok(&[
             "get",

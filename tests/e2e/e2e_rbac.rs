@@ -6,7 +6,7 @@
 //! The real controller runs, with a token of the chart's ServiceAccount,
 //! through scenarios that together use every permission: INC-47 with leader
 //! election, a capacity drop and drain requests beyond the bound; an HPA in
-//! `HPAMinReplicas` mode; a StatefulSet pool; a Prometheus source that reads
+//! `HPAMinReplicas` mode; a StatefulSet pool (with an objective: a LaneFreeze); a Prometheus source that reads
 //! its bearer token from a Secret and its CA bundle from a ConfigMap; an approval entered and consumed; an
 //! object stored under a looser schema than the current CRD's. Every
 //! request in the audit log becomes (apiGroup, resource[/subresource],
@@ -122,6 +122,14 @@ async fn scenario_statefulset(c: &Cluster, kc: &std::path::Path) -> String {
     profile["spec"]["pool"]["scaleTargetRef"] =
         json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "vllm-sts"});
     c.apply(&profile).await.unwrap();
+    // An objective without budget data: Restricted, so the controller
+    // writes the profile's LaneFreeze (a server-side apply that creates it).
+    let mut p0 = inc47_objects(w.name(), &w.prom.url())
+        .into_iter()
+        .find(|o| o["kind"] == "LaneContract" && o["metadata"]["name"] == "p0-disruption-assist")
+        .unwrap();
+    p0["spec"]["objective"] = json!({"withinDeadlinePercent": "99.9"});
+    c.apply(&p0).await.unwrap();
     let _ctl = Controller::start(kc, w.name(), "rbac-sts", &["--leader-elect=false"]);
     let api = support::cluster::dynamic(
         &c.client,
@@ -130,6 +138,12 @@ async fn scenario_statefulset(c: &Cluster, kc: &std::path::Path) -> String {
     eventually("the StatefulSet scaled to 9", T, || async {
         let s = api.get("vllm-sts").await.ok()?;
         (s.data["spec"]["replicas"] == 9).then_some(())
+    })
+    .await;
+    let freezes = Api::<lanekeeper::api::LaneFreeze>::namespaced(c.client.clone(), w.name());
+    eventually("the LaneFreeze written", T, || async {
+        let f = freezes.get_opt(PROFILE).await.ok()??;
+        (f.spec.state == lanekeeper::api::FreezeState::Rollouts).then_some(())
     })
     .await;
     w.name().to_owned()

@@ -48,17 +48,23 @@ fn crds_have_the_promised_shape() {
             "CapacityProfile" => "capprof",
             "LaneContract" => "lane",
             "DegradationPolicy" => "degpol",
+            "LaneFreeze" => "freeze",
             k => panic!("unexpected kind {k}"),
         };
         assert_eq!(short, vec![want.to_owned()]);
         let v = &spec.versions[0];
         assert_eq!(v.name, "v1alpha1");
-        assert!(
-            v.subresources
-                .as_ref()
-                .and_then(|s| s.status.as_ref())
-                .is_some(),
-            "status subresource"
+        // A LaneFreeze is all spec, written by the controller: no status.
+        let status = v
+            .subresources
+            .as_ref()
+            .and_then(|s| s.status.as_ref())
+            .is_some();
+        assert_eq!(
+            status,
+            spec.names.kind != "LaneFreeze",
+            "status subresource of {}",
+            spec.names.kind
         );
         assert!(
             v.additional_printer_columns

@@ -296,6 +296,7 @@ impl Cluster {
                 "capacityprofiles.lanekeeper.dev",
                 "lanecontracts.lanekeeper.dev",
                 "degradationpolicies.lanekeeper.dev",
+                "lanefreezes.lanekeeper.dev",
             ] {
                 self.kubectl_ok(&[
                     "wait",

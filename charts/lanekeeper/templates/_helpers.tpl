@@ -73,6 +73,12 @@ audit log).
 - apiGroups: ["lanekeeper.dev"]
   resources: ["degradationpolicies"]
   verbs: ["patch"]
+# The freeze parameters, one LaneFreeze per profile: watched, and written
+# by server-side apply (patch, and create for a new one). Nobody else may
+# write them (the freeze-params admission policy).
+- apiGroups: ["lanekeeper.dev"]
+  resources: ["lanefreezes"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
   # list, watch: the gateway ConfigMaps are read from a watch (label

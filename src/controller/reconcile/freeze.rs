@@ -1,13 +1,19 @@
 //! The change freeze on the cluster: the freeze parameters the API
-//! server's admission policy reads (one ConfigMap per profile, written
-//! when they change, never in observe mode), the exceptions in force on the
-//! profile's objects (read from the watch caches, checked by the rules the
-//! policy applies) for the profile's status, and the events when the
-//! freeze or its exceptions change.
+//! server's admission policy reads (the profile's `LaneFreeze`, same name,
+//! owned by the profile, written by server-side apply when they change,
+//! open in observe mode), the exceptions in force on the profile's objects
+//! (read from the watch caches, checked by the rules the policy applies)
+//! for the profile's status, and the events when the freeze or its
+//! exceptions change.
+//!
+//! A `<profile>-freeze` ConfigMap that an earlier version wrote as the
+//! parameters is left alone: nothing reads it any more, it goes with its
+//! profile (owner reference), and deleting it would need the right to
+//! delete every ConfigMap of the watched namespaces, which the controller
+//! does not have (docs/operations.md says how to remove it).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::events::EventType;
@@ -17,14 +23,12 @@ use super::super::error::Error;
 use super::events::{Note, Target};
 use super::observe::Observation;
 use crate::api::freeze::{EXCEPTION_ANNOTATION, parse_exception};
-use crate::api::{CapacityProfileStatus, FreezeException, FreezeState, FreezeStatus, ObjectKey};
+use crate::api::{
+    CapacityProfileStatus, Covered, FreezeException, FreezeState, FreezeStatus, LaneFreeze,
+    LaneFreezeSpec, ObjectKey,
+};
 use crate::policy::ProfileDecision;
-use crate::policy::freeze::{self, Covered, PARAMS_LABEL};
-
-/// The name of a profile's freeze parameter ConfigMap.
-pub fn params_name(profile: &str) -> String {
-    format!("{profile}-freeze")
-}
+use crate::policy::freeze;
 
 /// The objects a profile's freeze covers: (kind, name, what it is).
 fn covered(obs: &Observation) -> Vec<(String, String, Covered)> {
@@ -104,7 +108,7 @@ pub async fn actuate(
         .map(|(k, n, c)| (k.as_str(), n.as_str(), *c))
         .collect();
     let wanted = if obs.observe_only() {
-        BTreeMap::new()
+        freeze::open(obs.profile.name_str())
     } else {
         freeze::params(obs.profile.name_str(), &f, &refs, obs.now)
     };
@@ -116,21 +120,21 @@ pub async fn actuate(
     Ok(Some(FreezeStatus {
         state: f.state,
         band: f.band,
-        lanes: f.lanes,
+        lanes: f.lane_names(),
         exceptions,
     }))
 }
 
-/// Writes the parameters when they differ from what the server has (our
-/// last write, else the watch cache); an open freeze with no ConfigMap
-/// needs none.
+/// Writes the profile's LaneFreeze when its spec differs from what the
+/// server has (our last write, else the watch cache); an open freeze with
+/// no LaneFreeze needs none.
 async fn write_params(
     ctx: &Context,
     obs: &Observation,
-    wanted: BTreeMap<String, String>,
+    wanted: LaneFreezeSpec,
 ) -> Result<(), Error> {
     let profile = &obs.profile;
-    let name = params_name(profile.name_str());
+    let name = profile.name_str().to_owned();
     let key = profile.key();
     let remembered = ctx
         .seen
@@ -141,10 +145,10 @@ async fn write_params(
         .cloned();
     let current = remembered.or_else(|| {
         ctx.index
-            .configmap(profile.namespace_str(), &name)
-            .map(|cm| cm.data.clone().unwrap_or_default())
+            .lane_freeze(profile.namespace_str(), &name)
+            .map(|f| f.spec.clone())
     });
-    if current.as_ref().unwrap_or(&BTreeMap::new()) == &wanted {
+    if current.unwrap_or_else(|| freeze::open(&name)) == wanted {
         return Ok(());
     }
     let labels = BTreeMap::from([
@@ -152,33 +156,26 @@ async fn write_params(
             "app.kubernetes.io/managed-by".to_owned(),
             "lanekeeper".to_owned(),
         ),
-        (
-            "lanekeeper.dev/profile".to_owned(),
-            profile.name_str().to_owned(),
-        ),
-        (PARAMS_LABEL.to_owned(), "true".to_owned()),
+        ("lanekeeper.dev/profile".to_owned(), name.clone()),
     ]);
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: profile.metadata.namespace.clone(),
-            labels: Some(labels),
-            owner_references: profile.controller_owner_ref(&()).map(|o| vec![o]),
-            ..Default::default()
-        },
-        data: Some(wanted.clone()),
+    let mut object = LaneFreeze::new(&name, wanted.clone());
+    object.metadata = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: profile.metadata.namespace.clone(),
+        labels: Some(labels),
+        owner_references: profile.controller_owner_ref(&()).map(|o| vec![o]),
         ..Default::default()
     };
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
+    let api: Api<LaneFreeze> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
     api.patch(
         &name,
         &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&cm),
+        &Patch::Apply(&object),
     )
     .await
-    .map_err(|e| Error::kube("apply freeze parameters", e))?;
-    ctx.metrics.write("ConfigMap", "apply");
-    tracing::info!(profile = %key, configmap = %name, band = wanted.get("band").map_or("none", String::as_str), "freeze parameters written");
+    .map_err(|e| Error::kube("apply LaneFreeze", e))?;
+    ctx.metrics.write("LaneFreeze", "apply");
+    tracing::info!(profile = %key, state = wanted.state.as_str(), "freeze parameters written");
     ctx.seen
         .freeze_params
         .lock()
