@@ -35,6 +35,7 @@ impl Core {
         self.pressure.update(now);
         let rate = effective_rate(&self.lanes, li, now);
         let lane = &mut self.lanes[li];
+        lane.bucket.demand.add(now);
         lane.refill(now, rate);
         lane.seen.sweep(now);
         let a = count_attempt(lane, li, req, now);
