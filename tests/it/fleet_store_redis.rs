@@ -23,14 +23,14 @@ fn on_path(bin: &str) -> Option<PathBuf> {
 }
 
 /// A store server of its own; killed when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     port: u16,
     bin: PathBuf,
 }
 
 impl Server {
-    fn start(test: &str) -> Option<Server> {
+    pub(crate) fn start(test: &str) -> Option<Server> {
         let Some(bin) = on_path("valkey-server").or_else(|| on_path("redis-server")) else {
             if std::env::var("LANEKEEPER_REQUIRE_REDIS").as_deref() == Ok("1") {
                 panic!(
@@ -53,7 +53,7 @@ impl Server {
         Some(server)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
@@ -68,12 +68,12 @@ impl Server {
         }
     }
 
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.stop();
         self.child = spawn(&self.bin, self.port);
         self.wait_ready();

@@ -35,6 +35,7 @@ mod gateway_breaker;
 mod gateway_conn;
 mod gateway_doc;
 mod gateway_objective;
+mod gateway_shared;
 mod gateway_tenants;
 mod gateway_tls;
 mod objectives_plan;

@@ -84,7 +84,7 @@ impl Core {
                     limits,
                     held: l.bucket.tokens.max(0.0).floor() as u64,
                     want: lease_size(limits, demand, l.queue.len()),
-                    deadline_seconds: l.cfg.deadline_seconds,
+                    deadline_seconds: l.cfg.deadline_seconds.max(1).unsigned_abs(),
                 }
             })
             .collect()
