@@ -139,12 +139,14 @@ impl FleetStore {
         self.call(lane, limits, "give", unused).await.map(|_| ())
     }
 
-    /// Whether the store answers within the deadline (a probe).
+    /// Whether the store answers within the deadline (a probe); it loads
+    /// the lease script on the way, so that the first lease after a
+    /// (re)start of the store does not pay for the load.
     pub async fn ping(&self) -> Result<(), FleetStoreError> {
         let mut conn = self.conn.clone();
         let _: String = tokio::time::timeout(
             self.deadline,
-            redis::cmd("PING").query_async(&mut conn),
+            self.script.prepare_invoke().load_async(&mut conn),
         )
         .await
         .map_err(|_| FleetStoreError::Timeout(self.deadline))??;

@@ -20,6 +20,9 @@ use crate::gateway::{Proc, client, config_file, gateway_to, inc47, lane_mut, met
 const LANE: &str = "p2-email-extract";
 const RATE: f64 = 60.0;
 const BURST: u64 = 6;
+/// The fleet bucket's size: the lane's burst, or two lease periods (0.2 s)
+/// of its rate when that is more.
+const FLEET_BURST: f64 = 12.0;
 /// The load offered: twice the lane's rate.
 const OFFERED: f64 = 120.0;
 
@@ -85,6 +88,17 @@ fn tally(out: &Answers, from: f64, to: f64) -> (usize, usize, usize) {
     })
 }
 
+/// `ok` admitted in `secs` is the fleet's rate within ±5 % (plus, above,
+/// the fleet bucket's size: it may have been full at the start).
+fn at_the_fleet_rate(what: &str, ok: usize, secs: f64) {
+    let due = RATE * secs;
+    let (least, most) = (0.95 * due, 1.05 * due + FLEET_BURST);
+    assert!(
+        ok as f64 >= least && ok as f64 <= most,
+        "{what}: {ok} admitted in {secs} s, {due} due ({least}..={most})"
+    );
+}
+
 async fn mode_is(c: &reqwest::Client, gw: &Proc, mode: &str) -> bool {
     let m = metrics(c, gw).await;
     sample(&m, &["lanekeeper_gateway_shared_state_mode{", &format!("mode=\"{mode}\"")]) == 1.0
@@ -129,7 +143,7 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
     let m = model(&["--service-millis", "0"]);
     let path = config_file("shared", &config());
     let url = store.url();
-    let flags = ["--replicas", "3", "--shared-state", &url, "--shared-state-timeout-millis", "50"];
+    let flags = ["--replicas", "3", "--shared-state", &url, "--shared-state-timeout-millis", "200"];
     let gws: Vec<Proc> = (0..3).map(|_| gateway_to(&path, &m.addr, &flags)).collect();
     let c = client();
     for gw in &gws {
@@ -144,19 +158,17 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
     // rate (today, without the store, a third of it).
     load(&c, &addrs, |_| 0, 20.0, t0, &out).await;
     let (ok, refused, other) = tally(&out, 0.0, 20.0);
-    let due = RATE * 20.0 + BURST as f64;
-    eprintln!("one replica: {ok} admitted in 20 s ({refused} refused, {other} other), {due} due");
+    eprintln!("one replica: {ok} admitted in 20 s ({refused} refused, {other} other)");
     assert_eq!(other, 0, "no 5xx, no lost answer");
-    assert!((ok as f64 - due).abs() <= 0.05 * due, "one replica: {ok} admitted, {due} due");
+    at_the_fleet_rate("one replica", ok, 20.0);
 
     // 2. Spread unevenly (70/20/10 %) for 10 s: the fleet's rate again.
     let t1 = t0.elapsed().as_secs_f64();
     load(&c, &addrs, |i| [0, 0, 0, 0, 0, 0, 0, 1, 1, 2][(i % 10) as usize], 10.0, t0, &out).await;
     let (ok, _, other) = tally(&out, t1, t1 + 10.0);
-    let due = RATE * 10.0 + BURST as f64;
-    eprintln!("uneven: {ok} admitted in 10 s, {due} due");
+    eprintln!("uneven: {ok} admitted in 10 s");
     assert_eq!(other, 0);
-    assert!((ok as f64 - due).abs() <= 0.05 * due, "uneven: {ok} admitted, {due} due");
+    at_the_fleet_rate("uneven", ok, 10.0);
 
     // 3. A retry sent to another replica than its original is a retry:
     // counted so on the second replica (which has originals of its own to

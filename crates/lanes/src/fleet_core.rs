@@ -11,7 +11,7 @@
 //! and keeps at most its local size of what it held.
 
 use crate::core::Core;
-use crate::fleet_lease::{FleetLimits, lease_size};
+use crate::fleet_lease::{FleetLimits, LEASE_SECONDS, lease_size};
 
 /// One lane as the lease task sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,9 +73,11 @@ impl Core {
             .filter(|(_, l)| !l.bucket.paused)
             .map(|(i, l)| {
                 let rate = self.effective_rate(i, now) / share;
+                // The fleet's bucket holds at least two lease periods, so
+                // what accrues between two late leases is not lost.
                 let limits = FleetLimits {
                     rate,
-                    burst: (l.cfg.burst as f64).max(rate * crate::fleet_lease::LEASE_SECONDS),
+                    burst: (l.cfg.burst as f64).max(rate * LEASE_SECONDS * 2.0),
                 };
                 let demand = l.bucket.demand.rate(now);
                 LeaseNeed {
