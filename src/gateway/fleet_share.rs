@@ -13,12 +13,13 @@
 //! and is never failed because the store is down.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lanes::fleet_core::LeaseNeed;
 use lanes::fleet_lease::LEASE_SECONDS;
-use lanes::fleet_mode::{FleetHealth, FleetMode};
+use lanes::fleet_mode::{FleetHealth, FleetMode, PROBE_SECONDS};
 use prometheus::Registry;
 
 use super::fleet_args::FleetArgs;
@@ -40,6 +41,8 @@ pub(super) struct Fleet {
     /// The profile of the config in force and each lane's deadline in
     /// seconds (how long a request id is remembered), as of the last round.
     lanes: Mutex<(String, HashMap<String, u64>)>,
+    /// Rounds in a row that called nothing (see [`quiet_for_a_second`]).
+    quiet_rounds: AtomicU32,
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -59,6 +62,7 @@ impl Fleet {
             health: Mutex::new(FleetHealth::new(now)),
             metrics: FleetMetrics::new(r),
             lanes: Mutex::new((String::new(), HashMap::new())),
+            quiet_rounds: AtomicU32::new(0),
         }))
     }
 
@@ -199,12 +203,32 @@ async fn round(gw: &Gateway, fleet: &Fleet) {
     let Some((profile, needs)) = needs(gw, fleet) else {
         return;
     };
+    let busy = needs.iter().any(|n| n.to_take() > 0 || n.to_give_back() > 0);
+    if !busy && quiet_for_a_second(fleet) {
+        // An idle replica asks nothing of the store: a ping once a second
+        // keeps its mode true.
+        if let Err(e) = store.ping().await {
+            return fleet.failed(gw, StoreOp::Probe, &e.to_string());
+        }
+        fleet.metrics.call(StoreOp::Probe, true);
+    }
     if let Err((op, why)) = give_back(gw, fleet, &store, &profile, &needs).await {
         return fleet.failed(gw, op, &why);
     }
     if let Err((op, why)) = top_up(gw, fleet, &store, &profile, &needs).await {
         fleet.failed(gw, op, &why);
     }
+}
+
+/// Counts a round without a call; true once every second of them.
+fn quiet_for_a_second(fleet: &Fleet) -> bool {
+    let rounds = (PROBE_SECONDS / LEASE_SECONDS).round() as u32;
+    let n = fleet.quiet_rounds.fetch_add(1, Ordering::Relaxed) + 1;
+    if n >= rounds {
+        fleet.quiet_rounds.store(0, Ordering::Relaxed);
+        return true;
+    }
+    false
 }
 
 /// What each lane needs now (the core leased if it is not yet: a config
