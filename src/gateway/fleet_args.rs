@@ -51,7 +51,12 @@ impl FleetArgs {
         if let Some(path) = &self.shared_state_password_file {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("--shared-state-password-file {}: {e}", path.display()))?;
-            let pw = text.lines().next().unwrap_or_default().trim_end().to_owned();
+            let pw = text
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_end()
+                .to_owned();
             if pw.is_empty() {
                 return Err(format!(
                     "--shared-state-password-file {}: empty",
@@ -91,7 +96,10 @@ mod tests {
     #[test]
     fn only_redis_urls_are_taken_and_a_refusal_does_not_echo_a_password() {
         assert_eq!(args(None).url(), Ok(None));
-        assert_eq!(args(Some("redis://h:6379")).url(), Ok(Some("redis://h:6379")));
+        assert_eq!(
+            args(Some("redis://h:6379")).url(),
+            Ok(Some("redis://h:6379"))
+        );
         assert!(args(Some("rediss://h:6380")).url().is_ok());
         let err = args(Some("http://user:secret@h:1")).url().unwrap_err();
         assert!(!err.contains("secret"), "{err}");

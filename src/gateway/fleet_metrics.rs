@@ -62,7 +62,8 @@ impl FleetMetrics {
             &["op", "result"],
         )
         .expect("valid metric");
-        r.register(Box::new(calls.clone())).expect("registered once");
+        r.register(Box::new(calls.clone()))
+            .expect("registered once");
         let m = FleetMetrics {
             mode,
             fallbacks,
@@ -75,8 +76,12 @@ impl FleetMetrics {
     /// The mode now.
     pub(super) fn mode(&self, mode: FleetMode) {
         let shared = matches!(mode, FleetMode::Shared);
-        self.mode.with_label_values(&["shared"]).set(i64::from(shared));
-        self.mode.with_label_values(&["local"]).set(i64::from(!shared));
+        self.mode
+            .with_label_values(&["shared"])
+            .set(i64::from(shared));
+        self.mode
+            .with_label_values(&["local"])
+            .set(i64::from(!shared));
     }
 
     /// The replica fell back to its local share.

@@ -108,7 +108,10 @@ impl Fleet {
         };
         self.metrics.mode(mode);
         self.metrics.fell_back();
-        tracing::warn!(error = why, "shared state: the store is down or slow; enforcing this replica's 1/N share until it answers again");
+        tracing::warn!(
+            error = why,
+            "shared state: the store is down or slow; enforcing this replica's 1/N share until it answers again"
+        );
         if let Some(core) = gw.lock().core.as_mut() {
             core.set_leased(false);
         }
@@ -203,7 +206,9 @@ async fn round(gw: &Gateway, fleet: &Fleet) {
     let Some((profile, needs)) = needs(gw, fleet) else {
         return;
     };
-    let busy = needs.iter().any(|n| n.to_take() > 0 || n.to_give_back() > 0);
+    let busy = needs
+        .iter()
+        .any(|n| n.to_take() > 0 || n.to_give_back() > 0);
     if !busy && quiet_for_a_second(fleet) {
         // An idle replica asks nothing of the store: a ping once a second
         // keeps its mode true.
@@ -317,7 +322,10 @@ async fn top_up(
                     continue;
                 }
             };
-            let core = st.core.as_mut().filter(|c| c.lane_index(&n.name) == Some(n.lane));
+            let core = st
+                .core
+                .as_mut()
+                .filter(|c| c.lane_index(&n.name) == Some(n.lane));
             match core.and_then(|c| c.add_lease(n.lane, got)) {
                 Some(w) => wake |= w,
                 None => unwanted.push((key, n.limits, got)),

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::fleet_store_redis::Server;
-use crate::gateway::{Proc, client, config_file, gateway_to, inc47, lane_mut, metrics, model, ready, sample};
+use crate::gateway::{
+    Proc, client, config_file, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
+};
 
 /// The capped lane: 60 req/s for the fleet (20 a replica on its 1/N
 /// share), a burst of 6, no queue, no floor, no spare capacity.
@@ -101,7 +103,13 @@ fn at_the_fleet_rate(what: &str, ok: usize, secs: f64) {
 
 async fn mode_is(c: &reqwest::Client, gw: &Proc, mode: &str) -> bool {
     let m = metrics(c, gw).await;
-    sample(&m, &["lanekeeper_gateway_shared_state_mode{", &format!("mode=\"{mode}\"")]) == 1.0
+    sample(
+        &m,
+        &[
+            "lanekeeper_gateway_shared_state_mode{",
+            &format!("mode=\"{mode}\""),
+        ],
+    ) == 1.0
 }
 
 /// Waits up to `within` for every replica to be in `mode`; how long it took.
@@ -115,7 +123,10 @@ async fn wait_mode(c: &reqwest::Client, gws: &[Proc], mode: &str, within: Durati
         if all {
             return start.elapsed();
         }
-        assert!(start.elapsed() < within, "not all replicas {mode} within {within:?}");
+        assert!(
+            start.elapsed() < within,
+            "not all replicas {mode} within {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -143,7 +154,14 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
     let m = model(&["--service-millis", "0"]);
     let path = config_file("shared", &config());
     let url = store.url();
-    let flags = ["--replicas", "3", "--shared-state", &url, "--shared-state-timeout-millis", "200"];
+    let flags = [
+        "--replicas",
+        "3",
+        "--shared-state",
+        &url,
+        "--shared-state-timeout-millis",
+        "200",
+    ];
     let gws: Vec<Proc> = (0..3).map(|_| gateway_to(&path, &m.addr, &flags)).collect();
     let c = client();
     for gw in &gws {
@@ -164,7 +182,15 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
 
     // 2. Spread unevenly (70/20/10 %) for 10 s: the fleet's rate again.
     let t1 = t0.elapsed().as_secs_f64();
-    load(&c, &addrs, |i| [0, 0, 0, 0, 0, 0, 0, 1, 1, 2][(i % 10) as usize], 10.0, t0, &out).await;
+    load(
+        &c,
+        &addrs,
+        |i| [0, 0, 0, 0, 0, 0, 0, 1, 1, 2][(i % 10) as usize],
+        10.0,
+        t0,
+        &out,
+    )
+    .await;
     let (ok, _, other) = tally(&out, t1, t1 + 10.0);
     eprintln!("uneven: {ok} admitted in 10 s");
     assert_eq!(other, 0);
@@ -181,7 +207,11 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
     let m1 = metrics(&c, &gws[1]).await;
     let retries = sample(
         &m1,
-        &["lanekeeper_gateway_requests_total{", "p0-disruption-assist", "attempt=\"retry\""],
+        &[
+            "lanekeeper_gateway_requests_total{",
+            "p0-disruption-assist",
+            "attempt=\"retry\"",
+        ],
     );
     assert_eq!(retries, 1.0, "the moved request is a retry on replica 1");
 
@@ -219,7 +249,10 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
     let to = t2 + 12.0;
     let (again, _, _) = tally(&out, from, to);
     let due = RATE * (to - from);
-    eprintln!("store back: {again} admitted in {:.1} s, {due:.0} due", to - from);
+    eprintln!(
+        "store back: {again} admitted in {:.1} s, {due:.0} due",
+        to - from
+    );
     assert!(
         (again as f64 - due).abs() <= 0.15 * due + BURST as f64,
         "store back: {again} admitted in {:.1} s, {due:.0} due",

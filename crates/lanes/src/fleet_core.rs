@@ -181,9 +181,17 @@ mod tests {
         assert_eq!(core.add_lease(0, 50), Some(false));
         core.set_leased(false);
         assert!(!core.leased());
-        assert_eq!(core.add_lease(0, 5), None, "not leased: the caller gives it back");
+        assert_eq!(
+            core.add_lease(0, 5),
+            None,
+            "not leased: the caller gives it back"
+        );
         assert_eq!(core.take_back(0, 5), 0);
-        assert_eq!(passes(&mut core, 0.0, 60), 2, "the local size, not the lease");
+        assert_eq!(
+            passes(&mut core, 0.0, 60),
+            2,
+            "the local size, not the lease"
+        );
         assert_eq!(passes(&mut core, 1.0, 60), 2, "10 req/s, capped at 2");
         assert_eq!(passes(&mut core, 1.1, 60), 1);
     }
@@ -196,7 +204,11 @@ mod tests {
         core.set_leased(true);
         assert_eq!(passes(&mut core, 0.0, 1), 1);
         assert!(matches!(core.admit(&req("a"), 0.0), Verdict::Queued { .. }));
-        assert_eq!(core.lease_needs(0.0)[0].want, 2, "one waiting: 0.2 s of 2 arrivals + 1");
+        assert_eq!(
+            core.lease_needs(0.0)[0].want,
+            2,
+            "one waiting: 0.2 s of 2 arrivals + 1"
+        );
         assert!(core.poll(0.5).is_empty(), "no token accrued by itself");
         assert_eq!(core.add_lease(0, 1), Some(true));
         assert_eq!(core.poll(0.5).len(), 1);
