@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use lanes::Core;
 use lanes::fleet_core::LeaseNeed;
 use lanes::fleet_lease::LEASE_SECONDS;
 use lanes::fleet_mode::{FleetHealth, FleetMode, PROBE_SECONDS};
@@ -25,7 +26,17 @@ use prometheus::Registry;
 use super::fleet_args::FleetArgs;
 use super::fleet_metrics::{FleetMetrics, StoreOp};
 use super::fleet_store::FleetStore;
-use super::state::Gateway;
+
+/// What the fleet's link needs of the gateway (implemented by the gateway's
+/// shared state in `fleet_host`, so that this file does not import it).
+pub(super) trait FleetHost: Send + Sync {
+    /// The core's clock.
+    fn now(&self) -> f64;
+    /// Runs `f` on the core under the gateway's lock, if a config is loaded.
+    fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> Option<R>;
+    /// Wakes the driver of waiting requests.
+    fn wake(&self);
+}
 
 /// Keys of the store start with this (then the profile and the lane).
 const KEY_PREFIX: &str = "lanekeeper";
@@ -100,7 +111,7 @@ impl Fleet {
     }
 
     /// A call failed or missed its deadline: the local share at once.
-    pub(super) fn failed(&self, gw: &Gateway, op: StoreOp, why: &str) {
+    pub(super) fn failed(&self, gw: &impl FleetHost, op: StoreOp, why: &str) {
         self.metrics.call(op, false);
         let now = gw.now();
         let Some(mode) = locked(&self.health).failed(now) else {
@@ -112,23 +123,19 @@ impl Fleet {
             error = why,
             "shared state: the store is down or slow; enforcing this replica's 1/N share until it answers again"
         );
-        if let Some(core) = gw.lock().core.as_mut() {
-            core.set_leased(false);
-        }
-        gw.wake.notify_one();
+        gw.with_core(|core| core.set_leased(false));
+        gw.wake();
     }
 
     /// A call answered in time: the fleet's budgets (again).
-    fn answered(&self, gw: &Gateway, op: StoreOp) {
+    fn answered(&self, gw: &impl FleetHost, op: StoreOp) {
         self.metrics.call(op, true);
         let Some(mode) = locked(&self.health).answered() else {
             return;
         };
         self.metrics.mode(mode);
         tracing::info!("shared state: the store answers; enforcing the fleet's budgets");
-        if let Some(core) = gw.lock().core.as_mut() {
-            core.set_leased(true);
-        }
+        gw.with_core(|core| core.set_leased(true));
     }
 
     /// The fleet-wide first sighting of a request id in its lane: when
@@ -137,7 +144,7 @@ impl Fleet {
     /// shared mode; on the local share the replica's own memory counts.
     pub(super) async fn count_sighting(
         &self,
-        gw: &Gateway,
+        gw: &impl FleetHost,
         lane: Option<&str>,
         id: Option<&str>,
         attempt: &mut Option<u32>,
@@ -178,18 +185,18 @@ impl Fleet {
 
 /// Keeps the leases topped up, every [`LEASE_SECONDS`], until the gateway
 /// stops.
-pub(super) async fn keep_leases(gw: Arc<Gateway>, fleet: Arc<Fleet>) {
+pub(super) async fn keep_leases(gw: Arc<impl FleetHost>, fleet: Arc<Fleet>) {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(LEASE_SECONDS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        round(&gw, &fleet).await;
+        round(&*gw, &fleet).await;
     }
 }
 
 /// One round: probe when on the local share; then, shared, each lane's
 /// excess given back and its lease topped up.
-async fn round(gw: &Gateway, fleet: &Fleet) {
+async fn round(gw: &impl FleetHost, fleet: &Fleet) {
     if !locked(&fleet.health).may_call(gw.now()) {
         return;
     }
@@ -238,16 +245,14 @@ fn quiet_for_a_second(fleet: &Fleet) -> bool {
 
 /// What each lane needs now (the core leased if it is not yet: a config
 /// installed while shared), and the lanes' deadlines noted for sightings.
-fn needs(gw: &Gateway, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
+fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
     let now = gw.now();
-    let mut st = gw.lock();
-    let core = st.core.as_mut()?;
-    if !core.leased() {
-        core.set_leased(true);
-    }
-    let needs = core.lease_needs(now);
-    let profile = core.config().profile.clone();
-    drop(st);
+    let (profile, needs) = gw.with_core(|core| {
+        if !core.leased() {
+            core.set_leased(true);
+        }
+        (core.config().profile.clone(), core.lease_needs(now))
+    })?;
     let deadlines = needs
         .iter()
         .map(|n| (n.name.clone(), n.deadline_seconds))
@@ -258,22 +263,22 @@ fn needs(gw: &Gateway, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
 
 /// Gives back what each lane holds beyond its need (its demand fell).
 async fn give_back(
-    gw: &Gateway,
+    gw: &impl FleetHost,
     fleet: &Fleet,
     store: &FleetStore,
     profile: &str,
     needs: &[LeaseNeed],
 ) -> Result<(), (StoreOp, String)> {
     for n in needs.iter().filter(|n| n.to_give_back() > 0) {
-        let taken = {
-            let mut st = gw.lock();
-            let Some(core) = st.core.as_mut() else {
-                return Ok(());
-            };
-            if core.lane_index(&n.name) != Some(n.lane) {
-                continue;
+        let taken = gw.with_core(|core| {
+            if core.lane_index(&n.name) == Some(n.lane) {
+                core.take_back(n.lane, n.to_give_back())
+            } else {
+                0
             }
-            core.take_back(n.lane, n.to_give_back())
+        });
+        let Some(taken) = taken.filter(|t| *t > 0) else {
+            continue;
         };
         // Tokens given back to a store that does not answer are lost to
         // the fleet: safe (fewer admitted), never more.
@@ -290,7 +295,7 @@ async fn give_back(
 /// and hands the leases to the core (waking the driver when a waiting
 /// request may go). A lease the core no longer wants goes back.
 async fn top_up(
-    gw: &Gateway,
+    gw: &impl FleetHost,
     fleet: &Fleet,
     store: &FleetStore,
     profile: &str,
@@ -309,8 +314,7 @@ async fn top_up(
     let mut unwanted = Vec::new();
     let mut wake = false;
     let mut failure = None;
-    {
-        let mut st = gw.lock();
+    gw.with_core(|core| {
         for ((n, key), got) in wanted.iter().zip(&keys).zip(granted) {
             let got = match got {
                 Ok(g) => {
@@ -322,18 +326,15 @@ async fn top_up(
                     continue;
                 }
             };
-            let core = st
-                .core
-                .as_mut()
-                .filter(|c| c.lane_index(&n.name) == Some(n.lane));
-            match core.and_then(|c| c.add_lease(n.lane, got)) {
+            let ours = core.lane_index(&n.name) == Some(n.lane);
+            match ours.then(|| core.add_lease(n.lane, got)).flatten() {
                 Some(w) => wake |= w,
                 None => unwanted.push((key, n.limits, got)),
             }
         }
-    }
+    });
     if wake {
-        gw.wake.notify_one();
+        gw.wake();
     }
     if let Some(f) = failure {
         return Err(f);

@@ -16,7 +16,8 @@
 //! shared state and the driver of queued requests (`state`), and typed
 //! metrics (`metrics`); the fleet's shared lane budgets in Valkey/Redis
 //! (`fleet_store`, leases of each lane's bucket; `fleet_share` keeps them
-//! topped up and falls back to the local share, `fleet_args` its flags,
+//! topped up and falls back to the local share, `fleet_host` what it needs
+//! of the gateway, `fleet_args` its flags,
 //! `fleet_metrics` its metrics); the forwarded paths (`surface`), each decision's
 //! record (`decision`) and honest ends of cut answers (`cut`). Every
 //! decision is the core's.
@@ -30,6 +31,7 @@ mod decision;
 mod dispatch;
 mod fds;
 mod fleet_args;
+mod fleet_host;
 mod fleet_metrics;
 mod fleet_share;
 pub mod fleet_store;

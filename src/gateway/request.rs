@@ -162,7 +162,9 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
     };
     if let Some(fleet) = &gw.fleet {
         let (lane, id) = (asked.lane.as_deref(), asked.request_id.as_deref());
-        fleet.count_sighting(gw, lane, id, &mut asked.attempt).await;
+        fleet
+            .count_sighting(&**gw, lane, id, &mut asked.attempt)
+            .await;
     }
     let decided = decide(gw, &asked);
     if matches!(decided, Decided::Verdict { .. }) {
