@@ -260,4 +260,43 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
     );
     let m0 = metrics(&c, &gws[0]).await;
     assert!(sample(&m0, &["lanekeeper_gateway_shared_state_fallbacks_total"]) >= 1.0);
+
+    // 5. A slow store (a script that holds it for 1.5 s): a request whose
+    // id is checked waits at most the call's deadline, then the replica is
+    // on its local share and asks the store nothing more.
+    wait_mode(&c, &gws, "shared", Duration::from_secs(5)).await;
+    let stall = tokio::spawn(stall_store(url.clone(), 1.5));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        let asked = Instant::now();
+        assert_eq!(p0(&c, &gws[2], &format!("slow-{i}")).await, 200);
+        slowest = slowest.max(asked.elapsed());
+    }
+    eprintln!("store stalled: slowest answer {slowest:?} (deadline 200 ms)");
+    assert!(
+        slowest < Duration::from_millis(200 + 150),
+        "a stalled store held a request {slowest:?}"
+    );
+    stall.await.unwrap();
+}
+
+/// Holds the store busy for `secs` (a script that spins; the store answers
+/// nobody meanwhile).
+async fn stall_store(url: String, secs: f64) {
+    let client = redis::Client::open(url).unwrap();
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    let spin = "local t = redis.call('TIME') local s = t[1] + t[2] / 1e6 \
+        repeat t = redis.call('TIME') until t[1] + t[2] / 1e6 - s > tonumber(ARGV[1]) return 1";
+    let _: i64 = redis::cmd("EVAL")
+        .arg(spin)
+        .arg(0)
+        .arg(secs)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 }
