@@ -23,6 +23,14 @@ pub struct FleetArgs {
         requires = "shared_state"
     )]
     pub shared_state_password_file: Option<PathBuf>,
+    /// A PEM CA bundle the `rediss://` store's certificate must chain to
+    /// (only these roots; without it the system's); read at start.
+    #[arg(
+        long,
+        env = "LANEKEEPER_GATEWAY_SHARED_STATE_CA",
+        requires = "shared_state"
+    )]
+    pub shared_state_ca: Option<PathBuf>,
     /// Milliseconds each call to the shared store may take; a call that
     /// takes longer puts the replica on its local share (it probes the store
     /// again once a second).
@@ -68,6 +76,22 @@ impl FleetArgs {
         Ok(std::env::var(PASSWORD_ENV).ok().filter(|p| !p.is_empty()))
     }
 
+    /// The CA bundle's bytes, if one is given (it must hold a certificate).
+    pub(super) fn ca(&self) -> Result<Option<Vec<u8>>, String> {
+        let Some(path) = &self.shared_state_ca else {
+            return Ok(None);
+        };
+        let pem = std::fs::read(path)
+            .map_err(|e| format!("--shared-state-ca {}: {e}", path.display()))?;
+        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(format!(
+                "--shared-state-ca {}: no PEM certificate",
+                path.display()
+            ));
+        }
+        Ok(Some(pem))
+    }
+
     /// The URL, checked: `redis://` or `rediss://` only.
     pub(super) fn url(&self) -> Result<Option<&str>, String> {
         match self.shared_state.as_deref() {
@@ -89,6 +113,7 @@ mod tests {
         FleetArgs {
             shared_state: url.map(str::to_owned),
             shared_state_password_file: None,
+            shared_state_ca: None,
             shared_state_timeout_millis: 10,
         }
     }
@@ -120,6 +145,10 @@ mod tests {
         assert!(a.password().is_err());
         a.shared_state_password_file = Some(dir.join("absent"));
         assert!(a.password().is_err());
+        a.shared_state_ca = Some(file.clone());
+        assert!(a.ca().is_err(), "no certificate in it");
+        std::fs::write(&file, "-----BEGIN CERTIFICATE-----\n").unwrap();
+        assert!(a.ca().unwrap().is_some());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

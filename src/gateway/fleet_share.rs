@@ -45,6 +45,7 @@ const KEY_PREFIX: &str = "lanekeeper";
 pub(super) struct Fleet {
     url: String,
     password: Option<String>,
+    root_ca: Option<Vec<u8>>,
     deadline: Duration,
     store: Mutex<Option<FleetStore>>,
     health: Mutex<FleetHealth>,
@@ -68,6 +69,7 @@ impl Fleet {
         Some(Arc::new(Fleet {
             url,
             password: args.password().ok().flatten(),
+            root_ca: args.ca().ok().flatten(),
             deadline: args.deadline(),
             store: Mutex::new(None),
             health: Mutex::new(FleetHealth::new(now)),
@@ -81,6 +83,7 @@ impl Fleet {
     /// `redis://` or `rediss://`, an unreadable or empty password file.
     pub(super) fn check(args: &FleetArgs) -> Result<(), String> {
         args.url()?;
+        args.ca()?;
         args.password().map(|_| ())
     }
 
@@ -95,9 +98,14 @@ impl Fleet {
             return Some(s);
         }
         let prefix = KEY_PREFIX;
-        let connected =
-            FleetStore::connect_with(&self.url, self.password.as_deref(), prefix, self.deadline)
-                .await;
+        let connected = FleetStore::connect_with(
+            &self.url,
+            self.password.as_deref(),
+            self.root_ca.as_deref(),
+            prefix,
+            self.deadline,
+        )
+        .await;
         match connected {
             Ok(s) => {
                 *locked(&self.store) = Some(s.clone());

@@ -81,14 +81,17 @@ impl FleetStore {
         prefix: &str,
         deadline: Duration,
     ) -> Result<FleetStore, FleetStoreError> {
-        FleetStore::connect_with(url, None, prefix, deadline).await
+        FleetStore::connect_with(url, None, None, prefix, deadline).await
     }
 
     /// As [`FleetStore::connect`], with the store's password given apart
-    /// from the URL (from a Secret), in place of one in the URL.
+    /// from the URL (from a Secret), in place of one in the URL, and for
+    /// `rediss://` the PEM CA bundle the store's certificate must chain to
+    /// (only these roots; the system's without one).
     pub async fn connect_with(
         url: &str,
         password: Option<&str>,
+        root_ca: Option<&[u8]>,
         prefix: &str,
         deadline: Duration,
     ) -> Result<FleetStore, FleetStoreError> {
@@ -97,7 +100,16 @@ impl FleetStore {
             let settings = info.redis_settings().clone().set_password(pw);
             info = info.set_redis_settings(settings);
         }
-        let client = redis::Client::open(info)?;
+        let client = match root_ca {
+            Some(ca) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.to_vec()),
+                },
+            )?,
+            None => redis::Client::open(info)?,
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(deadline.max(Duration::from_millis(100))))
             .set_response_timeout(Some(deadline))
