@@ -12,6 +12,7 @@
 
 use crate::core::Core;
 use crate::fleet_lease::{FleetLimits, LEASE_SECONDS, lease_size};
+use crate::lane::Lane;
 
 /// One lane as the lease task sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,6 +45,18 @@ impl LeaseNeed {
         } else {
             0
         }
+    }
+}
+
+/// The rate a lane's queue drains at, to tell whether a wait can end in
+/// time: its bucket's rate, or, leased, what its leases have let it admit
+/// over the last second when that is more (all of a lane's traffic on this
+/// replica drains at up to the fleet's rate, not at a 1/N share).
+pub(crate) fn drain_rate(lane: &Lane, rate: f64, now: f64) -> f64 {
+    if lane.bucket.leased {
+        rate.max(lane.bucket.used.rate(now))
+    } else {
+        rate
     }
 }
 
@@ -212,6 +225,36 @@ mod tests {
         assert!(core.poll(0.5).is_empty(), "no token accrued by itself");
         assert_eq!(core.add_lease(0, 1), Some(true));
         assert_eq!(core.poll(0.5).len(), 1);
+    }
+
+    /// Leased, a queue that drains at the fleet's rate (30 a second here,
+    /// the lease's) is not refused as if it drained at the 1/N share (10).
+    #[test]
+    fn a_leased_queue_waits_at_the_rate_its_leases_bring() {
+        let mut l = lane("a", 30.0, 3);
+        l.queue.ttl_seconds = 1;
+        l.queue.max_depth = 90;
+        let mut leased = Core::new(config(vec![l.clone()]), 1.0 / 3.0, 0.0, 1_000_000.0).unwrap();
+        leased.set_leased(true);
+        let mut t = 0.0;
+        while t < 1.0 {
+            leased.add_lease(0, 1);
+            assert!(matches!(leased.admit(&req("a"), t), Verdict::Pass(_)));
+            t += 1.0 / 30.0;
+        }
+        // Passed or queued, not refused.
+        let taken = |core: &mut Core| {
+            (0..20)
+                .filter(|_| !matches!(core.admit(&req("a"), 1.0), Verdict::Refuse(_)))
+                .count()
+        };
+        assert_eq!(taken(&mut leased), 20, "20 ahead at 30 a second: 0.7 s");
+        let mut local = Core::new(config(vec![l]), 1.0 / 3.0, 0.0, 1_000_000.0).unwrap();
+        let local_taken = taken(&mut local);
+        assert!(
+            local_taken <= 12,
+            "at 10 a second, 1 s of TTL: {local_taken}"
+        );
     }
 
     #[test]
