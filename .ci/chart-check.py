@@ -82,6 +82,12 @@ VALUE_SETS: dict[str, dict] = {
                     "auth": {"apiKeyHeader": "x-api-key", "tokenAudience": "gateway.example",
                              "jwksConfigMaps": ["idp-jwks"], "credentialsSecret": "gateway-credentials"}},
     },
+    "gateway-shared-state": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
+                    "sharedState": {"address": "rediss://valkey.lanekeeper-system:6380",
+                                    "passwordSecret": "valkey-auth", "timeoutMillis": 20}},
+    },
     "gateway-trusting": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
                     "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
@@ -120,6 +126,8 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("negative replicas", {"replicaCount": -1}),
     ("replicas as a string", {"replicaCount": "2"}),
     ("bad log format", {"controller": {"logFormat": "yaml"}}),
+    ("shared state not redis", {"gateway": {"sharedState": {"address": "http://valkey:6379"}}}),
+    ("shared state timeout 0", {"gateway": {"sharedState": {"timeoutMillis": 0}}}),
     ("resync below 1", {"controller": {"resyncSeconds": 0}}),
     ("lease shorter than 2 s", {"leaderElection": {"leaseDurationSeconds": 1}}),
     ("namespace not DNS-1123", {"watchNamespaces": ["Bad_NS"]}),

@@ -112,6 +112,9 @@ pub struct GatewayArgs {
     /// Who may use a lane: credentials, or `--trust-lane-header`.
     #[command(flatten)]
     pub identity: super::identity::IdentityArgs,
+    /// The fleet's shared state (`--shared-state`).
+    #[command(flatten)]
+    pub fleet: super::fleet_args::FleetArgs,
 }
 
 impl GatewayArgs {
@@ -265,6 +268,9 @@ pub enum GatewayError {
     /// reserve.
     #[error("file descriptors: {0}")]
     FdLimit(String),
+    /// `--shared-state` or its password file is unusable.
+    #[error("shared state: {0}")]
+    SharedState(String),
 }
 
 impl GatewayError {
@@ -276,6 +282,7 @@ impl GatewayError {
                 | GatewayError::NotNamespaced { .. }
                 | GatewayError::Header(_)
                 | GatewayError::Credential(_)
+                | GatewayError::SharedState(_)
         )
     }
 }

@@ -81,7 +81,35 @@ impl FleetStore {
         prefix: &str,
         deadline: Duration,
     ) -> Result<FleetStore, FleetStoreError> {
-        let client = redis::Client::open(url)?;
+        FleetStore::connect_with(url, None, None, prefix, deadline).await
+    }
+
+    /// As [`FleetStore::connect`], with the store's password given apart
+    /// from the URL (from a Secret), in place of one in the URL, and for
+    /// `rediss://` the PEM CA bundle the store's certificate must chain to
+    /// (only these roots; the system's without one).
+    pub async fn connect_with(
+        url: &str,
+        password: Option<&str>,
+        root_ca: Option<&[u8]>,
+        prefix: &str,
+        deadline: Duration,
+    ) -> Result<FleetStore, FleetStoreError> {
+        let mut info = redis::IntoConnectionInfo::into_connection_info(url)?;
+        if let Some(pw) = password {
+            let settings = info.redis_settings().clone().set_password(pw);
+            info = info.set_redis_settings(settings);
+        }
+        let client = match root_ca {
+            Some(ca) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.to_vec()),
+                },
+            )?,
+            None => redis::Client::open(info)?,
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(deadline.max(Duration::from_millis(100))))
             .set_response_timeout(Some(deadline))
@@ -121,6 +149,20 @@ impl FleetStore {
             return Ok(());
         }
         self.call(lane, limits, "give", unused).await.map(|_| ())
+    }
+
+    /// Whether the store answers within the deadline (a probe); it loads
+    /// the lease script on the way, so that the first lease after a
+    /// (re)start of the store does not pay for the load.
+    pub async fn ping(&self) -> Result<(), FleetStoreError> {
+        let mut conn = self.conn.clone();
+        let _: String = tokio::time::timeout(
+            self.deadline,
+            self.script.prepare_invoke().load_async(&mut conn),
+        )
+        .await
+        .map_err(|_| FleetStoreError::Timeout(self.deadline))??;
+        Ok(())
     }
 
     /// Remembers `id` in `lane` for `for_how_long` (the lane's deadline):

@@ -15,7 +15,10 @@
 //! (`upstream_tls`), the routes' upstream credentials (`credential`), the
 //! shared state and the driver of queued requests (`state`), and typed
 //! metrics (`metrics`); the fleet's shared lane budgets in Valkey/Redis
-//! (`fleet_store`, leases of each lane's bucket); the forwarded paths (`surface`), each decision's
+//! (`fleet_store`, leases of each lane's bucket; `fleet_share` keeps them
+//! topped up and falls back to the local share, `fleet_host` what it needs
+//! of the gateway, `fleet_args` its flags,
+//! `fleet_metrics` its metrics); the forwarded paths (`surface`), each decision's
 //! record (`decision`) and honest ends of cut answers (`cut`). Every
 //! decision is the core's.
 #![deny(clippy::too_many_lines)]
@@ -28,6 +31,10 @@ mod cut;
 mod decision;
 mod dispatch;
 mod fds;
+mod fleet_args;
+mod fleet_host;
+mod fleet_metrics;
+mod fleet_share;
 pub mod fleet_store;
 mod identity;
 mod listen;
@@ -52,5 +59,6 @@ mod tests;
 mod tls_tests;
 
 pub use args::{GatewayArgs, GatewayError};
+pub use fleet_args::FleetArgs;
 pub use identity::IdentityArgs;
 pub use run::run;

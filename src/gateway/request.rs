@@ -165,6 +165,12 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         Ok(b) => b,
         Err(r) => return r,
     };
+    if let Some(fleet) = &gw.fleet {
+        let (lane, id) = (asked.lane.as_deref(), asked.request_id.as_deref());
+        fleet
+            .count_sighting(&**gw, lane, id, &mut asked.attempt)
+            .await;
+    }
     let decided = decide(gw, &asked);
     if matches!(decided, Decided::Verdict { .. }) {
         record.lane.clone_from(&asked.lane);

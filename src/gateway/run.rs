@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use super::args::{GatewayArgs, GatewayError, split_namespaced};
 use super::conn::Clocks;
 use super::fds;
+use super::fleet_share::{Fleet, keep_leases};
 use super::identity::{follow_secrets, watch_credentials};
 use super::listen::{self, Listener, Slots};
 use super::request::handle;
@@ -68,6 +69,9 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
 
     let mut tasks = start_sources(&gw, configmap, endpoints).await?;
     tasks.push(tokio::spawn(drive(gw.clone())));
+    if let Some(fleet) = gw.fleet.clone() {
+        tasks.push(tokio::spawn(keep_leases(gw.clone(), fleet)));
+    }
     let every = Duration::from_millis(args.reload_millis.max(10));
     tasks.push(tokio::spawn(gw.upstream.credentials.clone().watch(every)));
     if let Some(t) = &tls {
@@ -151,6 +155,7 @@ fn check_flags(
     if args.config.is_none() && args.configmap.is_none() {
         return Err(GatewayError::NoConfigSource);
     }
+    Fleet::check(&args.fleet).map_err(GatewayError::SharedState)?;
     for h in [&args.lane_header, &args.tenant_header]
         .into_iter()
         .chain(args.identity.api_key_header.as_ref())

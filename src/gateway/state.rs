@@ -13,6 +13,7 @@ use tokio::sync::{Notify, oneshot};
 use super::args::GatewayArgs;
 use super::decision::{DecisionLog, IdMaker};
 use super::dispatch::{Dispatch, Finished, InFlightSink};
+use super::fleet_share::Fleet;
 use super::identity::Identity;
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
 use super::route_health::RouteHealth;
@@ -40,6 +41,8 @@ pub(super) struct Gateway {
     pub(super) decisions: DecisionLog,
     /// Who may use which lane (from the config in force and `--credentials`).
     pub(super) identity: Arc<Identity>,
+    /// The fleet's shared state, with `--shared-state`.
+    pub(super) fleet: Option<Arc<Fleet>>,
 }
 
 /// Everything under the lock.
@@ -82,6 +85,7 @@ impl Gateway {
                 args.decision_log_refusals_per_second,
             ),
             identity: Arc::new(Identity::new(&args.identity)),
+            fleet: Fleet::from_args(&args.fleet, metrics.registry(), 0.0),
             start: Instant::now(),
             state: Mutex::new(State {
                 core: None,

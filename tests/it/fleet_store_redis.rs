@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 
 use lanekeeper::gateway::fleet_store::FleetStore;
 use lanes::fleet_lease::{FleetLimits, LEASE_SECONDS, lease_size};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, SanType,
+};
 
 fn on_path(bin: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| {
@@ -23,14 +27,20 @@ fn on_path(bin: &str) -> Option<PathBuf> {
 }
 
 /// A store server of its own; killed when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     port: u16,
     bin: PathBuf,
+    /// A directory with `cert.pem`, `key.pem` and `ca.pem`: TLS only.
+    tls: Option<PathBuf>,
 }
 
 impl Server {
-    fn start(test: &str) -> Option<Server> {
+    pub(crate) fn start(test: &str) -> Option<Server> {
+        Server::start_with(test, None)
+    }
+
+    fn start_with(test: &str, tls: Option<PathBuf>) -> Option<Server> {
         let Some(bin) = on_path("valkey-server").or_else(|| on_path("redis-server")) else {
             if std::env::var("LANEKEEPER_REQUIRE_REDIS").as_deref() == Ok("1") {
                 panic!(
@@ -47,13 +57,18 @@ impl Server {
             .local_addr()
             .unwrap()
             .port();
-        let child = spawn(&bin, port);
-        let server = Server { child, port, bin };
+        let child = spawn(&bin, port, tls.as_deref());
+        let server = Server {
+            child,
+            port,
+            bin,
+            tls,
+        };
         server.wait_ready();
         Some(server)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
@@ -68,21 +83,32 @@ impl Server {
         }
     }
 
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.stop();
-        self.child = spawn(&self.bin, self.port);
+        self.child = spawn(&self.bin, self.port, self.tls.as_deref());
         self.wait_ready();
     }
 }
 
-fn spawn(bin: &PathBuf, port: u16) -> Child {
-    Command::new(bin)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+fn spawn(bin: &PathBuf, port: u16, tls: Option<&std::path::Path>) -> Child {
+    let mut cmd = Command::new(bin);
+    match tls {
+        None => cmd.args(["--port", &port.to_string()]),
+        Some(dir) => {
+            let file = |f: &str| dir.join(f).display().to_string();
+            cmd.args(["--port", "0", "--tls-port", &port.to_string()])
+                .args(["--tls-cert-file", &file("cert.pem")])
+                .args(["--tls-key-file", &file("key.pem")])
+                .args(["--tls-ca-cert-file", &file("ca.pem")])
+                .args(["--tls-auth-clients", "no"])
+        }
+    };
+    cmd.args(["--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -270,4 +296,66 @@ async fn a_store_that_is_not_there_fails_to_connect_quickly() {
             .await
             .is_err()
     );
+}
+
+/// A CA and a certificate for 127.0.0.1 signed by it, written to a fresh
+/// directory as `ca.pem`, `cert.pem` and `key.pem`.
+fn tls_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lanekeeper-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, "store ca");
+    let ca = CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name.push(DnType::CommonName, "store");
+    p.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    std::fs::write(dir.join("cert.pem"), p.signed_by(&key, &ca).unwrap().pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    dir
+}
+
+/// `rediss://`: the store's certificate is checked against the CA given
+/// (`--shared-state-ca`); a store whose certificate chains to no trusted
+/// root is not reached.
+#[tokio::test]
+async fn a_tls_store_is_reached_with_its_ca_and_not_without() {
+    let test = "a_tls_store_is_reached_with_its_ca_and_not_without";
+    let dir = tls_dir(test);
+    let Some(server) = Server::start_with(test, Some(dir.clone())) else {
+        return;
+    };
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let ca = std::fs::read(dir.join("ca.pem")).unwrap();
+    let wait = Duration::from_secs(2);
+    let store = FleetStore::connect_with(&url, None, Some(&ca), "tls", wait)
+        .await
+        .unwrap();
+    let lane = FleetLimits {
+        rate: 1.0,
+        burst: 5.0,
+    };
+    assert_eq!(store.take("p1", lane, 3).await.unwrap(), 3);
+    assert!(
+        FleetStore::connect_with(&url, None, None, "tls", wait)
+            .await
+            .is_err(),
+        "the system's roots do not know the store's CA"
+    );
+    assert!(
+        FleetStore::connect_with(
+            &format!("redis://127.0.0.1:{}", server.port),
+            None,
+            None,
+            "tls",
+            wait
+        )
+        .await
+        .is_err(),
+        "plain text to a TLS port"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

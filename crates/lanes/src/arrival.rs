@@ -35,6 +35,7 @@ impl Core {
         self.pressure.update(now);
         let rate = effective_rate(&self.lanes, li, now);
         let lane = &mut self.lanes[li];
+        lane.bucket.demand.add(now);
         lane.refill(now, rate);
         lane.refresh_service(now);
         lane.seen.sweep(now);
@@ -121,8 +122,9 @@ impl Core {
         // The wait at the lane's own rate (spare capacity, shared with other
         // lanes, is not counted on).
         let ahead = lane.queue.len() as f64 + 1.0 - lane.bucket.tokens.max(0.0);
-        let wait = if rate > 0.0 {
-            (ahead / rate).max(0.0)
+        let drain = crate::fleet_core::drain_rate(lane, rate, now);
+        let wait = if drain > 0.0 {
+            (ahead / drain).max(0.0)
         } else {
             0.0
         };

@@ -59,7 +59,12 @@ pub(crate) struct Bucket {
     pub(crate) tokens: f64,
     pub(crate) last_refill: f64,
     pub(crate) used: UseMeter,
+    /// Arrivals per second, admitted or not (the demand a lease follows).
+    pub(crate) demand: UseMeter,
     pub(crate) paused: bool,
+    /// Tokens come from the fleet's shared bucket in leases
+    /// (`fleet_core`), not from the replica's own refill.
+    pub(crate) leased: bool,
 }
 
 impl Bucket {
@@ -81,12 +86,18 @@ impl Bucket {
             tokens: burst.max(floor_rps.ceil()),
             last_refill: now,
             used: UseMeter::default(),
+            demand: UseMeter::default(),
             paused,
+            leased: false,
         }
     }
 
-    /// The bucket's size: its burst, or its floor when that is larger.
+    /// The bucket's size: its burst, or its floor when that is larger;
+    /// a leased bucket holds what its leases brought (their size bounds it).
     pub(crate) fn cap(&self) -> f64 {
+        if self.leased {
+            return f64::INFINITY;
+        }
         self.burst.max(self.floor_rps.ceil())
     }
 
@@ -96,6 +107,7 @@ impl Bucket {
     /// instead of being lost to the bucket's size; the poll serves them and
     /// trims the rest.
     pub(crate) fn refill(&mut self, now: f64, rate: f64, waiting: usize) {
+        let rate = if self.leased { 0.0 } else { rate };
         let elapsed = (now - self.last_refill).max(0.0);
         let cap = self.cap().max(waiting as f64);
         self.tokens = (self.tokens + rate * elapsed).min(cap);
@@ -104,6 +116,7 @@ impl Bucket {
 
     /// The tokens there would be at `now` at `rate` (no refill).
     pub(crate) fn tokens_at(&self, now: f64, rate: f64) -> f64 {
+        let rate = if self.leased { 0.0 } else { rate };
         let elapsed = (now - self.last_refill).max(0.0);
         (self.tokens + rate * elapsed).min(self.cap())
     }

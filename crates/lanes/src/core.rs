@@ -279,8 +279,10 @@ impl Core {
 /// A surviving lane keeps its tokens (up to the new size), its queue, its
 /// remembered ids and its retry and use windows.
 fn carry_lane(mut old: Lane, new: &mut Lane, now: f64) {
+    new.bucket.leased = old.bucket.leased && !new.bucket.paused;
     new.bucket.tokens = old.bucket.tokens.min(new.bucket.cap());
     new.bucket.used = std::mem::take(&mut old.bucket.used);
+    new.bucket.demand = std::mem::take(&mut old.bucket.demand);
     new.bucket.last_refill = now;
     new.queue = std::mem::take(&mut old.queue);
     new.tenants.carry(&mut old.tenants);

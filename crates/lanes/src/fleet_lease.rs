@@ -66,11 +66,12 @@ impl FleetBucket {
 
 /// The tokens a replica asks for in one lease: its own demand over
 /// [`LEASE_SECONDS`] plus the requests waiting on it, at least one and at
-/// most one lease period of the whole lane (its burst when that is more),
-/// so one busy replica cannot empty the bucket for the others.
+/// most two lease periods of the whole lane (its burst when that is more):
+/// enough to take all that accrued when a lease comes a little late, not so
+/// much that one busy replica empties the bucket for the others for long.
 pub fn lease_size(limits: FleetLimits, demand_per_second: f64, waiting: usize) -> u64 {
     let demand = demand_per_second.max(0.0) * LEASE_SECONDS + waiting as f64;
-    let most = (limits.rate * LEASE_SECONDS)
+    let most = (limits.rate * LEASE_SECONDS * 2.0)
         .max(limits.burst)
         .ceil()
         .max(1.0);
@@ -128,8 +129,8 @@ mod tests {
         };
         assert_eq!(
             lease_size(fast, 10_000.0, 0),
-            100,
-            "or one lease period of the lane"
+            200,
+            "or two lease periods of the lane"
         );
         assert_eq!(lease_size(LANE, f64::NAN, 0), 1);
     }

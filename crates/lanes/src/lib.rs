@@ -62,6 +62,7 @@ pub mod config;
 mod core;
 pub mod expected_wait;
 mod fair_queue;
+pub mod fleet_core;
 pub mod fleet_lease;
 pub mod fleet_mode;
 mod history;

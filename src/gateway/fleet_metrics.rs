@@ -1,0 +1,98 @@
+//! The fleet's shared-state metric families: which budgets a replica
+//! enforces now (`shared` or `local`), how often it fell back, and the calls
+//! it made to the store by operation and result.
+
+use lanes::fleet_mode::FleetMode;
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+/// A call to the shared store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StoreOp {
+    /// Tokens of a lease taken.
+    Take,
+    /// Unused tokens given back.
+    GiveBack,
+    /// A request id's first sighting.
+    Sighting,
+    /// A probe while on the local share (connect or ping).
+    Probe,
+}
+
+impl StoreOp {
+    fn as_str(self) -> &'static str {
+        match self {
+            StoreOp::Take => "take",
+            StoreOp::GiveBack => "give_back",
+            StoreOp::Sighting => "sighting",
+            StoreOp::Probe => "probe",
+        }
+    }
+}
+
+/// The shared-state families.
+pub(super) struct FleetMetrics {
+    mode: IntGaugeVec,
+    fallbacks: IntCounter,
+    calls: IntCounterVec,
+}
+
+impl FleetMetrics {
+    pub(super) fn new(r: &Registry) -> FleetMetrics {
+        let mode = IntGaugeVec::new(
+            Opts::new(
+                "lanekeeper_gateway_shared_state_mode",
+                "1 for the budgets this replica enforces now: shared (the fleet's, through --shared-state) or local (its 1/N share: no store, or the store down or slow), 0 for the other.",
+            ),
+            &["mode"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(mode.clone())).expect("registered once");
+        let fallbacks = IntCounter::new(
+            "lanekeeper_gateway_shared_state_fallbacks_total",
+            "Times this replica fell back from the shared store to its local 1/N share.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(fallbacks.clone()))
+            .expect("registered once");
+        let calls = IntCounterVec::new(
+            Opts::new(
+                "lanekeeper_gateway_shared_state_calls_total",
+                "Calls to the shared store by operation (take, give_back, sighting, probe) and result (ok, failed).",
+            ),
+            &["op", "result"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(calls.clone()))
+            .expect("registered once");
+        let m = FleetMetrics {
+            mode,
+            fallbacks,
+            calls,
+        };
+        m.mode(FleetMode::Local { since: 0.0 });
+        m
+    }
+
+    /// The mode now.
+    pub(super) fn mode(&self, mode: FleetMode) {
+        let shared = matches!(mode, FleetMode::Shared);
+        self.mode
+            .with_label_values(&["shared"])
+            .set(i64::from(shared));
+        self.mode
+            .with_label_values(&["local"])
+            .set(i64::from(!shared));
+    }
+
+    /// The replica fell back to its local share.
+    pub(super) fn fell_back(&self) {
+        self.fallbacks.inc();
+    }
+
+    /// A call and whether it was answered in time.
+    pub(super) fn call(&self, op: StoreOp, ok: bool) {
+        self.calls
+            .with_label_values(&[op.as_str(), if ok { "ok" } else { "failed" }])
+            .inc();
+    }
+}

@@ -1,0 +1,354 @@
+//! The gateway's side of the fleet's shared state: a task that keeps each
+//! lane's leased bucket topped up from the shared store ahead of need
+//! (every [`LEASE_SECONDS`], sized from the replica's own recent demand and
+//! queue) and gives back what demand no longer needs, and the fleet-wide
+//! first sighting of a request id (a retry sent to another replica than its
+//! original is a retry).
+//!
+//! Failure is safe, never open ([`FleetHealth`]): one failed or late call
+//! puts the replica on its local 1/N share at once (the core's buckets
+//! refill on their own again), with a log line and the mode metric; it
+//! probes the store once a second and goes back to the fleet's budgets by
+//! itself. A request never waits on the store beyond one call's deadline
+//! and is never failed because the store is down.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lanes::Core;
+use lanes::fleet_core::LeaseNeed;
+use lanes::fleet_lease::LEASE_SECONDS;
+use lanes::fleet_mode::{FleetHealth, FleetMode, PROBE_SECONDS};
+use prometheus::Registry;
+
+use super::fleet_args::FleetArgs;
+use super::fleet_metrics::{FleetMetrics, StoreOp};
+use super::fleet_store::FleetStore;
+
+/// What the fleet's link needs of the gateway (implemented by the gateway's
+/// shared state in `fleet_host`, so that this file does not import it).
+pub(super) trait FleetHost: Send + Sync {
+    /// The core's clock.
+    fn now(&self) -> f64;
+    /// Runs `f` on the core under the gateway's lock, if a config is loaded.
+    fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> Option<R>;
+    /// Wakes the driver of waiting requests.
+    fn wake(&self);
+}
+
+/// Keys of the store start with this (then the profile and the lane).
+const KEY_PREFIX: &str = "lanekeeper";
+
+/// One replica's link to the fleet's shared state.
+pub(super) struct Fleet {
+    url: String,
+    password: Option<String>,
+    root_ca: Option<Vec<u8>>,
+    deadline: Duration,
+    store: Mutex<Option<FleetStore>>,
+    health: Mutex<FleetHealth>,
+    metrics: FleetMetrics,
+    /// The profile of the config in force and each lane's deadline in
+    /// seconds (how long a request id is remembered), as of the last round.
+    lanes: Mutex<(String, HashMap<String, u64>)>,
+    /// Rounds in a row that called nothing (see [`quiet_for_a_second`]).
+    quiet_rounds: AtomicU32,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Fleet {
+    /// The link `--shared-state` asks for (none without it); `now` is the
+    /// core's clock. The flags were checked at start ([`Fleet::check`]).
+    pub(super) fn from_args(args: &FleetArgs, r: &Registry, now: f64) -> Option<Arc<Fleet>> {
+        let url = args.url().ok().flatten()?.to_owned();
+        Some(Arc::new(Fleet {
+            url,
+            password: args.password().ok().flatten(),
+            root_ca: args.ca().ok().flatten(),
+            deadline: args.deadline(),
+            store: Mutex::new(None),
+            health: Mutex::new(FleetHealth::new(now)),
+            metrics: FleetMetrics::new(r),
+            lanes: Mutex::new((String::new(), HashMap::new())),
+            quiet_rounds: AtomicU32::new(0),
+        }))
+    }
+
+    /// The flags' errors that stop the gateway starting: a URL that is not
+    /// `redis://` or `rediss://`, an unreadable or empty password file.
+    pub(super) fn check(args: &FleetArgs) -> Result<(), String> {
+        args.url()?;
+        args.ca()?;
+        args.password().map(|_| ())
+    }
+
+    /// The mode now.
+    pub(super) fn mode(&self) -> FleetMode {
+        locked(&self.health).mode()
+    }
+
+    /// The store, connected on first use (a probe).
+    async fn store(&self) -> Option<FleetStore> {
+        if let Some(s) = locked(&self.store).clone() {
+            return Some(s);
+        }
+        let prefix = KEY_PREFIX;
+        let connected = FleetStore::connect_with(
+            &self.url,
+            self.password.as_deref(),
+            self.root_ca.as_deref(),
+            prefix,
+            self.deadline,
+        )
+        .await;
+        match connected {
+            Ok(s) => {
+                *locked(&self.store) = Some(s.clone());
+                Some(s)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "shared store: no connection");
+                None
+            }
+        }
+    }
+
+    /// A call failed or missed its deadline: the local share at once.
+    pub(super) fn failed(&self, gw: &impl FleetHost, op: StoreOp, why: &str) {
+        self.metrics.call(op, false);
+        let now = gw.now();
+        let Some(mode) = locked(&self.health).failed(now) else {
+            return;
+        };
+        self.metrics.mode(mode);
+        self.metrics.fell_back();
+        tracing::warn!(
+            error = why,
+            "shared state: the store is down or slow; enforcing this replica's 1/N share until it answers again"
+        );
+        gw.with_core(|core| core.set_leased(false));
+        gw.wake();
+    }
+
+    /// A call answered in time: the fleet's budgets (again).
+    fn answered(&self, gw: &impl FleetHost, op: StoreOp) {
+        self.metrics.call(op, true);
+        let Some(mode) = locked(&self.health).answered() else {
+            return;
+        };
+        self.metrics.mode(mode);
+        tracing::info!("shared state: the store answers; enforcing the fleet's budgets");
+        gw.with_core(|core| core.set_leased(true));
+    }
+
+    /// The fleet-wide first sighting of a request id in its lane: when
+    /// another replica (or this one) saw it already, it is a retry whatever
+    /// its attempt header said (`attempt` raised to at least 2). Only in
+    /// shared mode; on the local share the replica's own memory counts.
+    pub(super) async fn count_sighting(
+        &self,
+        gw: &impl FleetHost,
+        lane: Option<&str>,
+        id: Option<&str>,
+        attempt: &mut Option<u32>,
+    ) {
+        let (Some(lane), Some(id)) = (lane, id) else {
+            return;
+        };
+        if attempt.is_some_and(|a| a > 1) || self.mode() != FleetMode::Shared {
+            return;
+        }
+        let Some((key, seconds)) = self.lane_key(lane) else {
+            return;
+        };
+        let Some(store) = locked(&self.store).clone() else {
+            return;
+        };
+        match store
+            .first_sighting(&key, id, Duration::from_secs(seconds.max(1)))
+            .await
+        {
+            Ok(first) => {
+                self.metrics.call(StoreOp::Sighting, true);
+                if !first {
+                    *attempt = Some(attempt.unwrap_or(1).max(2));
+                }
+            }
+            Err(e) => self.failed(gw, StoreOp::Sighting, &e.to_string()),
+        }
+    }
+
+    /// The store's name of a lane of the config in force, and its deadline.
+    fn lane_key(&self, lane: &str) -> Option<(String, u64)> {
+        let l = locked(&self.lanes);
+        let seconds = *l.1.get(lane)?;
+        Some((format!("{}/{lane}", l.0), seconds))
+    }
+}
+
+/// Keeps the leases topped up, every [`LEASE_SECONDS`], until the gateway
+/// stops.
+pub(super) async fn keep_leases(gw: Arc<impl FleetHost>, fleet: Arc<Fleet>) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(LEASE_SECONDS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        round(&*gw, &fleet).await;
+    }
+}
+
+/// One round: probe when on the local share; then, shared, each lane's
+/// excess given back and its lease topped up.
+async fn round(gw: &impl FleetHost, fleet: &Fleet) {
+    if !locked(&fleet.health).may_call(gw.now()) {
+        return;
+    }
+    let Some(store) = fleet.store().await else {
+        fleet.failed(gw, StoreOp::Probe, "no connection");
+        return;
+    };
+    if fleet.mode() != FleetMode::Shared {
+        match store.ping().await {
+            Ok(()) => fleet.answered(gw, StoreOp::Probe),
+            Err(e) => return fleet.failed(gw, StoreOp::Probe, &e.to_string()),
+        }
+    }
+    let Some((profile, needs)) = needs(gw, fleet) else {
+        return;
+    };
+    let busy = needs
+        .iter()
+        .any(|n| n.to_take() > 0 || n.to_give_back() > 0);
+    if !busy && quiet_for_a_second(fleet) {
+        // An idle replica asks nothing of the store: a ping once a second
+        // keeps its mode true.
+        if let Err(e) = store.ping().await {
+            return fleet.failed(gw, StoreOp::Probe, &e.to_string());
+        }
+        fleet.metrics.call(StoreOp::Probe, true);
+    }
+    if let Err((op, why)) = give_back(gw, fleet, &store, &profile, &needs).await {
+        return fleet.failed(gw, op, &why);
+    }
+    if let Err((op, why)) = top_up(gw, fleet, &store, &profile, &needs).await {
+        fleet.failed(gw, op, &why);
+    }
+}
+
+/// Counts a round without a call; true once every second of them.
+fn quiet_for_a_second(fleet: &Fleet) -> bool {
+    let rounds = (PROBE_SECONDS / LEASE_SECONDS).round() as u32;
+    let n = fleet.quiet_rounds.fetch_add(1, Ordering::Relaxed) + 1;
+    if n >= rounds {
+        fleet.quiet_rounds.store(0, Ordering::Relaxed);
+        return true;
+    }
+    false
+}
+
+/// What each lane needs now (the core leased if it is not yet: a config
+/// installed while shared), and the lanes' deadlines noted for sightings.
+fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
+    let now = gw.now();
+    let (profile, needs) = gw.with_core(|core| {
+        if !core.leased() {
+            core.set_leased(true);
+        }
+        (core.config().profile.clone(), core.lease_needs(now))
+    })?;
+    let deadlines = needs
+        .iter()
+        .map(|n| (n.name.clone(), n.deadline_seconds))
+        .collect();
+    *locked(&fleet.lanes) = (profile.clone(), deadlines);
+    Some((profile, needs))
+}
+
+/// Gives back what each lane holds beyond its need (its demand fell).
+async fn give_back(
+    gw: &impl FleetHost,
+    fleet: &Fleet,
+    store: &FleetStore,
+    profile: &str,
+    needs: &[LeaseNeed],
+) -> Result<(), (StoreOp, String)> {
+    for n in needs.iter().filter(|n| n.to_give_back() > 0) {
+        let taken = gw.with_core(|core| {
+            if core.lane_index(&n.name) == Some(n.lane) {
+                core.take_back(n.lane, n.to_give_back())
+            } else {
+                0
+            }
+        });
+        let Some(taken) = taken.filter(|t| *t > 0) else {
+            continue;
+        };
+        // Tokens given back to a store that does not answer are lost to
+        // the fleet: safe (fewer admitted), never more.
+        store
+            .give_back(&format!("{profile}/{}", n.name), n.limits, taken)
+            .await
+            .map_err(|e| (StoreOp::GiveBack, e.to_string()))?;
+        fleet.metrics.call(StoreOp::GiveBack, true);
+    }
+    Ok(())
+}
+
+/// Takes each lane's shortfall from the fleet's bucket, all lanes at once,
+/// and hands the leases to the core (waking the driver when a waiting
+/// request may go). A lease the core no longer wants goes back.
+async fn top_up(
+    gw: &impl FleetHost,
+    fleet: &Fleet,
+    store: &FleetStore,
+    profile: &str,
+    needs: &[LeaseNeed],
+) -> Result<(), (StoreOp, String)> {
+    let wanted: Vec<&LeaseNeed> = needs.iter().filter(|n| n.to_take() > 0).collect();
+    let keys: Vec<String> = wanted
+        .iter()
+        .map(|n| format!("{profile}/{}", n.name))
+        .collect();
+    let calls = wanted
+        .iter()
+        .zip(&keys)
+        .map(|(n, k)| store.take(k, n.limits, n.to_take()));
+    let granted = futures::future::join_all(calls).await;
+    let mut unwanted = Vec::new();
+    let mut wake = false;
+    let mut failure = None;
+    gw.with_core(|core| {
+        for ((n, key), got) in wanted.iter().zip(&keys).zip(granted) {
+            let got = match got {
+                Ok(g) => {
+                    fleet.metrics.call(StoreOp::Take, true);
+                    g
+                }
+                Err(e) => {
+                    failure = Some((StoreOp::Take, e.to_string()));
+                    continue;
+                }
+            };
+            let ours = core.lane_index(&n.name) == Some(n.lane);
+            match ours.then(|| core.add_lease(n.lane, got)).flatten() {
+                Some(w) => wake |= w,
+                None => unwanted.push((key, n.limits, got)),
+            }
+        }
+    });
+    if wake {
+        gw.wake();
+    }
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    for (key, limits, got) in unwanted {
+        let _ = store.give_back(key, limits, got).await;
+    }
+    Ok(())
+}
