@@ -193,7 +193,15 @@ fn diff_shows_what_removing_the_p3_cap_does() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("decision-change"));
     assert!(!String::from_utf8_lossy(&o.stderr).contains("p0-deadline-regression"));
     assert!(md.contains("## lanekeeper diff"));
-    assert!(md.contains("- base: p3-shift-batch Capped 60"), "{md}");
+    // The first step that differs: the base caps P3 at 60, the head not.
+    let line = |side: &str| {
+        md.lines()
+            .find(|l| l.starts_with(&format!("- {side}: ")))
+            .unwrap_or_else(|| panic!("no {side} line\n{md}"))
+            .to_owned()
+    };
+    assert!(line("base").contains("p3-shift-batch Capped 60"), "{md}");
+    assert!(line("head").contains("p3-shift-batch Admitted"), "{md}");
     assert!(md.contains("| p3-shift-batch | 3 |"), "{md}");
     assert!(md.contains("| p0-disruption-assist | 0 |"), "{md}");
     // On the signals timeline the head skips to protect at 180 s.
