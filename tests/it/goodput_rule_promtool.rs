@@ -5,8 +5,7 @@
 //! times their count), nothing while no replica is saturated, and never a
 //! series of another profile's gateway.
 
-use std::process::Command;
-
+use super::rules_promtool::{generated_rules, promtool_test};
 use crate::prometheus_support::{TempDir, promtool};
 
 const MANIFESTS: &str = r#"
@@ -81,19 +80,7 @@ fn promtool_passes_the_goodput_rule_on_synthetic_gateway_series() {
         return;
     };
     let dir = TempDir::new("goodput-rule");
-    let manifests = dir.0.join("pool.yaml");
-    std::fs::write(&manifests, MANIFESTS).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(["rules", "-f"])
-        .arg(&manifests)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rules = String::from_utf8(out.stdout).unwrap();
+    let rules = generated_rules(&dir.0, MANIFESTS);
     assert_eq!(
         rules.matches("- name: ").count(),
         1,
@@ -103,15 +90,7 @@ fn promtool_passes_the_goodput_rule_on_synthetic_gateway_series() {
         rules.contains("name: lanekeeper-capacity-team-pool"),
         "{rules}"
     );
-    std::fs::write(dir.0.join("rules.yaml"), &rules).unwrap();
-    let test = dir.0.join("rules_test.yaml");
-    std::fs::write(&test, test_file()).unwrap();
-    let run = Command::new(&promtool)
-        .args(["test", "rules"])
-        .arg(&test)
-        .current_dir(&dir.0)
-        .output()
-        .unwrap();
+    let run = promtool_test(&promtool, &dir.0, &test_file());
     assert!(
         run.status.success(),
         "promtool test rules failed:\n{}{}\n--- rules ---\n{rules}\n--- test file ---\n{}",
@@ -120,12 +99,10 @@ fn promtool_passes_the_goodput_rule_on_synthetic_gateway_series() {
         test_file()
     );
     // A wrong expectation fails, so the test above can fail.
-    std::fs::write(&test, test_file().replace("value: 410", "value: 560")).unwrap();
-    let wrong = Command::new(&promtool)
-        .args(["test", "rules"])
-        .arg(&test)
-        .current_dir(&dir.0)
-        .output()
-        .unwrap();
+    let wrong = promtool_test(
+        &promtool,
+        &dir.0,
+        &test_file().replace("value: 410", "value: 560"),
+    );
     assert!(!wrong.status.success(), "promtool accepted 560 for 410");
 }

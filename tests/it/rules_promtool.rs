@@ -3,8 +3,8 @@
 //! A fast burn fires the 14.4× alert, a slow burn only the 6× one, a
 //! healthy lane nothing, and the budget remaining has the right value.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 
 use crate::prometheus_support::{TempDir, promtool};
 
@@ -22,6 +22,37 @@ spec:
     calibration: {configHash: "sha256:00", measuredAt: "2026-11-02T00:00:00Z", validForSeconds: 7776000}
   replicas: {min: 1, max: 10}
 "#;
+
+/// `lanekeeper rules -f FILE` on `manifests` (written into `dir`): the
+/// rule file it prints, also written to `dir/rules.yaml`.
+pub(crate) fn generated_rules(dir: &Path, manifests: &str) -> String {
+    let path = dir.join("manifests.yaml");
+    std::fs::write(&path, manifests).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .args(["rules", "-f"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = String::from_utf8(out.stdout).unwrap();
+    std::fs::write(dir.join("rules.yaml"), &rules).unwrap();
+    rules
+}
+
+/// `promtool test rules` on `test` (written to `dir/rules_test.yaml`, next
+/// to the rule file it names).
+pub(crate) fn promtool_test(promtool: &Path, dir: &Path, test: &str) -> Output {
+    std::fs::write(dir.join("rules_test.yaml"), test).unwrap();
+    Command::new(promtool)
+        .args(["test", "rules", "rules_test.yaml"])
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
 
 fn lane(name: &str, objective: Option<&str>) -> String {
     let objective = objective
@@ -114,7 +145,6 @@ fn promtool_passes_the_generated_rules_on_synthetic_burns() {
         return;
     };
     let dir = TempDir::new("rules");
-    let manifests = dir.0.join("lanes.yaml");
     let world = [
         MANIFESTS.to_owned(),
         lane("fast", Some(r#"{withinDeadlinePercent: "99.9"}"#)),
@@ -126,26 +156,12 @@ fn promtool_passes_the_generated_rules_on_synthetic_burns() {
         lane("no-objective", None),
     ]
     .concat();
-    std::fs::write(&manifests, world).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(["rules", "-f"])
-        .arg(&manifests)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rules = String::from_utf8(out.stdout).unwrap();
+    let rules = generated_rules(&dir.0, &world);
     assert_eq!(
         rules.matches("- name: ").count(),
         3,
         "one group per lane with an objective"
     );
-    std::fs::write(dir.0.join("rules.yaml"), &rules).unwrap();
-    let test: PathBuf = dir.0.join("rules_test.yaml");
-    std::fs::write(&test, test_file()).unwrap();
     let check = Command::new(&promtool)
         .args(["check", "rules"])
         .arg(dir.0.join("rules.yaml"))
@@ -156,12 +172,7 @@ fn promtool_passes_the_generated_rules_on_synthetic_burns() {
         "{}",
         String::from_utf8_lossy(&check.stdout)
     );
-    let run = Command::new(&promtool)
-        .args(["test", "rules"])
-        .arg(&test)
-        .current_dir(&dir.0)
-        .output()
-        .unwrap();
+    let run = promtool_test(&promtool, &dir.0, &test_file());
     assert!(
         run.status.success(),
         "promtool test rules failed:\n{}{}\n--- test file ---\n{}",
@@ -177,22 +188,14 @@ fn promtool_fails_a_wrong_expectation_so_the_test_above_can_fail() {
         return;
     };
     let dir = TempDir::new("rules-wrong");
-    let manifests = dir.0.join("lanes.yaml");
-    std::fs::write(
-        &manifests,
-        [
+    generated_rules(
+        &dir.0,
+        &[
             MANIFESTS.to_owned(),
             lane("healthy", Some(r#"{withinDeadlinePercent: "99.9"}"#)),
         ]
         .concat(),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(["rules", "-f"])
-        .arg(&manifests)
-        .output()
-        .unwrap();
-    std::fs::write(dir.0.join("rules.yaml"), &out.stdout).unwrap();
+    );
     // A healthy lane paged: promtool must say no.
     let mut t = String::from(
         "rule_files: [rules.yaml]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
@@ -200,11 +203,6 @@ fn promtool_fails_a_wrong_expectation_so_the_test_above_can_fail() {
     t += &series("healthy", 9995, 5);
     t += "    alert_rule_test:\n";
     t += &alert_case("2h", "LanekeeperErrorBudgetFastBurn", &["healthy"]);
-    std::fs::write(dir.0.join("t.yaml"), t).unwrap();
-    let run = Command::new(&promtool)
-        .args(["test", "rules", "t.yaml"])
-        .current_dir(&dir.0)
-        .output()
-        .unwrap();
+    let run = promtool_test(&promtool, &dir.0, &t);
     assert!(!run.status.success(), "a healthy lane must not page");
 }
