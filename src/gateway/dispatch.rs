@@ -104,6 +104,12 @@ impl Dispatch {
         &self.meters[self.lane]
     }
 
+    /// When it passed admission (its `remaining_seconds` count from here:
+    /// a queued request's wait is already taken off them).
+    pub(super) fn passed_at(&self) -> Instant {
+        self.slot.started
+    }
+
     /// When the request must be done by.
     pub(super) fn set_deadline(&mut self, deadline: Option<Instant>) {
         self.slot.deadline = deadline;

@@ -8,7 +8,6 @@
 )]
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -175,7 +174,6 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
     if matches!(decided, Decided::Verdict { .. }) {
         record.lane.clone_from(&asked.lane);
     }
-    let passed = Instant::now();
     let dispatch = match settle(gw, &asked, decided, record).await {
         Ok(d) => d,
         Err(r) => return r,
@@ -186,7 +184,6 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         class: asked.class(),
         lane: record.lane.as_deref().unwrap_or_default(),
         request_id: &record.request_id,
-        passed,
     };
     forward(&gw.upstream, out, dispatch).await
 }

@@ -179,8 +179,6 @@ pub(super) struct Outgoing<'a> {
     /// The lane (a lane of the config).
     pub(super) lane: &'a str,
     pub(super) request_id: &'a str,
-    /// When it passed admission.
-    pub(super) passed: Instant,
 }
 
 /// Sends a passed request upstream within its remaining deadline and
@@ -216,7 +214,7 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
     };
     upstream.credentials.apply(&route, req.headers_mut());
     let remaining = Duration::from_secs_f64(
-        (d.remaining_seconds - out.passed.elapsed().as_secs_f64()).clamp(0.001, 86_400.0 * 7.0),
+        (d.remaining_seconds - d.passed_at().elapsed().as_secs_f64()).clamp(0.001, 86_400.0 * 7.0),
     );
     let deadline = d
         .remaining_seconds

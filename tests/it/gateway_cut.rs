@@ -182,10 +182,9 @@ async fn p0_and_p1_keep_their_success_while_p3_and_p4_absorb_a_capacity_cut() {
 
 fn check(t: &BTreeMap<&str, Tally>, served_after: u64) {
     let report = format!("{t:#?}, upstream served {served_after} after the cut");
-    // P0 and P1 keep 99 % before and after the cut. P3 and P4 are
-    // refused (429) or, admitted on a service time the cut has not yet
-    // shown, cut at their deadline (504); never a failure of another kind
-    // (0 is no answer at all).
+    // P0 and P1 keep 99 % before and after the cut. What P3 and P4 lose is
+    // refused at once (429), never admitted and then cut at its deadline
+    // (504) or failed otherwise (0 is no answer at all).
     for (lane, tally) in t {
         if lane.starts_with("p0") || lane.starts_with("p1") {
             let ok = tally.ok_ratio();
@@ -194,13 +193,14 @@ fn check(t: &BTreeMap<&str, Tally>, served_after: u64) {
         }
         for status in tally.before.keys().chain(tally.after.keys()) {
             assert!(
-                [0, 200, 429, 504].contains(status),
+                [0, 200, 429].contains(status),
                 "{lane} got {status}: {report}"
             );
         }
-        // A connection the client reused as the gateway closed it (hyper's
+        // A connection the client reused as it was closed (hyper's
         // IncompleteMessage, seen about once in 2,000 requests of these
-        // lanes under load): rare, and never in the protected lanes.
+        // lanes under load while queued requests were still cut at their
+        // deadline): rare, and never in the protected lanes.
         let lost: u32 = [&tally.before, &tally.after]
             .iter()
             .filter_map(|s| s.get(&0))
