@@ -71,20 +71,9 @@ impl SaturationMeter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::InFlight;
+    use crate::slots_tests::limited;
     use crate::tests::{config, lane, req};
     use crate::{LaneConfig, Verdict};
-
-    fn limited(lanes: Vec<LaneConfig>, stop_at: i64) -> Core {
-        let mut cfg = config(lanes);
-        cfg.in_flight = Some(InFlight {
-            conserve_at: stop_at,
-            stop_at,
-            resume_below: 0,
-            resume_after_stable_seconds: Some(300),
-        });
-        Core::new(cfg, 1.0, 0.0, 0.0).unwrap()
-    }
 
     fn queued_lane(name: &str, rate: f64, burst: u64) -> LaneConfig {
         let mut l = lane(name, rate, burst);

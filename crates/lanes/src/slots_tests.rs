@@ -17,7 +17,8 @@ fn prio(name: &str, priority: i32, deadline: i64) -> LaneConfig {
     l
 }
 
-fn limited(lanes: Vec<LaneConfig>, stop_at: i64) -> Core {
+/// A core whose in-flight limit (and conserve mark) is `stop_at`.
+pub(crate) fn limited(lanes: Vec<LaneConfig>, stop_at: i64) -> Core {
     let mut cfg = config(lanes);
     cfg.in_flight = Some(InFlight {
         conserve_at: stop_at,
