@@ -43,6 +43,7 @@ mod gateway_tenants;
 mod gateway_tls;
 mod gateway_tokens;
 mod goodput_rule_promtool;
+mod inc47_budget;
 mod objectives_plan;
 mod plan_cli;
 mod plan_emit;
