@@ -18,7 +18,9 @@
 //!   the fields given replace the current values, unknown fields are a 400.
 //! - `POST /v1/chat/completions`: an OpenAI-style answer after
 //!   `serviceMillis` (plus `tokenMillis` per completion token when
-//!   streaming), `completionTokens` tokens; with `"stream": true` the tokens
+//!   streaming; a request's `x-fake-service-millis` header replaces
+//!   `serviceMillis` for that request), `completionTokens` tokens; with
+//!   `"stream": true` the tokens
 //!   come as server-sent events, one every `tokenMillis`, then `data: [DONE]`.
 //!   `GET /control` counts the chat requests received (`chatRequests`), the
 //!   ones in progress (`chatInFlight`), the ones whose client went away
@@ -652,6 +654,17 @@ fn received(app: &App, headers: &axum::http::HeaderMap, request: &serde_json::Va
     }
 }
 
+/// The request's own service time, `x-fake-service-millis` (a replay
+/// gives each request the time its simulated pool took).
+fn header_millis(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get("x-fake-service-millis")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
 async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Bytes) -> Response {
     let started = tokio::time::Instant::now();
     let request: serde_json::Value = match serde_json::from_slice(&body) {
@@ -675,7 +688,8 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
     };
     guard.slot = Some(take_slot(&app).await);
     let model = request["model"].as_str().unwrap_or(&app.model).to_owned();
-    tokio::time::sleep(Duration::from_millis(served.service) + prefill).await;
+    let service = header_millis(&headers).unwrap_or(served.service);
+    tokio::time::sleep(Duration::from_millis(service) + prefill).await;
     if let Some((status, retry_after)) = served.failing {
         guard.done = true;
         drop(guard);

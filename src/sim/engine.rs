@@ -8,7 +8,7 @@
 //! tick, within the pool's per-tick budget of work units.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::fmt::Write as _;
 
 use rand::{Rng, SeedableRng};
@@ -89,6 +89,10 @@ pub struct Trace {
     pub arrivals: Vec<TracedArrival>,
     /// Published configs in time order: (time, profile index, config).
     pub configs: Vec<(f64, usize, GatewayConfig)>,
+    /// How long each attempt the gateway passed took, from its pass until
+    /// the pool answered it, seconds, by (request id, attempt number): what
+    /// a replay's upstream must take for the gateway to see the same.
+    pub served: HashMap<(u64, u16), f64>,
 }
 
 /// One attempt reaching the gateway.
@@ -1525,6 +1529,9 @@ impl<'a> Sim<'a> {
     }
 
     fn complete(&mut self, a: Attempt, failed: bool, at: f64) {
+        if let Some(t) = self.trace.as_mut() {
+            t.served.insert((a.id, a.n), at - a.passed);
+        }
         let li = usize::from(a.lane);
         let p = self.lanes[li].profile;
         self.in_flight[p] -= 1;

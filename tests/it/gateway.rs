@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -54,7 +54,7 @@ pub(crate) fn model(args: &[&str]) -> Proc {
     spawn(env!("CARGO_BIN_EXE_lanekeeper-fake-model"), &all)
 }
 
-fn gateway(config: &Path, model: &Proc, extra: &[&str]) -> Proc {
+pub(crate) fn gateway(config: &Path, model: &Proc, extra: &[&str]) -> Proc {
     gateway_to(config, &model.addr, extra)
 }
 
@@ -132,7 +132,7 @@ pub(crate) fn config_file(test: &str, cfg: &Value) -> PathBuf {
 }
 
 /// Writes atomically (rename), as kubelet swaps a mounted ConfigMap.
-fn write_config(path: &Path, cfg: &Value) {
+pub(crate) fn write_config(path: &Path, cfg: &Value) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, serde_json::to_vec_pretty(cfg).unwrap()).unwrap();
     std::fs::rename(&tmp, path).unwrap();
@@ -145,7 +145,7 @@ pub(crate) fn client() -> reqwest::Client {
         .unwrap()
 }
 
-fn chat(c: &reqwest::Client, gw: &Proc, lane: Option<&str>) -> reqwest::RequestBuilder {
+pub(crate) fn chat(c: &reqwest::Client, gw: &Proc, lane: Option<&str>) -> reqwest::RequestBuilder {
     let mut r = c
         .post(format!("http://{}/v1/chat/completions", gw.addr))
         .header("content-type", "application/json")
@@ -853,150 +853,6 @@ async fn each_replica_enforces_its_share() {
         ok >= 10 && ok <= 10 + refilled,
         "admitted {ok}, {refilled} refilled"
     );
-}
-
-/// `simulate`'s gateway config at `speedup` times the pace: rates times
-/// `speedup`, times divided by it (token counts, queue depths and limits
-/// stay as they are).
-fn faster(cfg: &lanes::GatewayConfig, speedup: f64) -> Value {
-    let mut c = cfg.clone();
-    let whole = |s: i64| {
-        let v = s as f64 / speedup;
-        assert_eq!(v.fract(), 0.0, "{s} s does not scale to whole seconds");
-        v as i64
-    };
-    c.capacity_units_per_second = c.capacity_units_per_second.map(|u| u * speedup);
-    for l in &mut c.lanes {
-        l.admitted_requests_per_second *= speedup;
-        l.admitted_units_per_second *= speedup;
-        l.floor_units_per_second = l.floor_units_per_second.map(|u| u * speedup);
-        l.expected_service_seconds = l.expected_service_seconds.map(|s| s / speedup);
-        l.deadline_seconds = whole(l.deadline_seconds);
-        l.queue.ttl_seconds = whole(l.queue.ttl_seconds);
-        assert!(l.borrowing.is_empty() && l.deferral.is_none());
-    }
-    assert!(c.in_flight.is_none());
-    c.content_hash = lanes::hash(&c);
-    serde_json::to_value(&c).unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn simulate_and_the_gateway_admit_and_refuse_the_same_replayed_traffic() {
-    // The traffic `simulate` drew for examples/replay, and what its
-    // gateway (the admission core) did with it, per lane.
-    let loaded =
-        lanekeeper::manifest::load(&[root().join("examples/replay/manifests.yaml")]).unwrap();
-    let sc = lanekeeper::scenario::load(&root().join("examples/replay/scenario.yaml")).unwrap();
-    let run = lanekeeper::sim::run_traced(&loaded.world, &sc).unwrap();
-    let trace = run.trace.as_ref().unwrap();
-    let lanes: Vec<&str> = run.lanes.iter().map(|l| l.name.as_str()).collect();
-    for l in &run.lanes {
-        // Every request was resolved in the run (arrivals stop early).
-        assert_eq!(l.queued_end + l.retrying_end + l.deferred_end, 0, "{l:?}");
-        assert_eq!(l.attempts, l.offered, "no retries in this scenario");
-    }
-    assert!(
-        trace.configs.len() >= 2,
-        "the controller changed the config"
-    );
-
-    // The same arrivals, four times faster, through the real gateway in
-    // front of the fake model, with the configs the simulated controller
-    // published switched in at the same (scaled) times.
-    const SPEEDUP: f64 = 4.0;
-    let first = faster(&trace.configs[0].2, SPEEDUP);
-    let m = model(&[]);
-    let path = config_file("replay", &first);
-    let route = format!("pool=http://{}", m.addr);
-    let gw = gateway(&path, &m, &["--route", &route]);
-    let c = client();
-    ready(&c, &gw).await;
-    let start = tokio::time::Instant::now();
-    let at = move |t: f64| start + Duration::from_secs_f64(t / SPEEDUP);
-    let configs: Vec<(f64, Value)> = trace.configs[1..]
-        .iter()
-        .map(|(t, _, cfg)| (*t, faster(cfg, SPEEDUP)))
-        .collect();
-    let writer = {
-        let path = path.clone();
-        tokio::spawn(async move {
-            for (t, cfg) in configs {
-                tokio::time::sleep_until(at(t)).await;
-                write_config(&path, &cfg);
-            }
-        })
-    };
-    let mut tasks = Vec::with_capacity(trace.arrivals.len());
-    let mut late = Duration::ZERO;
-    for a in &trace.arrivals {
-        let when = at(a.at);
-        tokio::time::sleep_until(when).await;
-        late = late.max(tokio::time::Instant::now() - when);
-        let req = chat(&c, &gw, Some(lanes[a.lane]))
-            .header("x-request-id", a.request_id.to_string())
-            .header("x-lanekeeper-attempt", a.attempt.to_string());
-        let lane = a.lane;
-        tasks.push(tokio::spawn(async move {
-            let answer = match req.send().await {
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    r.bytes().await.map(|_| status)
-                }
-                Err(e) => Err(e),
-            };
-            (lane, answer)
-        }));
-    }
-    writer.await.unwrap();
-    let mut admitted = vec![0u64; lanes.len()];
-    let mut refused = vec![0u64; lanes.len()];
-    let mut cut = 0;
-    for t in tasks {
-        let (lane, answer) = t.await.unwrap();
-        match answer {
-            Ok(200) => admitted[lane] += 1,
-            Ok(429) => refused[lane] += 1,
-            // Admitted, then cut at its deadline (the wait left it a few
-            // milliseconds): an aborted answer, never a clean one.
-            Err(e) if !e.is_connect() && !e.is_timeout() => {
-                admitted[lane] += 1;
-                cut += 1;
-            }
-            other => panic!("lane {}: {other:?}", lanes[lane]),
-        }
-    }
-    eprintln!("{cut} admitted answers cut at their deadline");
-    eprintln!(
-        "replayed {} arrivals at {SPEEDUP}x in {:.1} s (latest send {:.1} ms behind schedule)",
-        trace.arrivals.len(),
-        start.elapsed().as_secs_f64(),
-        late.as_secs_f64() * 1e3
-    );
-    for (i, l) in run.lanes.iter().enumerate() {
-        let sim_refused = l.attempts - l.admitted;
-        eprintln!(
-            "{:<16} admitted sim {:>5} gateway {:>5}   refused sim {:>5} gateway {:>5}",
-            l.name, l.admitted, admitted[i], sim_refused, refused[i]
-        );
-        let within = |a: u64, b: u64| (a as f64 - b as f64).abs() <= 0.02 * a.max(b) as f64 + 1.0;
-        assert!(
-            within(l.admitted, admitted[i]),
-            "{}: admitted {} simulated, {} through the gateway",
-            l.name,
-            l.admitted,
-            admitted[i]
-        );
-        assert!(
-            within(sim_refused, refused[i]),
-            "{}: refused {} simulated, {} through the gateway",
-            l.name,
-            sim_refused,
-            refused[i]
-        );
-    }
-    // The traffic is worth comparing: one lane is refused a lot, the
-    // others not at all.
-    assert!(refused.iter().any(|&r| r > 1000), "{refused:?}");
 }
 
 /// The SHA-256 of a key, in hex, as a credentials file holds it.

@@ -38,6 +38,7 @@ mod gateway_conn;
 mod gateway_cut;
 mod gateway_doc;
 mod gateway_objective;
+mod gateway_replay;
 mod gateway_shared;
 mod gateway_tenants;
 mod gateway_tls;
