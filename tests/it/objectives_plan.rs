@@ -135,17 +135,7 @@ fn a_fast_burn_climbs_the_ladder_once_sustained() {
 #[test]
 fn the_golden_is_the_plan() {
     let (text, _) = plan_json();
-    let path = root().join("tests/golden/objectives-plan.json");
-    if std::env::var("UPDATE_GOLDEN").as_deref() == Ok("1") {
-        std::fs::write(&path, &text).unwrap();
-        return;
-    }
-    let golden = std::fs::read_to_string(&path).unwrap();
-    assert!(
-        golden == text,
-        "{} differs from the plan; regenerate with UPDATE_GOLDEN=1 and review the diff",
-        path.display()
-    );
+    crate::plan_cli::golden("objectives-plan.json", &text);
 }
 
 /// A number as the docs write it.

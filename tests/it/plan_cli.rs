@@ -51,7 +51,9 @@ fn goldens_regenerate_only_on_update_golden_1() {
     }
 }
 
-fn golden(name: &str, actual: &str) {
+/// Compares `actual` with `tests/golden/NAME`, or rewrites it under
+/// `UPDATE_GOLDEN=1`.
+pub(crate) fn golden(name: &str, actual: &str) {
     let path = root().join("tests/golden").join(name);
     if regenerate(std::env::var("UPDATE_GOLDEN").ok().as_deref()) {
         std::fs::write(&path, actual).unwrap();
