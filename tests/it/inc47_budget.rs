@@ -16,6 +16,8 @@ use lanekeeper::policy::{Approvals, World};
 use lanekeeper::snapshot::{BurnRates, SignalsFile};
 use serde_json::Value;
 
+use crate::objectives_plan::lane;
+
 const MANIFESTS: &str = "examples/inc-47-budget/inc-47-budget.yaml";
 const SIGNALS: &str = "examples/inc-47-budget/signals.yaml";
 const P0: &str = "p0-disruption-assist";
@@ -163,15 +165,6 @@ fn the_fast_burn_sheds_before_the_capacity_evidence_does() {
     };
     assert_eq!(downs(&with_burn), [(1800, 1), (2700, 0)]);
     assert_eq!(downs(&with_burn), downs(&alone));
-}
-
-fn lane<'a>(step: &'a Value, name: &str) -> &'a Value {
-    step["profiles"][0]["lanes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["name"] == name)
-        .unwrap()
 }
 
 #[test]

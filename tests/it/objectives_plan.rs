@@ -38,7 +38,8 @@ fn plan_json() -> (String, Value) {
     (text, v)
 }
 
-fn lane<'a>(step: &'a Value, name: &str) -> &'a Value {
+/// Lane `name` of a plan step's first profile.
+pub(crate) fn lane<'a>(step: &'a Value, name: &str) -> &'a Value {
     step["profiles"][0]["lanes"]
         .as_array()
         .unwrap()
