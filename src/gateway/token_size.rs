@@ -1,0 +1,135 @@
+//! The request side of tokens as the cost: what the gateway reads of a
+//! request's size before admission ([`RequestSize`]: its body's bytes and
+//! the output tokens it may get), and, for a lane with `cost`, how it makes
+//! sure the answer reports its usage: a streamed request is forwarded with
+//! `stream_options.include_usage: true`, and the usage chunk is taken out
+//! of the answer again when the client did not ask for it (see
+//! `usage_tap`). An observe config changes nothing of the request.
+
+use axum::body::Bytes;
+use lanes::RequestSize;
+use serde_json::{Map, Value};
+
+use super::state::Gateway;
+
+/// How a priced request's answer is read for its usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Metering {
+    /// The gateway asked for the stream's usage chunk: take it out of the
+    /// answer.
+    pub(super) strip_usage_chunk: bool,
+}
+
+/// A request sized for admission.
+pub(super) struct Sized {
+    /// The body to forward.
+    pub(super) body: Bytes,
+    /// What the core is told.
+    pub(super) size: RequestSize,
+    /// How its answer is read (None: it is not settled).
+    pub(super) metering: Option<Metering>,
+}
+
+/// Sizes a request of `lane` (its body after the shape check).
+pub(super) fn size(gw: &Gateway, lane: Option<&str>, body: Bytes) -> Sized {
+    let plain = |body: Bytes| Sized {
+        size: RequestSize {
+            body_bytes: body.len(),
+            max_tokens: None,
+        },
+        body,
+        metering: None,
+    };
+    if !lane.is_some_and(|l| priced(gw, l)) {
+        return plain(body);
+    }
+    let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
+        return plain(body);
+    };
+    let max_tokens = ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .filter_map(|f| obj.get(*f).and_then(Value::as_u64))
+        .min();
+    let mut strip = false;
+    let mut body = body;
+    if obj.get("stream").and_then(Value::as_bool) == Some(true) && !asks_usage(&obj) {
+        ask_usage(&mut obj);
+        strip = true;
+        body = Bytes::from(serde_json::to_vec(&Value::Object(obj)).expect("JSON serializes"));
+    }
+    Sized {
+        size: RequestSize {
+            body_bytes: body.len(),
+            max_tokens,
+        },
+        body,
+        metering: Some(Metering {
+            strip_usage_chunk: strip,
+        }),
+    }
+}
+
+/// Whether the lane has a cost in the enforced config in force.
+fn priced(gw: &Gateway, lane: &str) -> bool {
+    let st = gw.lock();
+    let Some(core) = st.core.as_ref().filter(|c| c.enforcing()) else {
+        return false;
+    };
+    core.lane_index(lane)
+        .is_some_and(|i| core.lane(i).cost.is_some())
+}
+
+/// Whether the client asked for the stream's usage chunk.
+fn asks_usage(obj: &Map<String, Value>) -> bool {
+    obj.get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        == Some(true)
+}
+
+/// Sets `stream_options.include_usage: true`, keeping the other options.
+fn ask_usage(obj: &mut Map<String, Value>) {
+    let options = obj
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !options.is_object() {
+        *options = Value::Object(Map::new());
+    }
+    if let Value::Object(o) = options {
+        o.insert("include_usage".to_owned(), Value::Bool(true));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_usage_chunk_is_asked_for_keeping_the_other_options() {
+        for (before, after) in [
+            (json!({"stream": true}), json!({"include_usage": true})),
+            (
+                json!({"stream": true, "stream_options": {"x": 1}}),
+                json!({"x": 1, "include_usage": true}),
+            ),
+            (
+                json!({"stream": true, "stream_options": "junk"}),
+                json!({"include_usage": true}),
+            ),
+        ] {
+            let Value::Object(mut obj) = before else {
+                unreachable!()
+            };
+            assert!(!asks_usage(&obj));
+            ask_usage(&mut obj);
+            assert_eq!(obj["stream_options"], after);
+            assert!(asks_usage(&obj));
+        }
+        let Value::Object(obj) = json!({"stream_options": {"include_usage": true}}) else {
+            unreachable!()
+        };
+        assert!(asks_usage(&obj));
+    }
+}
