@@ -221,6 +221,11 @@ impl Drop for InFlight {
         }));
         let elapsed = self.started.elapsed().as_secs_f64();
         let answered = self.latency.is_some_and(f64::is_finite) && !self.failed;
+        if let Some(t) = self.tap.as_mut() {
+            // A body with a length may be dropped without its end being
+            // polled: read what came.
+            t.end();
+        }
         self.sink.finished(Finished {
             lane: Arc::clone(&self.lane_name),
             latency: self.latency.unwrap_or(elapsed),

@@ -206,9 +206,9 @@ fn refusal_words(lane: &str, limit: Limit, wait: Option<i64>) -> String {
             "lane {lane}: your tenant has its most requests in flight (tenants.maxConcurrency) and could not wait for one to finish"
         ),
         Limit::StopAt => format!("lane {lane}: the pool is at its in-flight limit"),
-        Limit::ModelSlots => format!(
-            "lane {lane}: every model slot of the pool is in use (concurrency.max)"
-        ),
+        Limit::ModelSlots => {
+            format!("lane {lane}: every model slot of the pool is in use (concurrency.max)")
+        }
         Limit::LongContext => format!(
             "lane {lane}: the pool has its most long-context requests in flight (longContext.maxConcurrency); shorter requests still pass"
         ),

@@ -17,8 +17,8 @@ use super::fleet_share::Fleet;
 use super::identity::Identity;
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
 use super::route_health::RouteHealth;
-use super::settle::settle;
 use super::route_metrics::RouteMetrics;
+use super::settle::settle;
 use super::surface::Surface;
 use super::upstream::Upstream;
 

@@ -55,7 +55,8 @@ impl TokenMetrics {
             &["lane", "stage"],
         )
         .expect("valid metric");
-        r.register(Box::new(units.clone())).expect("registered once");
+        r.register(Box::new(units.clone()))
+            .expect("registered once");
         let estimate = HistogramVec::new(
             HistogramOpts::new(
                 "lanekeeper_gateway_lane_cost_estimate_ratio",
@@ -65,7 +66,8 @@ impl TokenMetrics {
             &["lane"],
         )
         .expect("valid metric");
-        r.register(Box::new(estimate.clone())).expect("registered once");
+        r.register(Box::new(estimate.clone()))
+            .expect("registered once");
         TokenMetrics {
             tokens: counters(
                 "lanekeeper_gateway_lane_tokens_total",
@@ -99,7 +101,9 @@ impl TokenMetrics {
             self.settlements.with_label_values(&[lane, "missing"]).inc();
             return;
         };
-        self.settlements.with_label_values(&[lane, "reported"]).inc();
+        self.settlements
+            .with_label_values(&[lane, "reported"])
+            .inc();
         self.tokens
             .with_label_values(&[lane, "input"])
             .inc_by(u.prompt_tokens);

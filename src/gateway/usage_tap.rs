@@ -223,7 +223,10 @@ mod tests {
         let stream = format!("{CHUNK}{CHUNK}{USAGE}{DONE}");
         for step in [1, 7, 64, 10_000] {
             let mut tap = UsageTap::new(true, true);
-            assert_eq!(feed(&mut tap, &stream, step), format!("{CHUNK}{CHUNK}{DONE}"));
+            assert_eq!(
+                feed(&mut tap, &stream, step),
+                format!("{CHUNK}{CHUNK}{DONE}")
+            );
             assert_eq!(tap.usage(), usage(12, 3));
             // Asked for: it stays, and is read all the same.
             let mut tap = UsageTap::new(true, false);

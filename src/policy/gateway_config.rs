@@ -125,9 +125,13 @@ pub fn build(
             resume_after_stable_seconds: f.resume_after_stable_seconds,
         }),
         breakers: decision.gateway.breakers.as_ref().map(breakers),
-        concurrency: decision.gateway.concurrency.as_ref().map(|c| lanes::ModelSlots {
-            max: c.max.max(1) as u64,
-        }),
+        concurrency: decision
+            .gateway
+            .concurrency
+            .as_ref()
+            .map(|c| lanes::ModelSlots {
+                max: c.max.max(1) as u64,
+            }),
         long_context: decision
             .gateway
             .long_context

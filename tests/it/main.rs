@@ -42,6 +42,7 @@ mod gateway_shared;
 mod gateway_tenants;
 mod gateway_tls;
 mod gateway_tokens;
+mod gateway_tokens_settle;
 mod goodput_rule_promtool;
 mod objectives_plan;
 mod plan_cli;

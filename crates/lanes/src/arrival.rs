@@ -3,8 +3,8 @@
 //! or spare capacity) and a slot of the in-flight limit, and else a place in
 //! the queue or a refusal.
 
-use crate::charge::{RequestSize, Sized};
 use crate::charge;
+use crate::charge::{RequestSize, Sized};
 use crate::core::{Core, DEFAULT_TENANT};
 use crate::expected_wait::whole;
 use crate::fair_queue::{Key, TenantId, Waiting};

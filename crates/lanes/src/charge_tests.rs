@@ -156,7 +156,10 @@ fn the_estimator_learns_from_settled_usage() {
     }
     let (e, units) = c.estimate(0, size(2000, 4000));
     assert!((999..=1001).contains(&e.input), "{e:?}");
-    assert!((40..=42).contains(&e.output), "the P95 of the answers: {e:?}");
+    assert!(
+        (40..=42).contains(&e.output),
+        "the P95 of the answers: {e:?}"
+    );
     assert!((units - (1.0 + 0.16)).abs() < 0.02, "{units}");
 }
 

@@ -90,6 +90,7 @@ mod verdict;
 mod waiting;
 
 pub use crate::breaker::{Breaker, BreakerSettings, BreakerState, Gate, Transition, Upshot};
+pub use crate::charge::{Charge, RequestSize, Settled};
 pub use crate::clients::{
     ApiKeySecret, CertificateName, ClientIdentity, ClientRule, ConfigMapKey, JwksSource, JwtIssuer,
     ServiceAccountName,
@@ -99,7 +100,6 @@ pub use crate::config::{
     LaneState, Mode, OptionalContext, QueueLimits, RetryLimits, SCHEMA_VERSION, Telemetry, hash,
     to_json,
 };
-pub use crate::charge::{Charge, RequestSize, Settled};
 pub use crate::core::{Core, DEFAULT_TENANT};
 pub use crate::history::trim_chat_history;
 pub use crate::pool_limits::{LongContext, ModelSlots};

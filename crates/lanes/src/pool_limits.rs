@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::GatewayConfig;
 use crate::core::Core;
 use crate::expected_wait::whole;
-use crate::validate::ConfigError;
 use crate::fair_queue::{Key, TenantId};
+use crate::validate::ConfigError;
 use crate::verdict::{Limit, Outcome, Refusal, Resolution, Ticket};
 
 /// The pool's model slots (the CapacityProfile's `spec.concurrency`).

@@ -73,15 +73,15 @@ fn a_waiting_request_is_held_while_the_model_slots_are_taken() {
     // The slot frees at 0.5 s, before its token comes at 1 s: it queues
     // behind nothing but the bucket... then waits for the slot.
     c.finished(0.5, 0.5);
-    assert!(matches!(
-        c.admit(&req("a"), 0.6),
-        Verdict::Queued { .. }
-    ));
+    assert!(matches!(c.admit(&req("a"), 0.6), Verdict::Queued { .. }));
     // Another request takes the slot before the token comes.
     let mut other = core(with_limits(Some(1), None));
     assert!(matches!(other.admit(&req("a"), 0.0), Verdict::Pass(_)));
     c.started(0.7);
-    assert!(c.poll(1.1).is_empty(), "the token is there, the slot is not");
+    assert!(
+        c.poll(1.1).is_empty(),
+        "the token is there, the slot is not"
+    );
     assert!(c.finished(1.5, 0.8), "its slot freed: the driver is woken");
     assert!(matches!(c.poll(1.5).as_slice(), [(_, Resolution::Pass(_))]));
 }
