@@ -11,8 +11,7 @@ use lanes::{Attempt, Charge, Core, Pass, Served, TenantSlot, Usage};
 
 use super::metrics::LaneMeter;
 use super::route_health::Taken;
-use super::token_size::Metering;
-use super::usage_tap::UsageTap;
+use super::usage_tap::{Metering, UsageTap};
 
 /// Where a finished request's latency goes (the core, under its lock).
 pub(super) trait InFlightSink: Send + Sync {

@@ -11,14 +11,7 @@ use lanes::RequestSize;
 use serde_json::{Map, Value};
 
 use super::state::Gateway;
-
-/// How a priced request's answer is read for its usage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Metering {
-    /// The gateway asked for the stream's usage chunk: take it out of the
-    /// answer.
-    pub(super) strip_usage_chunk: bool,
-}
+use super::usage_tap::Metering;
 
 /// A request sized for admission.
 pub(super) struct Sized {

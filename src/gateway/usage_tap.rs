@@ -15,6 +15,14 @@ pub(super) const MAX_ANSWER_BYTES: usize = 4 << 20;
 /// The most of one server-sent event kept while it is incomplete.
 const MAX_EVENT_BYTES: usize = 1 << 20;
 
+/// How a priced request's answer is read for its usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Metering {
+    /// The gateway asked for the stream's usage chunk: take it out of the
+    /// answer.
+    pub(super) strip_usage_chunk: bool,
+}
+
 /// What the tap does with the answer.
 #[derive(Debug)]
 enum Kind {
