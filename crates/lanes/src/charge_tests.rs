@@ -164,6 +164,24 @@ fn the_estimator_learns_from_settled_usage() {
 }
 
 #[test]
+fn a_config_swap_keeps_what_the_lane_learned() {
+    let mut c = core(priced(1000.0, 1000));
+    for _ in 0..50 {
+        let p = pass(c.admit_sized(&req("a"), size(2000, 4000), 0.0));
+        let u = Usage {
+            prompt_tokens: 1000,
+            completion_tokens: 40,
+        };
+        c.settle(&p.charge.unwrap(), Some(u), 0.0).unwrap();
+    }
+    let learned = c.estimate(0, size(2000, 4000));
+    let mut next = config(vec![priced(500.0, 500)]);
+    next.level = 1;
+    c.swap(next, 1.0, 1.0, 1_000_001.0).unwrap();
+    assert_eq!(c.estimate(0, size(2000, 4000)), learned);
+}
+
+#[test]
 fn the_fair_queue_charges_each_tenant_by_cost() {
     // Two tenants keep the queue full: one sends prompts 10x the other's.
     // Each is served about the same work units, not the same requests.
