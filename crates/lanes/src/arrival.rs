@@ -56,6 +56,10 @@ impl Core {
         lane.seen.sweep(now);
         let mut a = count_attempt(lane, li, req, now);
         a.sized = lane.size(size, long_above);
+        if a.sized.tokens != 1.0 {
+            // Demand (what a fleet lease follows) counts the charge.
+            lane.bucket.demand.add_n(now, a.sized.tokens - 1.0);
+        }
         if let Err(limit) = check_retries(lane, &a, now) {
             return refuse(lane, &a, Outcome::RejectedRetryBudget, limit);
         }
@@ -94,7 +98,7 @@ impl Core {
         {
             return None;
         }
-        lane.bucket.used.add(now);
+        lane.bucket.used.add_n(now, a.sized.tokens);
         self.pool.took(a.sized.long_context());
         Some(Pass {
             lane: a.lane,

@@ -90,7 +90,7 @@ impl Core {
                 return;
             };
             *taken += 1;
-            lane.bucket.used.add(now);
+            lane.bucket.used.add_n(now, sized.tokens);
             self.pool.took(sized.long_context());
             self.tickets.remove(&w.ticket);
             let pass = Pass {
