@@ -32,7 +32,7 @@ fn config(priced: bool) -> GatewayConfig {
             l.admitted_requests_per_second = 1e12;
             l.burst = 1_000_000_000_000;
             l.optional_context = None;
-            l.cost = priced.then(|| TokenCost {
+            l.cost = priced.then_some(TokenCost {
                 per_request: Some(0.1),
                 per_input_token: Some(0.001),
                 per_output_token: Some(0.004),
