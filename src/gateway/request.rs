@@ -161,11 +161,13 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         Ok(b) => b,
         Err(r) => return r,
     };
-    let body = match request_shape::check(gw, asked.lane.as_deref(), parts.uri.path(), body) {
+    let rules = token_size::rules(gw, asked.lane.as_deref());
+    let lane = asked.lane.as_deref();
+    let body = match request_shape::check(rules.limits, lane, parts.uri.path(), body) {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let sized = token_size::size(gw, asked.lane.as_deref(), body);
+    let sized = token_size::size(rules.priced, body);
     if let Some(fleet) = &gw.fleet {
         let (lane, id) = (asked.lane.as_deref(), asked.request_id.as_deref());
         fleet

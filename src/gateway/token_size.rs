@@ -7,11 +7,41 @@
 //! `usage_tap`). An observe config changes nothing of the request.
 
 use axum::body::Bytes;
-use lanes::RequestSize;
+use lanes::{RequestSize, TokenLimits};
 use serde_json::{Map, Value};
 
 use super::state::Gateway;
 use super::usage_tap::Metering;
+
+/// What the request path needs of its lane before admission, read under
+/// one acquisition of the lock: its token limits (`request_shape`) and
+/// whether it is priced. Nothing for an observe config, which forwards
+/// every request as sent.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct LaneRules {
+    /// The lane's `tokens`, when it sets any.
+    pub(super) limits: Option<TokenLimits>,
+    /// The lane has a `cost`.
+    pub(super) priced: bool,
+}
+
+/// The rules of `lane` in the enforced config in force.
+pub(super) fn rules(gw: &Gateway, lane: Option<&str>) -> LaneRules {
+    let Some(lane) = lane else {
+        return LaneRules::default();
+    };
+    let st = gw.lock();
+    let Some(core) = st.core.as_ref().filter(|c| c.enforcing()) else {
+        return LaneRules::default();
+    };
+    let Some(l) = core.lane_index(lane).map(|i| core.lane(i)) else {
+        return LaneRules::default();
+    };
+    LaneRules {
+        limits: l.tokens.filter(|t| !t.is_empty()),
+        priced: l.cost.is_some(),
+    }
+}
 
 /// A request sized for admission.
 pub(super) struct Sized {
@@ -23,8 +53,9 @@ pub(super) struct Sized {
     pub(super) metering: Option<Metering>,
 }
 
-/// Sizes a request of `lane` (its body after the shape check).
-pub(super) fn size(gw: &Gateway, lane: Option<&str>, body: Bytes) -> Sized {
+/// Sizes a request (its body after the shape check) of a lane that is
+/// `priced` or not.
+pub(super) fn size(priced: bool, body: Bytes) -> Sized {
     let plain = |body: Bytes| Sized {
         size: RequestSize {
             body_bytes: body.len(),
@@ -33,7 +64,7 @@ pub(super) fn size(gw: &Gateway, lane: Option<&str>, body: Bytes) -> Sized {
         body,
         metering: None,
     };
-    if !lane.is_some_and(|l| priced(gw, l)) {
+    if !priced {
         return plain(body);
     }
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
@@ -60,16 +91,6 @@ pub(super) fn size(gw: &Gateway, lane: Option<&str>, body: Bytes) -> Sized {
             strip_usage_chunk: strip,
         }),
     }
-}
-
-/// Whether the lane has a cost in the enforced config in force.
-fn priced(gw: &Gateway, lane: &str) -> bool {
-    let st = gw.lock();
-    let Some(core) = st.core.as_ref().filter(|c| c.enforcing()) else {
-        return false;
-    };
-    core.lane_index(lane)
-        .is_some_and(|i| core.lane(i).cost.is_some())
 }
 
 /// Whether the client asked for the stream's usage chunk.
