@@ -120,6 +120,48 @@ mod tests {
 
     use super::*;
 
+    fn sized(priced: bool, body: Value) -> (Value, RequestSize, Option<Metering>) {
+        let s = size(priced, Bytes::from(body.to_string()));
+        assert_eq!(s.size.body_bytes, s.body.len(), "the forwarded body's size");
+        (
+            serde_json::from_slice(&s.body).unwrap_or(Value::Null),
+            s.size,
+            s.metering,
+        )
+    }
+
+    #[test]
+    fn a_priced_request_is_sized_and_metered_and_an_unpriced_one_left_alone() {
+        // Unpriced: as sent, sized by its bytes only, not metered.
+        let body = json!({"stream": true, "max_tokens": 9});
+        let (sent, size, metering) = sized(false, body.clone());
+        assert_eq!((sent, size.max_tokens, metering), (body, None, None));
+        // Priced, not streamed: its output limit read, read back as JSON.
+        let body = json!({"max_tokens": 90, "max_completion_tokens": 50});
+        let (sent, size, metering) = sized(true, body.clone());
+        assert_eq!(sent, body);
+        assert_eq!(size.max_tokens, Some(50));
+        assert_eq!(
+            metering,
+            Some(Metering {
+                strip_usage_chunk: false
+            })
+        );
+        // Priced and streamed without asking for usage: asked for, and
+        // taken out again.
+        let (sent, _, metering) = sized(true, json!({"stream": true}));
+        assert_eq!(sent["stream_options"]["include_usage"], true);
+        assert_eq!(metering.map(|m| m.strip_usage_chunk), Some(true));
+        // ... asking for it: left as sent, and kept.
+        let body = json!({"stream": true, "stream_options": {"include_usage": true}});
+        let (sent, _, metering) = sized(true, body.clone());
+        assert_eq!(sent, body);
+        assert_eq!(metering.map(|m| m.strip_usage_chunk), Some(false));
+        // A body that is no JSON object goes on as sent, unmetered.
+        let s = super::size(true, Bytes::from_static(b"not json"));
+        assert_eq!((&s.body[..], s.metering), (&b"not json"[..], None));
+    }
+
     #[test]
     fn the_usage_chunk_is_asked_for_keeping_the_other_options() {
         for (before, after) in [
