@@ -58,6 +58,16 @@ pub struct CapacityProfileSpec {
     /// in the gateway config). Without it every route gets the defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breakers: Option<super::breakers::BreakersSpec>,
+    /// The pool's model slots: most requests in flight to it at once,
+    /// every lane's (passed through in the gateway config). Without it
+    /// only the in-flight watermarks hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<super::pool_limits::ConcurrencySpec>,
+    /// The pool's long-context limit: most requests above a number of
+    /// input tokens in flight at once (passed through in the gateway
+    /// config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_context: Option<super::pool_limits::LongContextSpec>,
 }
 
 /// The pool of model-server pods.

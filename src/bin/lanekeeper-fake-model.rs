@@ -36,7 +36,9 @@
 //!   `decodeMicrosPerToken` an answer takes that long per prompt token
 //!   before its first token and per completion token after it (a stream's
 //!   tokens also keep `tokenMillis` between them). `lastMaxTokens` and
-//!   `lastMaxCompletionTokens` echo the last request's fields as sent.
+//!   `lastMaxCompletionTokens` echo the last request's fields as sent,
+//!   `lastIncludeUsage` its `stream_options.include_usage`; with
+//!   `omitUsage` no answer carries usage (nor a usage chunk).
 //!   `chatInFlightPeak` is the most in progress at once (settable, to
 //!   reset it). With `chatStatus` set (500, 429, 503, ...) every chat
 //!   request is answered with that status after `serviceMillis`, with
@@ -186,6 +188,14 @@ struct Numbers {
     /// (read-only).
     #[serde(default)]
     last_max_completion_tokens: Option<serde_json::Value>,
+    /// Answer without `usage` (and with no usage chunk): an upstream that
+    /// does not report what a request cost.
+    #[serde(default)]
+    omit_usage: bool,
+    /// The last chat request's `stream_options.include_usage`, as sent
+    /// (read-only).
+    #[serde(default)]
+    last_include_usage: Option<serde_json::Value>,
 }
 
 /// Bounds of `vllm:time_to_first_token_seconds` (vLLM's).
@@ -230,6 +240,7 @@ struct Update {
     chat_slots: Option<u64>,
     prefill_micros_per_token: Option<u64>,
     decode_micros_per_token: Option<u64>,
+    omit_usage: Option<bool>,
 }
 
 #[derive(Clone)]
@@ -545,6 +556,9 @@ async fn put_control(State(app): State<App>, body: Bytes) -> Response {
     if let Some(v) = update.decode_micros_per_token {
         n.decode_micros_per_token = v;
     }
+    if let Some(v) = update.omit_usage {
+        n.omit_usage = v;
+    }
     let now = n.clone();
     drop(n);
     json(StatusCode::OK, &now)
@@ -617,6 +631,7 @@ struct Served {
     prefill_micros: u64,
     decode_micros: u64,
     failing: Option<(u16, Option<u64>)>,
+    omit_usage: bool,
 }
 
 /// Counts a chat request and records what it carried (under the lock).
@@ -641,12 +656,17 @@ fn received(app: &App, headers: &axum::http::HeaderMap, request: &serde_json::Va
     n.last_messages = request["messages"].as_array().map_or(0, Vec::len);
     n.last_max_tokens = request.get("max_tokens").cloned();
     n.last_max_completion_tokens = request.get("max_completion_tokens").cloned();
+    n.last_include_usage = request
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .cloned();
     Served {
         service: n.service_millis,
         token: n.token_millis,
         completion_tokens: n.completion_tokens,
         prefill_micros: n.prefill_micros_per_token,
         decode_micros: n.decode_micros_per_token,
+        omit_usage: n.omit_usage,
         failing: (n.chat_status != 0 && n.chat_status != 200).then_some((
             n.chat_status,
             (n.chat_retry_after > 0).then_some(n.chat_retry_after),
@@ -701,18 +721,21 @@ async fn chat(State(app): State<App>, headers: axum::http::HeaderMap, body: Byte
         guard.done = true;
         drop(guard);
         let content = "ok ".repeat(tokens as usize);
-        let answer = serde_json::json!({
+        let mut answer = serde_json::json!({
             "id": "chatcmpl-fake",
             "object": "chat.completion",
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content.trim_end()}, "finish_reason": "stop"}],
             "usage": usage(prompt, tokens)
         });
+        if served.omit_usage {
+            answer.as_object_mut().expect("an object").remove("usage");
+        }
         return json_value(StatusCode::OK, &answer);
     }
     let per_token =
         Duration::from_millis(served.token) + Duration::from_micros(served.decode_micros);
-    let last = include_usage.then(|| usage(prompt, tokens));
+    let last = (include_usage && !served.omit_usage).then(|| usage(prompt, tokens));
     streamed(guard, model, tokens, per_token, last)
 }
 
@@ -819,6 +842,8 @@ async fn main() -> std::io::Result<()> {
             tokens: TokenCounters::default(),
             last_max_tokens: None,
             last_max_completion_tokens: None,
+            omit_usage: false,
+            last_include_usage: None,
         })),
         slots: Arc::new(Slots::new(args.slots)),
     };

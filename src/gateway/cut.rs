@@ -67,7 +67,7 @@ struct Stream {
 /// upstream fails (the request stays in flight until then).
 pub(super) fn stream_back(
     response: axum::http::Response<hyper::body::Incoming>,
-    d: Dispatch,
+    mut d: Dispatch,
     deadline: Option<Instant>,
 ) -> Response {
     let (mut head, incoming) = response.into_parts();
@@ -76,8 +76,10 @@ pub(super) fn stream_back(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
+    d.tap_answer(sse);
     if sse {
-        // An error event may follow what the upstream announced.
+        // An error event may follow what the upstream announced (and the
+        // usage chunk may be taken out of it).
         head.headers.remove(header::CONTENT_LENGTH);
     }
     let until = tokio::time::sleep_until(tokio::time::Instant::from_std(
@@ -106,13 +108,25 @@ async fn next(mut s: Stream) -> Option<(Result<Bytes, CutError>, Stream)> {
         }
         Relay::Open => {}
     }
-    let cut = tokio::select! {
-        chunk = s.body.next() => match chunk {
-            Some(Ok(b)) => return Some((Ok(b), s)),
-            None => return None,
-            Some(Err(_)) => Cut::UpstreamError,
-        },
-        () = &mut s.until => Cut::Deadline,
+    let cut = loop {
+        tokio::select! {
+            chunk = s.body.next() => match chunk {
+                Some(Ok(b)) => {
+                    // The usage tap may hold back part of an event.
+                    let b = s.d.tapped(b);
+                    if b.is_empty() {
+                        continue;
+                    }
+                    return Some((Ok(b), s));
+                }
+                None => {
+                    s.relay = Relay::Ended;
+                    return s.d.tap_end().map(|rest| (Ok(rest), s));
+                }
+                Some(Err(_)) => break Cut::UpstreamError,
+            },
+            () = &mut s.until => break Cut::Deadline,
+        }
     };
     s.d.meter().cut(cut);
     s.d.failed();

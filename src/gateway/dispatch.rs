@@ -6,10 +6,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use lanes::{Attempt, Core, Pass, Served, TenantSlot};
+use axum::body::Bytes;
+use lanes::{Attempt, Charge, Core, Pass, Served, TenantSlot, Usage};
 
 use super::metrics::LaneMeter;
 use super::route_health::Taken;
+use super::usage_tap::{Metering, UsageTap};
 
 /// Where a finished request's latency goes (the core, under its lock).
 pub(super) trait InFlightSink: Send + Sync {
@@ -29,6 +31,13 @@ pub(super) struct Finished {
     pub(super) served: Option<f64>,
     /// Its tenant's slot, to give back, when it held one.
     pub(super) tenant: Option<TenantSlot>,
+    /// What it reserved, to settle.
+    pub(super) charge: Option<Charge>,
+    /// The usage its answer reported (None: the reservation stands).
+    pub(super) usage: Option<Usage>,
+    /// The route that answered a priced request in full: its units count
+    /// as completed once settled.
+    pub(super) completed_by: Option<String>,
 }
 
 /// A passed request's way upstream.
@@ -87,6 +96,9 @@ impl Dispatch {
                 failed: false,
                 answered_by: None,
                 tenant: pass.tenant_slot.clone(),
+                charge: pass.charge.clone(),
+                metering: None,
+                tap: None,
             },
         }
     }
@@ -94,9 +106,36 @@ impl Dispatch {
     /// The client went away before it could be told: nothing is in flight
     /// for it (the caller undoes the count under the lock, and gives back
     /// the tenant's slot returned here).
-    pub(super) fn disarm(mut self) -> Option<TenantSlot> {
+    pub(super) fn disarm(mut self) -> (Option<TenantSlot>, Option<Charge>) {
         self.slot.armed = false;
-        self.slot.tenant.take()
+        (self.slot.tenant.take(), self.slot.charge.take())
+    }
+
+    /// How its answer's usage is read (a request of a priced lane).
+    pub(super) fn meter_usage(&mut self, metering: Option<Metering>) {
+        self.slot.metering = metering;
+    }
+
+    /// Its answer begins (an event stream or not): its usage is read on the
+    /// way when it is metered and priced.
+    pub(super) fn tap_answer(&mut self, sse: bool) {
+        let priced = self.slot.charge.as_ref().is_some_and(|c| c.priced);
+        if let Some(m) = self.slot.metering.filter(|_| priced) {
+            self.slot.tap = Some(UsageTap::new(sse, m.strip_usage_chunk));
+        }
+    }
+
+    /// A chunk of the answer on its way: what goes to the client.
+    pub(super) fn tapped(&mut self, b: Bytes) -> Bytes {
+        match self.slot.tap.as_mut() {
+            Some(t) => t.chunk(b),
+            None => b,
+        }
+    }
+
+    /// The answer ended: what is left for the client, if anything.
+    pub(super) fn tap_end(&mut self) -> Option<Bytes> {
+        self.slot.tap.as_mut().and_then(UsageTap::end)
     }
 
     /// The lane's meters.
@@ -155,6 +194,9 @@ struct InFlight {
     /// The route that answered with a 2xx.
     answered_by: Option<String>,
     tenant: Option<TenantSlot>,
+    charge: Option<Charge>,
+    metering: Option<Metering>,
+    tap: Option<UsageTap>,
 }
 
 impl Drop for InFlight {
@@ -162,7 +204,9 @@ impl Drop for InFlight {
         if !self.armed {
             return;
         }
-        if let Some(route) = self.answered_by.as_deref().filter(|_| !self.failed) {
+        let priced = self.charge.as_ref().is_some_and(|c| c.priced);
+        let completed = self.answered_by.take().filter(|_| !self.failed);
+        if let Some(route) = completed.as_deref().filter(|_| !priced) {
             self.meters[self.lane].completed(route);
         }
         let late = self.deadline.is_some_and(|t| Instant::now() > t);
@@ -176,11 +220,24 @@ impl Drop for InFlight {
         }));
         let elapsed = self.started.elapsed().as_secs_f64();
         let answered = self.latency.is_some_and(f64::is_finite) && !self.failed;
+        if let Some(t) = self.tap.as_mut() {
+            // A body with a length may be dropped without its end being
+            // polled: read what came.
+            t.end();
+        }
         self.sink.finished(Finished {
             lane: Arc::clone(&self.lane_name),
             latency: self.latency.unwrap_or(elapsed),
             served: answered.then_some(elapsed),
             tenant: self.tenant.take(),
+            charge: self.charge.take(),
+            // Only an answer that ended whole says what it cost.
+            usage: self
+                .tap
+                .as_ref()
+                .filter(|_| answered)
+                .and_then(UsageTap::usage),
+            completed_by: completed.filter(|_| priced),
         });
     }
 }

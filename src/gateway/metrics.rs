@@ -9,6 +9,7 @@ use lanes::{Attempt, GatewayConfig, Outcome, Pressure, Qualified, Refusal};
 
 use super::capacity_metrics::CapacityMetrics;
 use super::identity::AuthRefusal;
+use super::token_metrics::TokenMetrics;
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -102,6 +103,8 @@ pub struct GatewayMetrics {
     qualified: IntCounterVec,
     /// Completed units, the in-flight limit and saturation.
     pub(super) capacity: Arc<CapacityMetrics>,
+    /// Tokens, costs and refusals by limit.
+    pub(super) tokens: Arc<TokenMetrics>,
 }
 
 fn registered<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
@@ -238,6 +241,7 @@ impl GatewayMetrics {
             auth_refusals: auth_refusals(&r),
             qualified: qualified(&r),
             capacity: Arc::new(CapacityMetrics::new(&r)),
+            tokens: Arc::new(TokenMetrics::new(&r)),
             registry: r,
         }
     }
@@ -281,6 +285,7 @@ impl GatewayMetrics {
                 }),
                 units: l.work_units_per_request,
                 capacity: Arc::clone(&self.capacity),
+                tokens: Arc::clone(&self.tokens),
             })
             .collect()
     }
@@ -371,6 +376,7 @@ pub struct LaneMeter {
     /// The lane's work units per request.
     units: f64,
     capacity: Arc<CapacityMetrics>,
+    tokens: Arc<TokenMetrics>,
 }
 
 fn index_of<T: PartialEq>(all: &[T], v: &T) -> usize {
@@ -401,6 +407,7 @@ impl LaneMeter {
     /// and for the objective when the refusal broke a promise.
     pub fn refused(&self, class: TenantClass, r: &Refusal) {
         self.request(class, r.attempt, r.outcome);
+        self.tokens.refused(&self.lane, r.limit);
         self.qualified(lanes::qualified::refused(r));
     }
 
@@ -446,6 +453,12 @@ impl LaneMeter {
     /// A request of this lane was answered in full by `route`.
     pub fn completed(&self, route: &str) {
         self.capacity.completed(&self.lane, route, self.units);
+    }
+
+    /// A priced request of this lane was answered in full by `route` and
+    /// cost `units` work units.
+    pub fn completed_units(&self, route: &str, units: f64) {
+        self.capacity.completed(&self.lane, route, units);
     }
 
     /// A request ran past its deadline upstream.

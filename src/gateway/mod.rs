@@ -46,12 +46,16 @@ mod respond;
 mod route_health;
 mod route_metrics;
 mod run;
+mod settle;
 mod sources;
 mod state;
 mod surface;
 mod tls;
+mod token_metrics;
+mod token_size;
 mod upstream;
 mod upstream_tls;
+mod usage_tap;
 
 #[cfg(test)]
 mod tests;

@@ -26,6 +26,7 @@ use super::request_shape;
 use super::respond;
 use super::state::{Gateway, Resolved, State as Locked};
 use super::surface::OnSurface;
+use super::token_size;
 use super::upstream::{Outgoing, forward};
 
 /// The attempt header.
@@ -160,27 +161,31 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         Ok(b) => b,
         Err(r) => return r,
     };
-    let body = match request_shape::check(gw, asked.lane.as_deref(), parts.uri.path(), body) {
+    let rules = token_size::rules(gw, asked.lane.as_deref());
+    let lane = asked.lane.as_deref();
+    let body = match request_shape::check(rules.limits, lane, parts.uri.path(), body) {
         Ok(b) => b,
         Err(r) => return r,
     };
+    let sized = token_size::size(rules.priced, body);
     if let Some(fleet) = &gw.fleet {
         let (lane, id) = (asked.lane.as_deref(), asked.request_id.as_deref());
         fleet
             .count_sighting(&**gw, lane, id, &mut asked.attempt)
             .await;
     }
-    let decided = decide(gw, &asked);
+    let decided = decide(gw, &asked, sized.size);
     if matches!(decided, Decided::Verdict { .. }) {
         record.lane.clone_from(&asked.lane);
     }
-    let dispatch = match settle(gw, &asked, decided, record).await {
+    let mut dispatch = match settle(gw, &asked, decided, record).await {
         Ok(d) => d,
         Err(r) => return r,
     };
+    dispatch.meter_usage(sized.metering);
     let out = Outgoing {
         parts,
-        body,
+        body: sized.body,
         class: asked.class(),
         lane: record.lane.as_deref().unwrap_or_default(),
         request_id: &record.request_id,
@@ -229,7 +234,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
 /// The one acquisition of the core's lock on the admit path: the lane
 /// looked up, the verdict, a waiter registered for a queued request, and a
 /// pass counted in flight with its route and flags.
-fn decide(gw: &Arc<Gateway>, asked: &Asked) -> Decided {
+fn decide(gw: &Arc<Gateway>, asked: &Asked, size: lanes::RequestSize) -> Decided {
     let now = gw.now();
     let mut st = gw.lock();
     let Locked {
@@ -242,13 +247,14 @@ fn decide(gw: &Arc<Gateway>, asked: &Asked) -> Decided {
         return Decided::NoConfig;
     };
     let verdict = asked.lane.as_deref().map(|lane| {
-        core.admit(
+        core.admit_sized(
             &lanes::Request {
                 lane,
                 tenant: asked.tenant.as_deref(),
                 attempt: asked.attempt,
                 request_id: asked.request_id.as_deref(),
             },
+            size,
             now,
         )
     });
@@ -299,6 +305,10 @@ fn passing(verdict: &Verdict, lane: usize, enforcing: bool) -> Option<lanes::Pas
             // A pass's tenant slot goes with it (given back when it ends).
             tenant_slot: match v {
                 Verdict::Pass(p) => p.tenant_slot.clone(),
+                _ => None,
+            },
+            charge: match v {
+                Verdict::Pass(p) => p.charge.clone(),
                 _ => None,
             },
         }),

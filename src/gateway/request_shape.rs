@@ -13,22 +13,22 @@ use lanes::TokenLimits;
 use lanes::request_shape::{self, DEFAULT_BYTES_PER_TOKEN, ShapeRefusal};
 
 use super::respond;
-use super::state::Gateway;
 
-/// The body to forward, or the refusal. Without a config, a known lane or
-/// limits on it the body goes on as sent (the admission step answers for a
-/// missing config or an unknown lane).
+/// The body to forward, or the refusal. Without limits (no config, an
+/// unknown lane, a lane without limits, an observe config: see
+/// `token_size::rules`) the body goes on as sent (the admission step
+/// answers for a missing config or an unknown lane).
 #[expect(
     clippy::result_large_err,
     reason = "the error is the answer for the client, made once per refused request"
 )]
 pub(super) fn check(
-    gw: &Gateway,
+    limits: Option<TokenLimits>,
     lane: Option<&str>,
     path: &str,
     body: Bytes,
 ) -> Result<Bytes, Response> {
-    let Some(limits) = lane.and_then(|l| limits_of(gw, l)) else {
+    let Some(limits) = limits else {
         return Ok(body);
     };
     let lane = lane.unwrap_or_default();
@@ -36,15 +36,6 @@ pub(super) fn check(
         Ok(s) => Ok(s.rewritten.map_or(body, Bytes::from)),
         Err(r) => Err(refusal(lane, &r)),
     }
-}
-
-/// The lane's limits in the config in force (a copy, taken under the
-/// lock); none in observe mode, which admits every request as sent.
-fn limits_of(gw: &Gateway, lane: &str) -> Option<TokenLimits> {
-    let st = gw.lock();
-    let core = st.core.as_ref().filter(|c| c.enforcing())?;
-    let i = core.lane_index(lane)?;
-    core.lane(i).tokens.filter(|t| !t.is_empty())
 }
 
 /// Paths whose requests ask for output tokens: chat completions and

@@ -173,7 +173,9 @@ fn should_retry(limit: Limit) -> bool {
         | Limit::QueueDepth
         | Limit::StopAt
         | Limit::Deferred
-        | Limit::TenantConcurrency => true,
+        | Limit::TenantConcurrency
+        | Limit::ModelSlots
+        | Limit::LongContext => true,
         Limit::Paused
         | Limit::Deadline
         | Limit::MaxAttempts
@@ -204,6 +206,12 @@ fn refusal_words(lane: &str, limit: Limit, wait: Option<i64>) -> String {
             "lane {lane}: your tenant has its most requests in flight (tenants.maxConcurrency) and could not wait for one to finish"
         ),
         Limit::StopAt => format!("lane {lane}: the pool is at its in-flight limit"),
+        Limit::ModelSlots => {
+            format!("lane {lane}: every model slot of the pool is in use (concurrency.max)")
+        }
+        Limit::LongContext => format!(
+            "lane {lane}: the pool has its most long-context requests in flight (longContext.maxConcurrency); shorter requests still pass"
+        ),
         Limit::Deferred => format!(
             "lane {lane}: deferred; the work is wanted later, come back with the same request id"
         ),

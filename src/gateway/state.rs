@@ -18,6 +18,7 @@ use super::identity::Identity;
 use super::metrics::{ConfigLoad, GatewayMetrics, LaneMeter};
 use super::route_health::RouteHealth;
 use super::route_metrics::RouteMetrics;
+use super::settle::settle;
 use super::surface::Surface;
 use super::upstream::Upstream;
 
@@ -237,15 +238,19 @@ impl InFlightSink for Gateway {
         self.metrics.in_flight(-1);
         let now = self.now();
         let mut wake = false;
-        if let Some(core) = self.lock().core.as_mut() {
+        let mut st = self.lock();
+        let State { core, meters, .. } = &mut *st;
+        if let Some(core) = core.as_mut() {
+            wake |= settle(core, meters, &self.metrics.tokens, &done, now);
             if let Some(seconds) = done.served {
                 core.served(&done.lane, now, seconds);
             }
             // A slot of the in-flight limit a waiting request was held for.
-            wake = core.finished(now, done.latency);
+            wake |= core.finished(now, done.latency);
             // A request of a tenant that was at its maximum may go now.
             wake |= done.tenant.is_some_and(|t| core.release_tenant(&t));
         }
+        drop(st);
         if wake {
             self.wake.notify_one();
         }
@@ -318,8 +323,13 @@ fn poll_once(gw: &Arc<Gateway>) -> Option<f64> {
             lanes::Resolution::Refuse(_) => None,
         };
         if let Err((_, Some(d))) = tx.send((r, dispatch)) {
-            let slot = d.disarm();
+            let (slot, charge) = d.disarm();
             core.finished(now, f64::NAN);
+            if let Some(c) = charge {
+                // It never went upstream: its reservation stands, its
+                // long-context place is given back.
+                core.settle(&c, None, now);
+            }
             if let Some(t) = slot {
                 core.release_tenant(&t);
             }

@@ -146,5 +146,7 @@ pub(super) fn gateway_flags(
         resume_after_stable_seconds: f.resume_after_stable_seconds,
     });
     gateway.breakers.clone_from(&profile.spec.breakers);
+    gateway.concurrency.clone_from(&profile.spec.concurrency);
+    gateway.long_context.clone_from(&profile.spec.long_context);
     gateway
 }

@@ -147,6 +147,12 @@ pub struct GatewayFlags {
     /// The profile's route breakers (absent: the gateway's defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breakers: Option<crate::api::BreakersSpec>,
+    /// The profile's model slots (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<crate::api::ConcurrencySpec>,
+    /// The profile's long-context limit (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_context: Option<crate::api::LongContextSpec>,
 }
 
 /// In-flight watermarks passed through to the gateway.

@@ -125,6 +125,21 @@ pub fn build(
             resume_after_stable_seconds: f.resume_after_stable_seconds,
         }),
         breakers: decision.gateway.breakers.as_ref().map(breakers),
+        concurrency: decision
+            .gateway
+            .concurrency
+            .as_ref()
+            .map(|c| lanes::ModelSlots {
+                max: c.max.max(1) as u64,
+            }),
+        long_context: decision
+            .gateway
+            .long_context
+            .as_ref()
+            .map(|l| lanes::LongContext {
+                above_input_tokens: l.above_input_tokens.max(1) as u64,
+                max_concurrency: l.max_concurrency.max(1) as u64,
+            }),
         generations,
         lanes: out_lanes,
         content_hash: String::new(),

@@ -151,7 +151,21 @@ fn samples() -> Vec<GatewayConfig> {
         build(&world, 5, &[("p0-disruption-assist", 20.0)]),
         build(&resume_after, 6, &[]),
         build(&inc47_with_clients(), 6, &[]),
+        build(&inc47_with_pool_limits(), 6, &[]),
     ]
+}
+
+/// INC-47 whose profile sets the pool's model slots and long-context limit
+/// (`spec.concurrency`, `spec.longContext`).
+fn inc47_with_pool_limits() -> World {
+    let mut world = inc47();
+    let spec = &mut world.profiles[0].spec;
+    spec.concurrency = Some(serde_json::from_value(serde_json::json!({"max": 256})).unwrap());
+    spec.long_context = Some(
+        serde_json::from_value(serde_json::json!({"aboveInputTokens": 16000, "maxConcurrency": 8}))
+            .unwrap(),
+    );
+    world
 }
 
 #[test]
@@ -169,6 +183,8 @@ fn every_field_of_the_config_is_documented() {
     assert!(paths.contains("inFlight.resumeAfterStableSeconds"));
     assert!(paths.contains("lanes[].optionalContext.historyTurns"));
     assert!(paths.contains("lanes[].clients[].jwt.jwks.configMap.key"));
+    assert!(paths.contains("concurrency.max"));
+    assert!(paths.contains("longContext.maxConcurrency"));
     let missing: Vec<&String> = paths
         .iter()
         .filter(|p| !doc.contains(&format!("`{p}`")))

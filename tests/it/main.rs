@@ -43,6 +43,7 @@ mod gateway_shared;
 mod gateway_tenants;
 mod gateway_tls;
 mod gateway_tokens;
+mod gateway_tokens_settle;
 mod goodput_rule_promtool;
 mod inc47_budget;
 mod objectives_plan;

@@ -3,6 +3,8 @@
 //! or spare capacity) and a slot of the in-flight limit, and else a place in
 //! the queue or a refusal.
 
+use crate::charge;
+use crate::charge::{RequestSize, Sized};
 use crate::core::{Core, DEFAULT_TENANT};
 use crate::expected_wait::whole;
 use crate::fair_queue::{Key, TenantId, Waiting};
@@ -24,22 +26,40 @@ struct Arrival {
     first_arrival: f64,
     /// Its request id, if it has one.
     key: Option<IdRef>,
+    /// What it charges (see `charge`).
+    sized: Sized,
 }
 
 impl Core {
     /// Decides on an arriving request at `now`.
     pub fn admit(&mut self, req: &Request<'_>, now: f64) -> Verdict {
+        self.admit_with(req, None, now)
+    }
+
+    /// Decides on an arriving request, of a known size or not.
+    pub(crate) fn admit_with(
+        &mut self,
+        req: &Request<'_>,
+        size: Option<RequestSize>,
+        now: f64,
+    ) -> Verdict {
         let Some(li) = self.lane_index(req.lane) else {
             return Verdict::UnknownLane;
         };
         self.pressure.update(now);
         let rate = effective_rate(&self.lanes, li, now);
+        let long_above = self.pool.long_above();
         let lane = &mut self.lanes[li];
         lane.bucket.demand.add(now);
         lane.refill(now, rate);
         lane.refresh_service(now);
         lane.seen.sweep(now);
-        let a = count_attempt(lane, li, req, now);
+        let mut a = count_attempt(lane, li, req, now);
+        a.sized = lane.size(size, long_above);
+        if a.sized.tokens != 1.0 {
+            // Demand (what a fleet lease follows) counts the charge.
+            lane.bucket.demand.add_n(now, a.sized.tokens - 1.0);
+        }
         if let Err(limit) = check_retries(lane, &a, now) {
             return refuse(lane, &a, Outcome::RejectedRetryBudget, limit);
         }
@@ -48,6 +68,10 @@ impl Core {
         let remaining = a.first_arrival + lane.cfg.deadline_seconds as f64 - now;
         if remaining < lane.expected_service {
             return refuse(lane, &a, Outcome::RejectedDeadline, Limit::Deadline);
+        }
+        if let Some(limit) = self.pool_limit(a.sized.long_context()) {
+            let verdict = self.refuse_or_defer(&a, Outcome::RejectedOverload, limit);
+            return told_at_least(verdict, self.pool_wait(limit, li, now) as f64);
         }
         let tenant = req.tenant.unwrap_or(DEFAULT_TENANT);
         if let Some(pass) = self.pass_now(&a, tenant, remaining, now) {
@@ -69,12 +93,13 @@ impl Core {
             return None;
         }
         let lane = &mut self.lanes[a.lane];
-        if !(lane.bucket.take()
-            || lane.draws_on_spare() && self.spare.take(now, lane.cfg.work_units_per_request))
+        if !(charge::take(&mut lane.bucket, a.sized.tokens)
+            || lane.draws_on_spare() && self.spare.take(now, a.sized.units))
         {
             return None;
         }
-        lane.bucket.used.add(now);
+        lane.bucket.used.add_n(now, a.sized.tokens);
+        self.pool.took(a.sized.long_context());
         Some(Pass {
             lane: a.lane,
             attempt: a.attempt,
@@ -82,6 +107,7 @@ impl Core {
             remaining_seconds: remaining,
             waited_seconds: 0.0,
             tenant_slot: lane.tenants.take(tenant),
+            charge: lane.charge(&a.sized),
         })
     }
 
@@ -121,7 +147,14 @@ impl Core {
         }
         // The wait at the lane's own rate (spare capacity, shared with other
         // lanes, is not counted on).
-        let ahead = lane.queue.len() as f64 + 1.0 - lane.bucket.tokens.max(0.0);
+        // Its own charge stands for each request ahead's; a priced lane's
+        // debt is waited for too.
+        let held = if a.sized.tokens == 1.0 {
+            lane.bucket.tokens.max(0.0)
+        } else {
+            lane.bucket.tokens
+        };
+        let ahead = (lane.queue.len() as f64 + 1.0) * a.sized.tokens - held;
         let drain = crate::fleet_core::drain_rate(lane, rate, now);
         let wait = if drain > 0.0 {
             (ahead / drain).max(0.0)
@@ -221,7 +254,8 @@ impl Core {
             first_arrival: a.first_arrival,
             queued_at: now,
             request_key: a.key,
-            cost: self.lanes[a.lane].cfg.work_units_per_request,
+            cost: a.sized.units,
+            sized: a.sized,
         };
         let lane = &mut self.lanes[a.lane];
         let (tenant, key): (_, Key) = lane.queue.push(tenant, waiting, &lane.tenants);
@@ -301,6 +335,7 @@ fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, now: f64) -> Arr
         attempts,
         first_arrival,
         key,
+        sized: Sized::flat(lane.cfg.work_units_per_request),
     }
 }
 

@@ -26,12 +26,17 @@ pub(crate) struct UseMeter {
 
 impl UseMeter {
     pub(crate) fn add(&mut self, now: f64) {
+        self.add_n(now, 1.0);
+    }
+
+    /// Adds `n` tokens (a priced request's charge, see `charge`).
+    pub(crate) fn add_n(&mut self, now: f64, n: f64) {
         let sec = now.floor() as i64;
         let i = sec.rem_euclid(2) as usize;
         if self.slots[i].0 != sec {
             self.slots[i] = (sec, 0.0);
         }
-        self.slots[i].1 += 1.0;
+        self.slots[i].1 += n;
     }
 
     /// Requests over the last second (the current second's count plus the

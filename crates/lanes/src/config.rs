@@ -107,6 +107,14 @@ pub struct GatewayConfig {
     /// defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breakers: Option<Breakers>,
+    /// The pool's model slots: most requests in flight, every lane's (the
+    /// CapacityProfile's `spec.concurrency`; absent: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<crate::pool_limits::ModelSlots>,
+    /// The pool's long-context limit (the CapacityProfile's
+    /// `spec.longContext`; absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_context: Option<crate::pool_limits::LongContext>,
     /// The generations this config was computed from.
     pub generations: Generations,
     /// Per lane, in priority order then name.

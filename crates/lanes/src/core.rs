@@ -12,6 +12,7 @@ use rustc_hash::FxBuildHasher;
 use crate::config::{GatewayConfig, LaneConfig, Mode};
 use crate::fair_queue::{Key, TenantId};
 use crate::lane::{Lane, effective_rate};
+use crate::pool_limits::PoolGate;
 use crate::pressure::{Pressure, PressureGauge};
 use crate::slots::{priority_order, reserve};
 use crate::spare::Spare;
@@ -43,6 +44,8 @@ pub struct Core {
     /// Resolutions produced inside `admit` (a queued request deferred to
     /// make room for an earlier arrival), handed out by the next `poll`.
     pub(crate) pending: Vec<(Ticket, Resolution)>,
+    /// The pool's model slots and long-context limit (`pool_limits`).
+    pub(crate) pool: PoolGate,
 }
 
 impl Core {
@@ -83,6 +86,7 @@ impl Core {
             .map(|l| l.cfg.work_units_per_request)
             .fold(0.0, f64::max);
         let pressure = PressureGauge::new(cfg.in_flight.as_ref(), share, now);
+        let pool = PoolGate::new(&cfg, share);
         Ok(Core {
             spare: Spare::new(&cfg, claimed, largest, share, now),
             reserve: reserve(&lanes, pressure.limit()),
@@ -95,6 +99,7 @@ impl Core {
             next_ticket: 0,
             tickets: HashMap::default(),
             pending: Vec::new(),
+            pool,
         })
     }
 
@@ -144,6 +149,7 @@ impl Core {
         next.spare.tokens = self.spare.tokens.min(next.spare.cap);
         let gauge = std::mem::replace(&mut self.pressure, PressureGauge::new(None, 1.0, now));
         gauge.carry_into(&mut next.pressure);
+        self.pool.carry_into(&mut next.pool);
         next.next_ticket = self.next_ticket;
         next.pending = std::mem::take(&mut self.pending);
         *self = next;
@@ -245,7 +251,7 @@ impl Core {
     /// by the in-flight limit: [`Core::poll`] has work now.
     pub fn finished(&mut self, now: f64, latency_seconds: f64) -> bool {
         self.pressure.finished(now, latency_seconds);
-        self.slot_freed_for_waiting()
+        self.slot_freed_for_waiting() || self.model_slot_freed_for_waiting()
     }
 
     /// A request of lane `lane` (by name: the config may have changed
@@ -291,6 +297,7 @@ fn carry_lane(mut old: Lane, new: &mut Lane, now: f64) {
     old.service.carry_into(&mut new.service);
     new.refresh_service(now);
     new.retries = std::mem::take(&mut old.retries);
+    new.estimator = std::mem::take(&mut old.estimator);
 }
 
 /// A waiting request whose lane the new config no longer has.

@@ -62,8 +62,11 @@ pub(crate) struct Waiting {
     pub(crate) queued_at: f64,
     /// Its request id in the lane's remembered ids, if it has one.
     pub(crate) request_key: Option<IdRef>,
-    /// What serving it charges its tenant in the fair queue (> 0).
+    /// What serving it charges its tenant in the fair queue (> 0): its
+    /// work units.
     pub(crate) cost: f64,
+    /// What it charges its lane (see `charge`).
+    pub(crate) sized: crate::charge::Sized,
 }
 
 /// A request found by one of the indexes: when, its key, its tenant.
@@ -246,6 +249,28 @@ impl FairQueue {
         false
     }
 
+    /// The request [`FairQueue::pop_ready`] would serve, once
+    /// [`FairQueue::ready`] said there is one; else the head with the
+    /// largest charge (a bound for when the next one can go).
+    pub(crate) fn head(&self) -> Option<(TenantId, Key, &Waiting)> {
+        fn first((id, t): (usize, &TenantQueue)) -> Option<(TenantId, Key, &Waiting)> {
+            let (k, w) = t.waiting.first_key_value()?;
+            Some((id as TenantId, *k, w))
+        }
+        if let Some(&Reverse((_, generation, id))) = self.heap.peek() {
+            let tq = &self.tenants[id as usize];
+            if tq.heap_gen == generation {
+                return first((id as usize, tq));
+            }
+        }
+        self.tenants
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.parked)
+            .filter_map(first)
+            .max_by(|a, b| a.2.sized.tokens.total_cmp(&b.2.sized.tokens))
+    }
+
     /// The next request by finish tag among the tenants below their
     /// maximum, counted in flight for its tenant (its slot, when the lane
     /// counts).
@@ -419,6 +444,7 @@ mod tests {
             queued_at: at,
             request_key: None,
             cost: 1.0,
+            sized: crate::charge::Sized::flat(1.0),
         }
     }
 
@@ -485,6 +511,7 @@ mod tests {
             q.push("a", waiting(i, i as f64), &g);
             let w = Waiting {
                 cost: 4.0,
+                sized: crate::charge::Sized::flat(4.0),
                 ..waiting(100 + i, i as f64)
             };
             q.push("b", w, &g);
@@ -611,6 +638,7 @@ mod tests {
             next += 1;
             let w = Waiting {
                 cost: costs[next as usize % costs.len()],
+                sized: crate::charge::Sized::flat(costs[next as usize % costs.len()]),
                 ..waiting(next * 16 + t as u64, next as f64)
             };
             q.push(&names[t], w, g);

@@ -10,6 +10,7 @@ use crate::fair_queue::FairQueue;
 use crate::remembered::{Remembered, RetryWindow};
 use crate::service_time::ServiceTime;
 use crate::tenants::TenantGate;
+use crate::token_estimate::Estimator;
 
 /// One lane's live state.
 #[derive(Debug)]
@@ -29,6 +30,9 @@ pub(crate) struct Lane {
     pub(crate) expected_service: f64,
     pub(crate) service: ServiceTime,
     pub(crate) tenants: TenantGate,
+    /// The lane's token estimator (learned from settled usage; carried
+    /// across config swaps).
+    pub(crate) estimator: Estimator,
 }
 
 impl Lane {
@@ -44,6 +48,7 @@ impl Lane {
             expected_service: cfg.expected_service_seconds.unwrap_or(0.0),
             service: ServiceTime::new(cfg.expected_service_seconds),
             tenants: TenantGate::new(&cfg, share),
+            estimator: Estimator::default(),
             cfg,
         }
     }

@@ -57,6 +57,7 @@
 mod arrival;
 pub mod breaker;
 mod bucket;
+mod charge;
 pub mod clients;
 pub mod config;
 mod core;
@@ -69,6 +70,7 @@ mod history;
 mod id_ring;
 mod lane;
 mod latency_window;
+mod pool_limits;
 mod pressure;
 pub mod qualified;
 mod remembered;
@@ -88,6 +90,7 @@ mod verdict;
 mod waiting;
 
 pub use crate::breaker::{Breaker, BreakerSettings, BreakerState, Gate, Transition, Upshot};
+pub use crate::charge::{Charge, RequestSize, Settled};
 pub use crate::clients::{
     ApiKeySecret, CertificateName, ClientIdentity, ClientRule, ConfigMapKey, JwksSource, JwtIssuer,
     ServiceAccountName,
@@ -99,6 +102,7 @@ pub use crate::config::{
 };
 pub use crate::core::{Core, DEFAULT_TENANT};
 pub use crate::history::trim_chat_history;
+pub use crate::pool_limits::{LongContext, ModelSlots};
 pub use crate::pressure::{
     DEFAULT_RESUME_AFTER_STABLE_SECONDS, DRAIN_WINDOW_SECONDS, LATENCY_RISE_FACTOR,
     LATENCY_RISE_LOOKBACK_SECONDS, LATENCY_WINDOW_SECONDS, Pressure,
@@ -108,8 +112,10 @@ pub use crate::remembered::{MAX_REMEMBERED_IDS, RETRY_WINDOW_SECONDS};
 pub use crate::route_config::Breakers;
 pub use crate::route_pace::{Paced, RoutePace};
 pub use crate::saturation::SaturationMeter;
+pub use crate::settlement::Usage;
 pub use crate::spare::SPARE_UTILIZATION;
 pub use crate::tenants::{TenantLimits, TenantOverride, TenantSlot};
+pub use crate::token_estimate::TokenEstimate;
 pub use crate::tokens::{TokenCost, TokenLimits};
 pub use crate::validate::ConfigError;
 pub use crate::verdict::{

@@ -46,7 +46,7 @@ impl Core {
     /// Whether lane `li`'s request may take a slot now, with `taken` passes
     /// of this call not counted in flight yet.
     pub(crate) fn has_slot(&self, li: usize, taken: u64) -> bool {
-        !self.lanes[li].cfg.sheddable || self.free_slots(taken) > 0
+        (!self.lanes[li].cfg.sheddable || self.free_slots(taken) > 0) && self.model_slot_free(taken)
     }
 
     /// Whether an arrival of lane `li` may take a slot at once: a free one

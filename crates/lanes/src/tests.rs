@@ -59,6 +59,8 @@ pub(crate) fn config(lanes: Vec<LaneConfig>) -> GatewayConfig {
         flags: Flags::default(),
         in_flight: None,
         breakers: None,
+        concurrency: None,
+        long_context: None,
         generations: Generations::default(),
         lanes,
         content_hash: String::new(),

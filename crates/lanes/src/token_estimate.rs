@@ -30,6 +30,9 @@ const BUCKETS: usize = 360;
 pub struct TokenSketch {
     counts: Vec<u64>,
     total: u64,
+    /// The highest bucket with an observation (a high quantile is read
+    /// from the top down: a few buckets, not all of them).
+    top: usize,
 }
 
 impl Default for TokenSketch {
@@ -37,6 +40,7 @@ impl Default for TokenSketch {
         TokenSketch {
             counts: vec![0; BUCKETS],
             total: 0,
+            top: 0,
         }
     }
 }
@@ -53,8 +57,10 @@ impl TokenSketch {
 
     /// Adds one observation.
     pub fn add(&mut self, tokens: u64) {
-        self.counts[Self::bucket(tokens)] += 1;
+        let b = Self::bucket(tokens);
+        self.counts[b] += 1;
         self.total += 1;
+        self.top = self.top.max(b);
     }
 
     /// Observations so far.
@@ -69,10 +75,13 @@ impl TokenSketch {
             return None;
         }
         let rank = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).max(1);
+        // The bucket holding the rank-th smallest is the highest one with
+        // more than `total - rank` observations at or above it.
+        let above = self.total - rank.min(self.total);
         let mut seen = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
+        for i in (0..=self.top).rev() {
+            seen += self.counts[i];
+            if seen > above {
                 return Some(GAMMA.powi(i as i32).floor().max(1.0) as u64);
             }
         }

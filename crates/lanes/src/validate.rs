@@ -107,7 +107,7 @@ pub fn validate(cfg: &GatewayConfig) -> Result<(), ConfigError> {
     if let Some((route, field, why)) = cfg.breakers.as_ref().and_then(|b| b.out_of_range()) {
         return Err(ConfigError::Breaker { route, field, why });
     }
-    Ok(())
+    crate::pool_limits::check_pool(cfg)
 }
 
 fn field_error(

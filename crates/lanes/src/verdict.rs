@@ -111,6 +111,11 @@ pub enum Limit {
     /// The request's tenant has its `tenants.maxConcurrency` in flight and
     /// it could not wait (the queue was full, or its wait ran out).
     TenantConcurrency,
+    /// The pool's model slots (`concurrency.max`) are all in flight.
+    ModelSlots,
+    /// The pool's long-context requests (`longContext.maxConcurrency`) are
+    /// all in flight and this request is one.
+    LongContext,
 }
 
 impl Limit {
@@ -128,6 +133,8 @@ impl Limit {
             Limit::Deferred => "deferred",
             Limit::LaneRemoved => "lane removed from the config",
             Limit::TenantConcurrency => "tenants.maxConcurrency of the tenant",
+            Limit::ModelSlots => "concurrency.max",
+            Limit::LongContext => "longContext.maxConcurrency",
         }
     }
 }
@@ -163,6 +170,10 @@ pub struct Pass {
     /// give it back with [`crate::Core::release_tenant`] when the request
     /// finishes.
     pub tenant_slot: Option<crate::TenantSlot>,
+    /// What it reserved, for a request the core was told the size of
+    /// ([`crate::Core::admit_sized`]): hand it to [`crate::Core::settle`]
+    /// when the answer ends.
+    pub charge: Option<crate::Charge>,
 }
 
 /// A request that may not go upstream.

@@ -3,6 +3,7 @@
 //! in-flight limit, highest priority first) or their wait runs out (TTL, or
 //! a deadline that can no longer be met).
 
+use crate::charge;
 use crate::core::Core;
 use crate::fair_queue::Waiting;
 use crate::history::history_turns;
@@ -73,8 +74,15 @@ impl Core {
                 lane.bucket.tokens = lane.bucket.tokens.min(lane.bucket.cap());
                 return;
             }
-            if !(lane.bucket.take()
-                || lane.draws_on_spare() && self.spare.take(now, lane.cfg.work_units_per_request))
+            let (tenant, key, head) = lane.queue.head().expect("a ready tenant has a head");
+            let sized = head.sized;
+            if sized.long_context() && self.pool.long_full() {
+                out.push(self.refuse_long(li, tenant, key, now));
+                continue;
+            }
+            let lane = &mut self.lanes[li];
+            if !(charge::take(&mut lane.bucket, sized.tokens)
+                || lane.draws_on_spare() && self.spare.take(now, sized.units))
             {
                 return;
             }
@@ -82,7 +90,8 @@ impl Core {
                 return;
             };
             *taken += 1;
-            lane.bucket.used.add(now);
+            lane.bucket.used.add_n(now, sized.tokens);
+            self.pool.took(sized.long_context());
             self.tickets.remove(&w.ticket);
             let pass = Pass {
                 lane: li,
@@ -94,6 +103,7 @@ impl Core {
                 remaining_seconds: w.first_arrival + lane.cfg.deadline_seconds as f64 - now,
                 waited_seconds: now - w.queued_at,
                 tenant_slot,
+                charge: lane.charge(&sized),
             };
             out.push((w.ticket, Resolution::Pass(pass)));
         }
@@ -121,10 +131,19 @@ impl Core {
         // Tenants at their maximum wait for a request to finish, not for a
         // token; sheddable lanes wait for a slot.
         let ready = self.has_slot(li, 0) && lane.queue.has_ready();
+        let next = lane.queue.head().map(|(_, _, w)| w.sized);
+        let need = next.map_or(1.0, |s| {
+            if s.tokens == 1.0 {
+                1.0
+            } else {
+                s.tokens.min(lane.bucket.cap())
+            }
+        });
         let token = (ready && rate > 0.0)
-            .then(|| now + ((1.0 - lane.bucket.tokens_at(now, rate)).max(0.0) / rate));
+            .then(|| now + ((need - lane.bucket.tokens_at(now, rate)).max(0.0) / rate));
         let spare = if ready && lane.draws_on_spare() {
-            self.spare.ready_at(now, lane.cfg.work_units_per_request)
+            let units = next.map_or(lane.cfg.work_units_per_request, |s| s.units);
+            self.spare.ready_at(now, units)
         } else {
             None
         };

@@ -1,0 +1,307 @@
+//! Estimate, reserve, settle through the core: a priced request takes its
+//! cost from its lane's bucket, the answer's usage corrects it (debt
+//! included), a missing usage never refunds, and over a long run the lane
+//! admits its units per second whatever the mix of sizes.
+
+use proptest::prelude::*;
+
+use crate::tests::{config, lane, req};
+use crate::tokens::TokenCost;
+use crate::{Core, RequestSize, Resolution, Usage, Verdict};
+
+/// 1 unit per 1,000 input tokens and per 250 output tokens.
+fn priced(rps: f64, burst: u64) -> crate::LaneConfig {
+    let mut l = lane("a", rps, burst);
+    l.cost = Some(TokenCost {
+        per_request: None,
+        per_input_token: Some(0.001),
+        per_output_token: Some(0.004),
+    });
+    l
+}
+
+fn size(body_bytes: usize, max_tokens: u64) -> RequestSize {
+    RequestSize {
+        body_bytes,
+        max_tokens: Some(max_tokens),
+    }
+}
+
+fn core(l: crate::LaneConfig) -> Core {
+    Core::new(config(vec![l]), 1.0, 0.0, 1_000_000.0).unwrap()
+}
+
+fn pass(v: Verdict) -> crate::Pass {
+    match v {
+        Verdict::Pass(p) => p,
+        other => panic!("expected a pass, got {other:?}"),
+    }
+}
+
+fn tokens(c: &Core) -> f64 {
+    c.lanes[0].bucket.tokens
+}
+
+#[test]
+fn a_lane_without_cost_charges_one_request_sized_or_not() {
+    let mut c = core(lane("a", 10.0, 10));
+    let passed = (0..15)
+        .filter(|_| {
+            matches!(
+                c.admit_sized(&req("a"), size(400_000, 4000), 0.0),
+                Verdict::Pass(_)
+            )
+        })
+        .count();
+    assert_eq!(passed, 10, "ten tokens, ten requests, whatever their size");
+    let mut c = core(lane("a", 10.0, 10));
+    let p = pass(c.admit_sized(&req("a"), size(4000, 10), 0.0));
+    let charge = p.charge.expect("a sized request carries its charge");
+    assert!(!charge.priced && charge.units == 1.0);
+    // Settling an unpriced charge changes nothing, usage or not.
+    let before = tokens(&c);
+    let u = Usage {
+        prompt_tokens: 1,
+        completion_tokens: 1,
+    };
+    let s = c.settle(&charge, Some(u), 0.0).unwrap();
+    assert_eq!((s.charged_units, tokens(&c)), (1.0, before));
+    // An unsized request carries none.
+    assert_eq!(pass(c.admit(&req("a"), 0.0)).charge, None);
+}
+
+#[test]
+fn a_priced_request_reserves_its_estimate_and_settles_with_its_usage() {
+    let mut c = core(priced(10.0, 10));
+    // 4,000 bytes ≈ 1,000 input tokens (1 unit) + 250 output (1 unit).
+    let p = pass(c.admit_sized(&req("a"), size(4000, 250), 0.0));
+    let charge = p.charge.unwrap();
+    assert!((charge.units - 2.0).abs() < 1e-9, "{}", charge.units);
+    assert!((tokens(&c) - 8.0).abs() < 1e-9);
+    // It used 500 input and 50 output tokens: 0.7 units, 1.3 come back.
+    let used = Usage {
+        prompt_tokens: 500,
+        completion_tokens: 50,
+    };
+    let s = c.settle(&charge, Some(used), 0.0).unwrap();
+    assert!((s.charged_units - 0.7).abs() < 1e-9);
+    assert!((tokens(&c) - 9.3).abs() < 1e-9);
+    // A credit never fills the bucket past its size.
+    let p = pass(c.admit_sized(&req("a"), size(4000, 250), 0.0));
+    let nothing = Usage {
+        prompt_tokens: 0,
+        completion_tokens: 0,
+    };
+    c.settle(&p.charge.unwrap(), Some(nothing), 0.0).unwrap();
+    assert!((tokens(&c) - 9.3).abs() < 1e-9, "{}", tokens(&c));
+}
+
+#[test]
+fn an_answer_without_usage_keeps_its_reservation() {
+    let mut c = core(priced(10.0, 10));
+    let p = pass(c.admit_sized(&req("a"), size(4000, 250), 0.0));
+    let before = tokens(&c);
+    let s = c.settle(&p.charge.unwrap(), None, 0.0).unwrap();
+    assert_eq!(s.charged_units, s.reserved_units);
+    assert_eq!(tokens(&c), before, "no refund without usage");
+}
+
+#[test]
+fn an_answer_that_cost_more_leaves_the_bucket_in_debt_and_later_requests_wait() {
+    let mut c = core(priced(10.0, 10));
+    let p = pass(c.admit_sized(&req("a"), size(4000, 250), 0.0));
+    // It cost 20 units: 18 more than reserved; the bucket owes 10.
+    let big = Usage {
+        prompt_tokens: 10_000,
+        completion_tokens: 2_500,
+    };
+    c.settle(&p.charge.unwrap(), Some(big), 0.0).unwrap();
+    assert!((tokens(&c) + 10.0).abs() < 1e-9, "{}", tokens(&c));
+    // The next request (about 2 units: the ratio learned a little from
+    // the answer) waits for the debt and its own tokens: about 12 tokens
+    // at 10/s.
+    let v = c.admit_sized(&req("a"), size(4000, 250), 0.0);
+    assert!(matches!(v, Verdict::Queued { .. }), "{v:?}");
+    let wake = c.next_wake(0.0).unwrap();
+    assert!((wake - 1.2).abs() < 0.01, "{wake}");
+    assert!(c.poll(1.1).is_empty());
+    let r = c.poll(wake);
+    assert!(matches!(r.as_slice(), [(_, Resolution::Pass(p))] if p.charge.is_some()));
+}
+
+#[test]
+fn a_request_larger_than_the_bucket_passes_on_a_full_one_into_debt() {
+    let mut c = core(priced(10.0, 10));
+    // 400,000 bytes ≈ 100,000 input tokens: 100 units, ten times the burst.
+    let p = pass(c.admit_sized(&req("a"), size(400_000, 1), 0.0));
+    assert!(p.charge.unwrap().units > 100.0);
+    assert!(tokens(&c) < -89.0);
+    assert!(!matches!(
+        c.admit_sized(&req("a"), size(40, 1), 1.0),
+        Verdict::Pass(_)
+    ));
+}
+
+#[test]
+fn the_estimator_learns_from_settled_usage() {
+    let mut c = core(priced(1000.0, 1000));
+    // The answers say 2 bytes per input token and 40 output tokens.
+    for _ in 0..200 {
+        let p = pass(c.admit_sized(&req("a"), size(2000, 4000), 0.0));
+        let u = Usage {
+            prompt_tokens: 1000,
+            completion_tokens: 40,
+        };
+        c.settle(&p.charge.unwrap(), Some(u), 0.0).unwrap();
+    }
+    let (e, units) = c.estimate(0, size(2000, 4000));
+    assert!((999..=1001).contains(&e.input), "{e:?}");
+    assert!(
+        (40..=42).contains(&e.output),
+        "the P95 of the answers: {e:?}"
+    );
+    assert!((units - (1.0 + 0.16)).abs() < 0.02, "{units}");
+}
+
+#[test]
+fn a_config_swap_keeps_what_the_lane_learned() {
+    let mut c = core(priced(1000.0, 1000));
+    for _ in 0..50 {
+        let p = pass(c.admit_sized(&req("a"), size(2000, 4000), 0.0));
+        let u = Usage {
+            prompt_tokens: 1000,
+            completion_tokens: 40,
+        };
+        c.settle(&p.charge.unwrap(), Some(u), 0.0).unwrap();
+    }
+    let learned = c.estimate(0, size(2000, 4000));
+    let mut next = config(vec![priced(500.0, 500)]);
+    next.level = 1;
+    c.swap(next, 1.0, 1.0, 1_000_001.0).unwrap();
+    assert_eq!(c.estimate(0, size(2000, 4000)), learned);
+}
+
+#[test]
+fn the_fair_queue_charges_each_tenant_by_cost() {
+    // Two tenants keep the queue full: one sends prompts 10x the other's.
+    // Each is served about the same work units, not the same requests.
+    let mut l = priced(10.0, 1);
+    l.queue.max_depth = 1000;
+    l.queue.ttl_seconds = 1000;
+    l.deadline_seconds = 10_000;
+    let mut c = core(l);
+    let ask = |t: &'static str| crate::Request {
+        lane: "a",
+        tenant: Some(t),
+        attempt: None,
+        request_id: None,
+    };
+    let mut units = std::collections::HashMap::<&str, f64>::new();
+    let mut tickets = std::collections::HashMap::new();
+    let mut now = 0.0;
+    // 400 units each: 40 long requests of 10 and 400 short ones of 1.
+    for i in 0..400 {
+        let sends: &[(&str, usize)] = if i % 10 == 0 {
+            &[("long", 40_000), ("short", 4000)]
+        } else {
+            &[("short", 4000)]
+        };
+        for &(t, bytes) in sends {
+            if let Verdict::Queued { ticket, .. } = c.admit_sized(&ask(t), size(bytes, 1), now) {
+                tickets.insert(ticket, t);
+            }
+        }
+    }
+    // 40 s at 10 units/s: half of it, both tenants still waiting.
+    while now < 40.0 {
+        now += 0.1;
+        for (ticket, r) in c.poll(now) {
+            if let Resolution::Pass(p) = r {
+                *units.entry(tickets[&ticket]).or_default() += p.charge.unwrap().units;
+            }
+        }
+    }
+    let (long, short) = (units["long"], units["short"]);
+    assert!(
+        (long - short).abs() <= 0.15 * long.max(short),
+        "{long} vs {short}"
+    );
+}
+
+/// One request of a mix: (body bytes, output tokens it uses, whether its
+/// answer reports usage).
+fn request() -> impl Strategy<Value = (usize, u64, bool)> {
+    (
+        prop_oneof![Just(400usize), Just(32_000usize), 100usize..40_000],
+        prop_oneof![Just(20u64), Just(800u64), 1u64..2_000],
+        prop::bool::weighted(0.9),
+    )
+}
+
+fn usage_of(bytes: usize, out: u64) -> Usage {
+    Usage {
+        prompt_tokens: (bytes as u64).div_ceil(4),
+        completion_tokens: out,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn settled_cost_is_the_sum_of_actual_costs_and_no_usage_never_refunds(
+        mix in prop::collection::vec(request(), 1..300),
+    ) {
+        let mut c = core(priced(1e9, 1_000_000_000));
+        let cost = c.lane(0).cost.clone().unwrap();
+        let (mut charged, mut expected) = (0.0, 0.0);
+        for (i, (bytes, out, reports)) in mix.iter().enumerate() {
+            let now = i as f64 * 0.001;
+            let p = pass(c.admit_sized(&req("a"), size(*bytes, 4096), now));
+            let charge = p.charge.unwrap();
+            let u = usage_of(*bytes, *out);
+            let s = c.settle(&charge, reports.then_some(u), now).unwrap();
+            charged += s.charged_units;
+            expected += if *reports {
+                cost.of(u.prompt_tokens, u.completion_tokens)
+            } else {
+                prop_assert_eq!(s.charged_units, charge.units, "no refund without usage");
+                charge.units
+            };
+        }
+        prop_assert!((charged - expected).abs() <= 1e-6 * expected.max(1.0));
+    }
+
+    #[test]
+    fn the_admitted_cost_rate_converges_to_the_lanes_units_per_second(
+        mix in prop::collection::vec(request(), 20..80),
+        rate in 20.0f64..200.0,
+    ) {
+        // Demand far above the rate (a request every 10 ms, cycling through
+        // the mix, none waiting), for 300 s; each ends 0.5 s after it passed
+        // and settles with its usage then.
+        let mut l = priced(rate, rate.ceil() as u64);
+        l.queue.ttl_seconds = 0;
+        l.queue.max_depth = 0;
+        let mut c = core(l);
+        let cost = c.lane(0).cost.clone().unwrap();
+        let mut pending = std::collections::VecDeque::new();
+        let mut settled = 0.0;
+        let horizon = 300.0;
+        for step in 0..(horizon as usize * 100) {
+            let now = step as f64 / 100.0;
+            while pending.front().is_some_and(|(t, _, _)| *t <= now) {
+                let (_, charge, u) = pending.pop_front().unwrap();
+                settled += c.settle(&charge, Some(u), now).unwrap().charged_units;
+            }
+            let (bytes, out, _) = mix[step % mix.len()];
+            if let Verdict::Pass(p) = c.admit_sized(&req("a"), size(bytes, 4096), now) {
+                let u = usage_of(bytes, out);
+                prop_assert!(cost.of(u.prompt_tokens, u.completion_tokens) > 0.0);
+                pending.push_back((now + 0.5, p.charge.unwrap(), u));
+            }
+        }
+        let got = settled / horizon;
+        prop_assert!((got - rate).abs() <= 0.10 * rate, "{} units/s vs {}", got, rate);
+    }
+}
