@@ -9,7 +9,6 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
-use std::fmt::Write as _;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -224,6 +223,9 @@ struct Attempt {
     returning: bool,
     /// Deferrals so far.
     deferrals: u16,
+    /// Where lanekeeper's core wrote its id, carried back by its next
+    /// attempt (as a client carries a deferral's token).
+    id_hint: lanes::IdHint,
 }
 
 struct Timed<T> {
@@ -489,8 +491,21 @@ struct Sim<'a> {
     next_id: u64,
     trace: Option<Trace>,
     pending_refusals: Vec<(Attempt, Refusal)>,
-    /// The request id of the attempt being admitted.
-    id_buf: String,
+}
+
+/// `n` in decimal, written at the end of `buf` (what `format!("{n}")`
+/// gives, without the formatter's machinery on every admission).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[i..]).expect("ASCII digits")
 }
 
 fn stream(seed: u64, s: u64) -> ChaCha8Rng {
@@ -767,7 +782,6 @@ impl<'a> Sim<'a> {
             next_id: 0,
             trace: None,
             pending_refusals: Vec::new(),
-            id_buf: String::new(),
             lanes,
         })
     }
@@ -829,6 +843,7 @@ impl<'a> Sim<'a> {
             compliant,
             returning: false,
             deferrals: 0,
+            id_hint: lanes::IdHint::NONE,
         }
     }
 
@@ -1280,7 +1295,7 @@ impl<'a> Sim<'a> {
     /// core (the one `lanekeeper gateway` runs) sends it to the pool, queues
     /// it, refuses it or defers it. Before the first config it refuses, as
     /// the gateway does (503).
-    fn admit(&mut self, a: Attempt, now: f64) {
+    fn admit(&mut self, mut a: Attempt, now: f64) {
         let li = usize::from(a.lane);
         let p = self.lanes[li].profile;
         self.poll_gateway(p, now);
@@ -1303,16 +1318,17 @@ impl<'a> Sim<'a> {
             );
             return;
         };
-        // The request id as a client sends it, written into one buffer.
-        self.id_buf.clear();
-        let _ = write!(self.id_buf, "{}", a.id);
-        let verdict = core.admit(
+        // The request id as a client sends it, in decimal.
+        let mut digits = [0u8; 20];
+        let id = decimal(a.id, &mut digits);
+        let verdict = core.admit_hinted(
             &lanes::Request {
                 lane: &self.lanes[li].name,
                 tenant: None,
                 attempt: Some(u32::from(a.n)),
-                request_id: Some(&self.id_buf),
+                request_id: Some(id),
             },
+            &mut a.id_hint,
             now,
         );
         if let Verdict::Pass(pass) = &verdict
@@ -1770,5 +1786,18 @@ fn burst(rate: f64, units: f64, seconds: f64) -> f64 {
         0.0
     } else {
         (rate * seconds).max(units)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decimal;
+
+    #[test]
+    fn request_ids_are_written_as_format_writes_them() {
+        let mut buf = [0u8; 20];
+        for n in [0, 7, 10, 99, 1_000_001, u64::MAX - 1, u64::MAX] {
+            assert_eq!(decimal(n, &mut buf), n.to_string());
+        }
     }
 }

@@ -1,0 +1,32 @@
+//! Where a request id was last written in its lane's remembered ids, as a
+//! client may carry it from one attempt to the next (the way a deferral's
+//! answer could hand it a token to send back). With it, a return finds its
+//! id with one read of the write it names, checked against the id's key,
+//! instead of a look-up in the index of a million ids. A hint that no
+//! longer names the id's live write (written again, forgotten, another
+//! lane, or made up) is ignored and the id is looked up as without one:
+//! a hint changes how fast an id is found, never what is found.
+
+/// A position in a lane's remembered ids, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdHint(u64);
+
+impl IdHint {
+    /// No hint: the id is looked up.
+    pub const NONE: IdHint = IdHint(u64::MAX);
+
+    pub(crate) fn at(pos: u64) -> IdHint {
+        IdHint(pos)
+    }
+
+    /// The position it names, if any.
+    pub(crate) fn position(self) -> Option<u64> {
+        (self != IdHint::NONE).then_some(self.0)
+    }
+}
+
+impl Default for IdHint {
+    fn default() -> Self {
+        IdHint::NONE
+    }
+}
