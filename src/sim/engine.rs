@@ -213,8 +213,9 @@ struct Attempt {
     enq: f64,
     /// When lanekeeper's gateway sent it to the pool.
     passed: f64,
-    /// The request's id (kept by its retries and returns).
-    id: u64,
+    /// The request's id (kept by its retries and returns; 4 bytes, as
+    /// the hint below, so an attempt stays 40 bytes).
+    id: u32,
     lane: u16,
     /// Attempt number (1 = the original); a return after a deferral keeps it.
     n: u16,
@@ -487,7 +488,7 @@ struct Sim<'a> {
     waiting: FxHashMap<(usize, Ticket), Attempt>,
     /// The tenant slots of passed attempts in lanes with a maximum per
     /// tenant, by (request id, attempt), given back when they finish.
-    tenant_slots: FxHashMap<(u64, u16), TenantSlot>,
+    tenant_slots: FxHashMap<(u32, u16), TenantSlot>,
     next_id: u64,
     trace: Option<Trace>,
     pending_refusals: Vec<(Attempt, Refusal)>,
@@ -837,7 +838,7 @@ impl<'a> Sim<'a> {
             origin: at,
             enq: at,
             passed: f64::NAN,
-            id: self.next_id,
+            id: u32::try_from(self.next_id).expect("fewer than 2^32 requests in a run"),
             lane: lane as u16,
             n: 1,
             compliant,
@@ -1303,7 +1304,7 @@ impl<'a> Sim<'a> {
             t.arrivals.push(TracedArrival {
                 at: now,
                 lane: li,
-                request_id: a.id,
+                request_id: u64::from(a.id),
                 attempt: a.n,
             });
         }
@@ -1320,7 +1321,7 @@ impl<'a> Sim<'a> {
         };
         // The request id as a client sends it, in decimal.
         let mut digits = [0u8; 20];
-        let id = decimal(a.id, &mut digits);
+        let id = decimal(u64::from(a.id), &mut digits);
         let verdict = core.admit_hinted(
             &lanes::Request {
                 lane: &self.lanes[li].name,
@@ -1791,7 +1792,13 @@ fn burst(rate: f64, units: f64, seconds: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::decimal;
+    use super::{Attempt, decimal};
+
+    #[test]
+    fn an_attempt_takes_40_bytes() {
+        // Hundreds of thousands wait to come back after a deferral.
+        assert_eq!(std::mem::size_of::<Attempt>(), 40);
+    }
 
     #[test]
     fn request_ids_are_written_as_format_writes_them() {

@@ -30,7 +30,8 @@ struct Arrival {
 impl Core {
     /// Decides on an arriving request at `now`.
     pub fn admit(&mut self, req: &Request<'_>, now: f64) -> Verdict {
-        self.admit_hinted(req, &mut IdHint::NONE, now)
+        let mut none = IdHint::NONE;
+        self.admit_hinted(req, &mut none, now)
     }
 
     /// [`Core::admit`] for a client that carries where its request id was

@@ -7,20 +7,22 @@
 //! lane, or made up) is ignored and the id is looked up as without one:
 //! a hint changes how fast an id is found, never what is found.
 
-/// A position in a lane's remembered ids, or none.
+/// A position in a lane's remembered ids (its low 32 bits, as the index
+/// keeps them: 4 bytes a client carries), or none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IdHint(u64);
+pub struct IdHint(u32);
 
 impl IdHint {
-    /// No hint: the id is looked up.
-    pub const NONE: IdHint = IdHint(u64::MAX);
+    /// No hint: the id is looked up. (A write whose position ends in these
+    /// 32 bits gets no hint: it is looked up, once in 2^32 writes.)
+    pub const NONE: IdHint = IdHint(u32::MAX);
 
     pub(crate) fn at(pos: u64) -> IdHint {
-        IdHint(pos)
+        IdHint(pos as u32)
     }
 
-    /// The position it names, if any.
-    pub(crate) fn position(self) -> Option<u64> {
+    /// The low 32 bits of the position it names, if any.
+    pub(crate) fn low(self) -> Option<u32> {
         (self != IdHint::NONE).then_some(self.0)
     }
 }

@@ -125,6 +125,9 @@ pub(crate) struct Remembered {
     /// doubles on its own, so growing never holds two copies of the whole
     /// index at once.
     index: [HashTable<u32>; SHARDS],
+    /// Ids in the index (the sum of its tables' lengths, kept at hand for
+    /// the check on every arrival).
+    ids: usize,
     writes: IdRing<Entry>,
     /// The forget time of each write updated in place to another first
     /// arrival or deadline (only when a config shortens a deadline).
@@ -148,7 +151,7 @@ impl Remembered {
     /// The position of an id's last write, read first where `hint` says
     /// (one read, no look-up, when it is right).
     fn find_hinted(&self, key: u64, hint: IdHint) -> Option<u64> {
-        match hint.position() {
+        match hint.low().map(|low| self.writes.position(low)) {
             Some(pos) if self.is_live(pos, key) => Some(pos),
             _ => self.find(key),
         }
@@ -209,6 +212,7 @@ impl Remembered {
                 let live = writes.position(*e.get());
                 if writes.get(live).seen().forget_at() <= at {
                     e.remove();
+                    self.ids -= 1;
                     writes.get_mut(live).live = false;
                 }
             }
@@ -236,6 +240,7 @@ impl Remembered {
             let pos = writes.push(Entry::write(key, seen));
             self.index[shard(key)]
                 .insert_unique(key, pos as u32, |&low| writes.get(writes.position(low)).key);
+            self.ids += 1;
             return (None, IdRef { key, pos });
         };
         let before = self.writes.get(pos).seen();
@@ -266,7 +271,11 @@ impl Remembered {
 
     /// Ids remembered now.
     pub(crate) fn len(&self) -> usize {
-        self.index.iter().map(HashTable::len).sum()
+        debug_assert_eq!(
+            self.ids,
+            self.index.iter().map(HashTable::len).sum::<usize>()
+        );
+        self.ids
     }
 
     #[cfg(test)]

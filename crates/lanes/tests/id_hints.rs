@@ -3,7 +3,9 @@
 //! whatever the hint: its own from the last attempt, another request's, a
 //! stale one or none.
 
-use lanekeeper_lanes::{Core, GatewayConfig, IdHint, Request, Resolution, Ticket, Verdict};
+use lanekeeper_lanes::{
+    Attempt, Core, GatewayConfig, IdHint, Outcome, Request, Resolution, Ticket, Verdict,
+};
 use proptest::prelude::*;
 
 /// A deferring lane with a small queue, so that deferrals, returns and
@@ -51,6 +53,56 @@ fn hint() -> impl Strategy<Value = Hint> {
 
 type Resolved = Vec<(Ticket, Resolution)>;
 
+fn req(id: &str) -> Request<'_> {
+    Request {
+        lane: "lane",
+        tenant: None,
+        attempt: None,
+        request_id: Some(id),
+    }
+}
+
+#[test]
+fn a_deferred_request_returns_with_its_hint_as_it_would_without() {
+    let mut core = Core::new(config(0.01, 1), 1.0, 0.0, 0.0).unwrap();
+    let mut hints = [IdHint::NONE; 4];
+    // At 0.01/s, what the burst does not pass would wait past the TTL:
+    // deferred.
+    for (i, hint) in hints.iter_mut().enumerate() {
+        let v = core.admit_hinted(&req(&format!("r{i}")), hint, 0.0);
+        assert_ne!(*hint, IdHint::NONE, "an id is written where the hint says");
+        if i == 3 {
+            assert!(
+                matches!(v, Verdict::Refuse(ref r) if r.outcome == Outcome::Deferred),
+                "{v:?}"
+            );
+        }
+    }
+    let kept = hints[3];
+    let back = core.admit_hinted(&req("r3"), &mut hints[3], 1.0);
+    assert_eq!(hints[3], kept, "a return writes nothing new");
+    match back {
+        Verdict::Refuse(r) => assert_eq!(r.attempt, Attempt::Returning),
+        v => panic!("{v:?}"),
+    }
+    // Another id's hint, or none: the same count.
+    for mut wrong in [hints[0], IdHint::NONE] {
+        match core.admit_hinted(&req("r3"), &mut wrong, 2.0) {
+            Verdict::Refuse(r) => assert_eq!(r.attempt, Attempt::Returning),
+            v => panic!("{v:?}"),
+        }
+        assert_eq!(wrong, kept, "the id's own write is handed back");
+    }
+    // No request id: no hint.
+    let mut none = kept;
+    let anonymous = Request {
+        request_id: None,
+        ..req("")
+    };
+    core.admit_hinted(&anonymous, &mut none, 3.0);
+    assert_eq!(none, IdHint::NONE);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
@@ -69,7 +121,7 @@ proptest! {
             let polled: (Resolved, Resolved) = (plain.poll(now), hinted.poll(now));
             prop_assert_eq!(polled.0, polled.1);
             let name = format!("req-{id}");
-            let req = Request { lane: "lane", tenant: None, attempt: None, request_id: Some(&name) };
+            let req = req(&name);
             let mut h = match how {
                 Hint::Carried => carried[usize::from(id)],
                 Hint::Other(o) => carried[usize::from(o)],
