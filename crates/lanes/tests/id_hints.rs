@@ -64,7 +64,11 @@ fn req(id: &str) -> Request<'_> {
 
 #[test]
 fn a_deferred_request_returns_with_its_hint_as_it_would_without() {
-    let mut core = Core::new(config(0.01, 1), 1.0, 0.0, 0.0).unwrap();
+    let mut cfg = config(0.01, 1);
+    // Time enough to wait 100 s for a token: deferred (by the TTL), not
+    // refused (by the deadline).
+    cfg.lanes[0].deadline_seconds = 7200;
+    let mut core = Core::new(cfg, 1.0, 0.0, 0.0).unwrap();
     let mut hints = [IdHint::NONE; 4];
     // At 0.01/s, what the burst does not pass would wait past the TTL:
     // deferred.
