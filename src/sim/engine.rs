@@ -9,7 +9,6 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
-use std::fmt::Write as _;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -218,8 +217,9 @@ struct Attempt {
     enq: f64,
     /// When lanekeeper's gateway sent it to the pool.
     passed: f64,
-    /// The request's id (kept by its retries and returns).
-    id: u64,
+    /// The request's id (kept by its retries and returns; 4 bytes, as
+    /// the hint below, so an attempt stays 40 bytes).
+    id: u32,
     lane: u16,
     /// Attempt number (1 = the original); a return after a deferral keeps it.
     n: u16,
@@ -228,6 +228,9 @@ struct Attempt {
     returning: bool,
     /// Deferrals so far.
     deferrals: u16,
+    /// Where lanekeeper's core wrote its id, carried back by its next
+    /// attempt (as a client carries a deferral's token).
+    id_hint: lanes::IdHint,
 }
 
 struct Timed<T> {
@@ -489,12 +492,25 @@ struct Sim<'a> {
     waiting: FxHashMap<(usize, Ticket), Attempt>,
     /// The tenant slots of passed attempts in lanes with a maximum per
     /// tenant, by (request id, attempt), given back when they finish.
-    tenant_slots: FxHashMap<(u64, u16), TenantSlot>,
+    tenant_slots: FxHashMap<(u32, u16), TenantSlot>,
     next_id: u64,
     trace: Option<Trace>,
     pending_refusals: Vec<(Attempt, Refusal)>,
-    /// The request id of the attempt being admitted.
-    id_buf: String,
+}
+
+/// `n` in decimal, written at the end of `buf` (what `format!("{n}")`
+/// gives, without the formatter's machinery on every admission).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[i..]).expect("ASCII digits")
 }
 
 fn stream(seed: u64, s: u64) -> ChaCha8Rng {
@@ -771,7 +787,6 @@ impl<'a> Sim<'a> {
             next_id: 0,
             trace: None,
             pending_refusals: Vec::new(),
-            id_buf: String::new(),
             lanes,
         })
     }
@@ -827,12 +842,13 @@ impl<'a> Sim<'a> {
             origin: at,
             enq: at,
             passed: f64::NAN,
-            id: self.next_id,
+            id: u32::try_from(self.next_id).expect("fewer than 2^32 requests in a run"),
             lane: lane as u16,
             n: 1,
             compliant,
             returning: false,
             deferrals: 0,
+            id_hint: lanes::IdHint::NONE,
         }
     }
 
@@ -1284,7 +1300,7 @@ impl<'a> Sim<'a> {
     /// core (the one `lanekeeper gateway` runs) sends it to the pool, queues
     /// it, refuses it or defers it. Before the first config it refuses, as
     /// the gateway does (503).
-    fn admit(&mut self, a: Attempt, now: f64) {
+    fn admit(&mut self, mut a: Attempt, now: f64) {
         let li = usize::from(a.lane);
         let p = self.lanes[li].profile;
         self.poll_gateway(p, now);
@@ -1292,7 +1308,7 @@ impl<'a> Sim<'a> {
             t.arrivals.push(TracedArrival {
                 at: now,
                 lane: li,
-                request_id: a.id,
+                request_id: u64::from(a.id),
                 attempt: a.n,
             });
         }
@@ -1307,16 +1323,17 @@ impl<'a> Sim<'a> {
             );
             return;
         };
-        // The request id as a client sends it, written into one buffer.
-        self.id_buf.clear();
-        let _ = write!(self.id_buf, "{}", a.id);
-        let verdict = core.admit(
+        // The request id as a client sends it, in decimal.
+        let mut digits = [0u8; 20];
+        let id = decimal(u64::from(a.id), &mut digits);
+        let verdict = core.admit_hinted(
             &lanes::Request {
                 lane: &self.lanes[li].name,
                 tenant: None,
                 attempt: Some(u32::from(a.n)),
-                request_id: Some(&self.id_buf),
+                request_id: Some(id),
             },
+            &mut a.id_hint,
             now,
         );
         if let Verdict::Pass(pass) = &verdict
@@ -1530,7 +1547,7 @@ impl<'a> Sim<'a> {
 
     fn complete(&mut self, a: Attempt, failed: bool, at: f64) {
         if let Some(t) = self.trace.as_mut() {
-            t.served.insert((a.id, a.n), at - a.passed);
+            t.served.insert((u64::from(a.id), a.n), at - a.passed);
         }
         let li = usize::from(a.lane);
         let p = self.lanes[li].profile;
@@ -1777,5 +1794,24 @@ fn burst(rate: f64, units: f64, seconds: f64) -> f64 {
         0.0
     } else {
         (rate * seconds).max(units)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Attempt, decimal};
+
+    #[test]
+    fn an_attempt_takes_40_bytes() {
+        // Hundreds of thousands wait to come back after a deferral.
+        assert_eq!(std::mem::size_of::<Attempt>(), 40);
+    }
+
+    #[test]
+    fn request_ids_are_written_as_format_writes_them() {
+        let mut buf = [0u8; 20];
+        for n in [0, 7, 10, 99, 1_000_001, u64::MAX - 1, u64::MAX] {
+            assert_eq!(decimal(n, &mut buf), n.to_string());
+        }
     }
 }

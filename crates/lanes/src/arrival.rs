@@ -9,8 +9,9 @@ use crate::core::{Core, DEFAULT_TENANT};
 use crate::expected_wait::whole;
 use crate::fair_queue::{Key, TenantId, Waiting};
 use crate::history::history_turns;
+use crate::id_hint::IdHint;
 use crate::lane::{Lane, effective_rate};
-use crate::remembered::{IdRef, Seen};
+use crate::remembered::{IdRef, Remembered, Seen};
 use crate::verdict::{
     Attempt, Limit, Outcome, Pass, Refusal, Request, Resolution, Ticket, Verdict,
 };
@@ -33,14 +34,25 @@ struct Arrival {
 impl Core {
     /// Decides on an arriving request at `now`.
     pub fn admit(&mut self, req: &Request<'_>, now: f64) -> Verdict {
-        self.admit_with(req, None, now)
+        let mut none = IdHint::NONE;
+        self.admit_with(req, None, &mut none, now)
     }
 
-    /// Decides on an arriving request, of a known size or not.
+    /// [`Core::admit`] for a client that carries where its request id was
+    /// written (see [`IdHint`]): `hint` says where it was last time (or
+    /// none) and is set to where it is now (none without a request id). The
+    /// verdict is the one [`Core::admit`] gives.
+    pub fn admit_hinted(&mut self, req: &Request<'_>, hint: &mut IdHint, now: f64) -> Verdict {
+        self.admit_with(req, None, hint, now)
+    }
+
+    /// Decides on an arriving request, of a known size or not, with the
+    /// client's hint of where its id was written.
     pub(crate) fn admit_with(
         &mut self,
         req: &Request<'_>,
         size: Option<RequestSize>,
+        hint: &mut IdHint,
         now: f64,
     ) -> Verdict {
         let Some(li) = self.lane_index(req.lane) else {
@@ -54,7 +66,8 @@ impl Core {
         lane.refill(now, rate);
         lane.refresh_service(now);
         lane.seen.sweep(now);
-        let mut a = count_attempt(lane, li, req, now);
+        let mut a = count_attempt(lane, li, req, *hint, now);
+        *hint = a.key.map_or(IdHint::NONE, Remembered::hint);
         a.sized = lane.size(size, long_above);
         if a.sized.tokens != 1.0 {
             // Demand (what a fleet lease follows) counts the charge.
@@ -311,7 +324,7 @@ fn told_at_least(verdict: Verdict, slot_wait: f64) -> Verdict {
 /// How the request counts (a remembered id is a retry whatever the header
 /// says; a deferred one returns with its first arrival), remembered for the
 /// lane's deadline.
-fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, now: f64) -> Arrival {
+fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, hint: IdHint, now: f64) -> Arrival {
     let key = req.request_id.map(|id| lane.seen.key(id));
     let header = req.attempt;
     let deadline = lane.cfg.deadline_seconds as f64;
@@ -322,7 +335,7 @@ fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, now: f64) -> Arr
         Seen::new(c.1, deadline, c.2, c.0 == Attempt::Returning)
     };
     let key = match key {
-        Some(k) => Some(lane.seen.record(k, classify).1),
+        Some(k) => Some(lane.seen.record(k, hint, classify).1),
         None => {
             classify(None);
             None

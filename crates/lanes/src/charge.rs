@@ -184,7 +184,8 @@ impl Core {
         size: RequestSize,
         now: f64,
     ) -> crate::Verdict {
-        self.admit_with(req, Some(size), now)
+        let mut none = crate::IdHint::NONE;
+        self.admit_with(req, Some(size), &mut none, now)
     }
 
     /// A passed request's answer ended: its reservation is settled with the

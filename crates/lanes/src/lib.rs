@@ -67,6 +67,7 @@ pub mod fleet_core;
 pub mod fleet_lease;
 pub mod fleet_mode;
 mod history;
+mod id_hint;
 mod id_ring;
 mod lane;
 mod latency_window;
@@ -102,6 +103,7 @@ pub use crate::config::{
 };
 pub use crate::core::{Core, DEFAULT_TENANT};
 pub use crate::history::trim_chat_history;
+pub use crate::id_hint::IdHint;
 pub use crate::pool_limits::{LongContext, ModelSlots};
 pub use crate::pressure::{
     DEFAULT_RESUME_AFTER_STABLE_SECONDS, DRAIN_WINDOW_SECONDS, LATENCY_RISE_FACTOR,

@@ -8,6 +8,7 @@ use std::hash::{BuildHasher, RandomState};
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
+use crate::id_hint::IdHint;
 use crate::id_ring::IdRing;
 
 /// Most request ids remembered per lane; the oldest are forgotten first.
@@ -124,6 +125,9 @@ pub(crate) struct Remembered {
     /// doubles on its own, so growing never holds two copies of the whole
     /// index at once.
     index: [HashTable<u32>; SHARDS],
+    /// Ids in the index (the sum of its tables' lengths, kept at hand for
+    /// the check on every arrival).
+    ids: usize,
     writes: IdRing<Entry>,
     /// The forget time of each write updated in place to another first
     /// arrival or deadline (only when a config shortens a deadline).
@@ -144,6 +148,24 @@ impl Remembered {
             .map(|&low| writes.position(low))
     }
 
+    /// The position of an id's last write, read first where `hint` says
+    /// (one read, no look-up, when it is right).
+    fn find_hinted(&self, key: u64, hint: IdHint) -> Option<u64> {
+        match hint.low().map(|low| self.writes.position(low)) {
+            Some(pos) if self.is_live(pos, key) => Some(pos),
+            _ => self.find(key),
+        }
+    }
+
+    /// Whether the write at `pos` is held and is `key`'s live one (the one
+    /// the index points to).
+    fn is_live(&self, pos: u64, key: u64) -> bool {
+        self.writes.holds(pos) && {
+            let e = self.writes.get(pos);
+            e.live && e.key == key
+        }
+    }
+
     /// When the write at `pos` is forgotten.
     fn forget_at(&self, pos: u64) -> f64 {
         match self.moved.is_empty() {
@@ -160,10 +182,7 @@ impl Remembered {
         let Some(IdRef { key, pos }) = id else {
             return;
         };
-        let pos = if self.writes.holds(pos)
-            && self.writes.get(pos).live
-            && self.writes.get(pos).key == key
-        {
+        let pos = if self.is_live(pos, key) {
             Some(pos)
         } else {
             // Written again since (or forgotten).
@@ -193,6 +212,7 @@ impl Remembered {
                 let live = writes.position(*e.get());
                 if writes.get(live).seen().forget_at() <= at {
                     e.remove();
+                    self.ids -= 1;
                     writes.get_mut(live).live = false;
                 }
             }
@@ -207,18 +227,20 @@ impl Remembered {
     /// was remembered, if anything); returns what was remembered before,
     /// and the id as found. A new write when the id is new or its forget
     /// time is later (a return after a deferral keeps its first arrival,
-    /// so it adds none).
+    /// so it adds none). `hint` may say where its last write is.
     pub(crate) fn record(
         &mut self,
         key: u64,
+        hint: IdHint,
         update: impl FnOnce(Option<&Seen>) -> Seen,
     ) -> (Option<Seen>, IdRef) {
-        let Some(pos) = self.find(key) else {
+        let Some(pos) = self.find_hinted(key, hint) else {
             let seen = update(None);
             let writes = &mut self.writes;
             let pos = writes.push(Entry::write(key, seen));
             self.index[shard(key)]
                 .insert_unique(key, pos as u32, |&low| writes.get(writes.position(low)).key);
+            self.ids += 1;
             return (None, IdRef { key, pos });
         };
         let before = self.writes.get(pos).seen();
@@ -242,9 +264,18 @@ impl Remembered {
         (Some(before), IdRef { key, pos })
     }
 
+    /// Where an id as found was written: the hint its client may carry.
+    pub(crate) fn hint(id: IdRef) -> IdHint {
+        IdHint::at(id.pos)
+    }
+
     /// Ids remembered now.
     pub(crate) fn len(&self) -> usize {
-        self.index.iter().map(HashTable::len).sum()
+        debug_assert_eq!(
+            self.ids,
+            self.index.iter().map(HashTable::len).sum::<usize>()
+        );
+        self.ids
     }
 
     #[cfg(test)]
@@ -300,9 +331,9 @@ mod tests {
     fn ids_are_forgotten_after_their_deadline_unless_seen_again() {
         let mut r = Remembered::default();
         let (a, b) = (r.key("a"), r.key("b"));
-        assert!(r.record(a, |_| seen(0.0, 10.0)).0.is_none());
-        r.record(b, |_| seen(0.0, 10.0));
-        let (before, _) = r.record(b, |_| seen(5.0, 10.0));
+        assert!(r.record(a, IdHint::NONE, |_| seen(0.0, 10.0)).0.is_none());
+        r.record(b, IdHint::NONE, |_| seen(0.0, 10.0));
+        let (before, _) = r.record(b, IdHint::NONE, |_| seen(5.0, 10.0));
         assert_eq!(before.map(|s| s.first_arrival), Some(0.0));
         r.sweep(12.0);
         assert!(r.get(a).is_none());
@@ -315,10 +346,10 @@ mod tests {
     fn a_write_shortened_in_place_is_forgotten_when_it_was_due() {
         let mut r = Remembered::default();
         let a = r.key("a");
-        r.record(a, |_| seen(0.0, 10.0));
+        r.record(a, IdHint::NONE, |_| seen(0.0, 10.0));
         // A config shortened the deadline: the id is not given a later
         // forget time, so it keeps its write, due at 10 s.
-        let (before, id) = r.record(a, |_| seen(2.0, 5.0));
+        let (before, id) = r.record(a, IdHint::NONE, |_| seen(2.0, 5.0));
         assert_eq!(before.map(|s| s.forget_at()), Some(10.0));
         assert_eq!(r.get(a).map(|s| s.first_arrival), Some(2.0));
         r.sweep(9.0);
@@ -335,8 +366,8 @@ mod tests {
     fn an_id_written_again_is_marked_through_its_last_write() {
         let mut r = Remembered::default();
         let a = r.key("a");
-        let (_, first) = r.record(a, |_| seen(0.0, 10.0));
-        let (_, second) = r.record(a, |_| seen(3.0, 10.0));
+        let (_, first) = r.record(a, IdHint::NONE, |_| seen(0.0, 10.0));
+        let (_, second) = r.record(a, IdHint::NONE, |_| seen(3.0, 10.0));
         assert_ne!(first, second, "a later forget time is a new write");
         r.mark_deferred(Some(first));
         assert!(r.get(a).is_some_and(|s| s.deferred));
@@ -348,10 +379,36 @@ mod tests {
     }
 
     #[test]
+    fn a_hint_finds_the_live_write_and_any_other_is_ignored() {
+        let mut r = Remembered::default();
+        let (a, b, c) = (r.key("a"), r.key("b"), r.key("c"));
+        let (_, ia) = r.record(a, IdHint::NONE, |_| seen(0.0, 10.0));
+        let (_, ib) = r.record(b, IdHint::NONE, |_| seen(0.0, 10.0));
+        // Its own write: found there.
+        let (before, again) = r.record(a, Remembered::hint(ia), |s| *s.expect("seen"));
+        assert_eq!(before.map(|s| s.first_arrival), Some(0.0));
+        assert_eq!(again, ia);
+        // Another id's write: ignored, `a` is looked up; `b` is untouched.
+        let (before, _) = r.record(a, Remembered::hint(ib), |_| seen(1.0, 5.0));
+        assert_eq!(before.map(|s| s.first_arrival), Some(0.0));
+        assert_eq!(r.get(a).map(|s| s.first_arrival), Some(1.0));
+        assert_eq!(r.get(b).map(|s| s.first_arrival), Some(0.0));
+        // A made-up position, or a write since replaced: looked up.
+        let (before, _) = r.record(c, IdHint::at(1 << 40), |_| seen(2.0, 10.0));
+        assert!(before.is_none());
+        let (_, later) = r.record(b, IdHint::NONE, |_| seen(4.0, 10.0));
+        assert_ne!(later, ib);
+        let (before, found) = r.record(b, Remembered::hint(ib), |s| *s.expect("seen"));
+        assert_eq!(before.map(|s| s.first_arrival), Some(4.0));
+        assert_eq!(found, later);
+        assert_eq!(r.len(), 3);
+    }
+
+    #[test]
     fn the_oldest_ids_go_beyond_the_most_remembered() {
         let mut r = Remembered::default();
         for i in 0..=MAX_REMEMBERED_IDS {
-            r.record(i as u64, |_| seen(0.0, 100.0));
+            r.record(i as u64, IdHint::NONE, |_| seen(0.0, 100.0));
         }
         r.sweep(1.0);
         assert_eq!(r.len(), MAX_REMEMBERED_IDS);

@@ -162,10 +162,20 @@ impl Core {
             .map(|g| g.expires)
             .filter(|&e| e > now)
             .reduce(f64::min);
-        [token, spare, ttl, deadline, grants]
-            .into_iter()
-            .flatten()
-            .reduce(f64::min)
+        // The earliest, taken in this order (as `reduce(f64::min)` over
+        // an array of the five would, without the array: reading it back
+        // stalled on the stores that had just filled it).
+        let wake = earliest(earliest(token, spare), ttl);
+        earliest(earliest(wake, deadline), grants)
+    }
+}
+
+/// The earlier of two times either of which may be missing.
+fn earliest(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
     }
 }
 
