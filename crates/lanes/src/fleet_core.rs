@@ -63,11 +63,14 @@ pub(crate) fn drain_rate(lane: &Lane, rate: f64, now: f64) -> f64 {
 impl Core {
     /// Leased (the fleet's budgets) or the local share: every lane that is
     /// not paused. Leaving leases keeps at most the local bucket's size.
+    /// Tenants' slots and the pool's in-flight slots follow (see
+    /// `fleet_tenants`, `fleet_pool`).
     pub fn set_leased(&mut self, leased: bool) {
         for lane in &mut self.lanes {
             lane.bucket.leased = leased && !lane.bucket.paused;
             lane.bucket.tokens = lane.bucket.tokens.min(lane.bucket.cap());
         }
+        self.set_tenants_leased(leased);
     }
 
     /// Whether lane buckets are leased now.
