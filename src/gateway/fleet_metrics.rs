@@ -16,6 +16,10 @@ pub(super) enum StoreOp {
     Sighting,
     /// A probe while on the local share (connect or ping).
     Probe,
+    /// A tenant's slots taken, given back or renewed.
+    TenantSlots,
+    /// A request id marked deferred.
+    Deferral,
 }
 
 impl StoreOp {
@@ -25,6 +29,8 @@ impl StoreOp {
             StoreOp::GiveBack => "give_back",
             StoreOp::Sighting => "sighting",
             StoreOp::Probe => "probe",
+            StoreOp::TenantSlots => "tenant_slots",
+            StoreOp::Deferral => "deferral",
         }
     }
 }
@@ -57,7 +63,7 @@ impl FleetMetrics {
         let calls = IntCounterVec::new(
             Opts::new(
                 "lanekeeper_gateway_shared_state_calls_total",
-                "Calls to the shared store by operation (take, give_back, sighting, probe) and result (ok, failed).",
+                "Calls to the shared store by operation (take, give_back, sighting, probe, tenant_slots, deferral) and result (ok, failed).",
             ),
             &["op", "result"],
         )

@@ -25,6 +25,7 @@ use prometheus::Registry;
 
 use super::fleet_args::FleetArgs;
 use super::fleet_metrics::{FleetMetrics, StoreOp};
+use super::fleet_slots::{SlotSeen, slot_round};
 use super::fleet_store::FleetStore;
 
 /// What the fleet's link needs of the gateway (implemented by the gateway's
@@ -49,7 +50,12 @@ pub(super) struct Fleet {
     deadline: Duration,
     store: Mutex<Option<FleetStore>>,
     health: Mutex<FleetHealth>,
-    metrics: FleetMetrics,
+    pub(super) metrics: FleetMetrics,
+    /// This replica's name in the store's slot counts (random per process).
+    pub(super) replica: String,
+    /// What the store last said of each slot count this replica holds or
+    /// asked for (see `fleet_slots`).
+    pub(super) slot_seen: Mutex<HashMap<String, SlotSeen>>,
     /// The profile of the config in force and each lane's deadline in
     /// seconds (how long a request id is remembered), as of the last round.
     lanes: Mutex<(String, HashMap<String, u64>)>,
@@ -57,7 +63,7 @@ pub(super) struct Fleet {
     quiet_rounds: AtomicU32,
 }
 
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -74,6 +80,8 @@ impl Fleet {
             store: Mutex::new(None),
             health: Mutex::new(FleetHealth::new(now)),
             metrics: FleetMetrics::new(r),
+            replica: replica_name(),
+            slot_seen: Mutex::new(HashMap::new()),
             lanes: Mutex::new((String::new(), HashMap::new())),
             quiet_rounds: AtomicU32::new(0),
         }))
@@ -90,6 +98,11 @@ impl Fleet {
     /// The mode now.
     pub(super) fn mode(&self) -> FleetMode {
         locked(&self.health).mode()
+    }
+
+    /// The store, once connected.
+    pub(super) fn connected(&self) -> Option<FleetStore> {
+        locked(&self.store).clone()
     }
 
     /// The store, connected on first use (a probe).
@@ -146,45 +159,8 @@ impl Fleet {
         gw.with_core(|core| core.set_leased(true));
     }
 
-    /// The fleet-wide first sighting of a request id in its lane: when
-    /// another replica (or this one) saw it already, it is a retry whatever
-    /// its attempt header said (`attempt` raised to at least 2). Only in
-    /// shared mode; on the local share the replica's own memory counts.
-    pub(super) async fn count_sighting(
-        &self,
-        gw: &impl FleetHost,
-        lane: Option<&str>,
-        id: Option<&str>,
-        attempt: &mut Option<u32>,
-    ) {
-        let (Some(lane), Some(id)) = (lane, id) else {
-            return;
-        };
-        if attempt.is_some_and(|a| a > 1) || self.mode() != FleetMode::Shared {
-            return;
-        }
-        let Some((key, seconds)) = self.lane_key(lane) else {
-            return;
-        };
-        let Some(store) = locked(&self.store).clone() else {
-            return;
-        };
-        match store
-            .first_sighting(&key, id, Duration::from_secs(seconds.max(1)))
-            .await
-        {
-            Ok(first) => {
-                self.metrics.call(StoreOp::Sighting, true);
-                if !first {
-                    *attempt = Some(attempt.unwrap_or(1).max(2));
-                }
-            }
-            Err(e) => self.failed(gw, StoreOp::Sighting, &e.to_string()),
-        }
-    }
-
     /// The store's name of a lane of the config in force, and its deadline.
-    fn lane_key(&self, lane: &str) -> Option<(String, u64)> {
+    pub(super) fn lane_key(&self, lane: &str) -> Option<(String, u64)> {
         let l = locked(&self.lanes);
         let seconds = *l.1.get(lane)?;
         Some((format!("{}/{lane}", l.0), seconds))
@@ -236,8 +212,20 @@ async fn round(gw: &impl FleetHost, fleet: &Fleet) {
         return fleet.failed(gw, op, &why);
     }
     if let Err((op, why)) = top_up(gw, fleet, &store, &profile, &needs).await {
+        return fleet.failed(gw, op, &why);
+    }
+    if let Err((op, why)) = slot_round(gw, fleet, &store, &profile).await {
         fleet.failed(gw, op, &why);
     }
+}
+
+/// A name for this replica's holdings in the store: random per process, so
+/// a restarted replica's old holdings run out by themselves.
+fn replica_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
 }
 
 /// Counts a round without a call; true once every second of them.

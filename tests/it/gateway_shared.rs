@@ -113,7 +113,12 @@ async fn mode_is(c: &reqwest::Client, gw: &Proc, mode: &str) -> bool {
 }
 
 /// Waits up to `within` for every replica to be in `mode`; how long it took.
-async fn wait_mode(c: &reqwest::Client, gws: &[Proc], mode: &str, within: Duration) -> Duration {
+pub(crate) async fn wait_mode(
+    c: &reqwest::Client,
+    gws: &[Proc],
+    mode: &str,
+    within: Duration,
+) -> Duration {
     let start = Instant::now();
     loop {
         let mut all = true;

@@ -39,6 +39,7 @@ mod gateway_cut;
 mod gateway_doc;
 mod gateway_objective;
 mod gateway_shared;
+mod gateway_shared_fleet;
 mod gateway_tenants;
 mod gateway_tls;
 mod gateway_tokens;

@@ -13,6 +13,7 @@
 use crate::core::Core;
 use crate::fleet_lease::{FleetLimits, LEASE_SECONDS, lease_size};
 use crate::lane::Lane;
+use crate::remembered::Seen;
 
 /// One lane as the lease task sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -118,6 +119,30 @@ impl Core {
         }
         lane.bucket.tokens += tokens as f64;
         Some(!lane.queue.is_empty() && lane.bucket.tokens >= 1.0)
+    }
+
+    /// Request `id` of lane `lane` was deferred (by any replica of the
+    /// fleet) and first arrived at `first_arrival` (this core's clock): it
+    /// comes back as a return, neither an original nor a retry, with its
+    /// deadline from its first arrival. Remembered here as deferred, so
+    /// the next [`Core::admit`] of it counts it so.
+    pub fn note_returning(&mut self, lane: &str, id: &str, first_arrival: f64) {
+        let Some(li) = self.lane_index(lane) else {
+            return;
+        };
+        let lane = &mut self.lanes[li];
+        let key = lane.seen.key(id);
+        let deadline = lane.cfg.deadline_seconds as f64;
+        lane.seen.record(key, |seen| match seen {
+            Some(s) if s.deferred => *s,
+            Some(s) => Seen::new(
+                s.first_arrival.min(first_arrival),
+                deadline,
+                s.attempts(),
+                true,
+            ),
+            None => Seen::new(first_arrival, deadline, 1, true),
+        });
     }
 
     /// Takes up to `tokens` whole tokens back out of lane `li`'s leased
@@ -257,6 +282,37 @@ mod tests {
         assert!(
             local_taken <= 12,
             "at 10 a second, 1 s of TTL: {local_taken}"
+        );
+    }
+
+    /// A request deferred on another replica comes back here: a return,
+    /// not a retry (whatever its attempt header), its deadline from its
+    /// first arrival; an id this replica saw as an original turns into a
+    /// return too.
+    #[test]
+    fn a_request_deferred_elsewhere_returns_here_as_a_return() {
+        use crate::verdict::{Attempt, Request};
+        let mut l = lane("a", 30.0, 6);
+        l.deadline_seconds = 10;
+        let mut core = Core::new(config(vec![l]), 1.0, 0.0, 1e6).unwrap();
+        let req = |id| Request {
+            lane: "a",
+            tenant: None,
+            attempt: Some(2),
+            request_id: Some(id),
+        };
+        core.note_returning("a", "x", 5.0);
+        core.note_returning("nope", "x", 5.0);
+        let v = core.admit(&req("x"), 6.0);
+        assert_eq!(v.attempt(), Attempt::Returning, "{v:?}");
+        assert_eq!(core.admit(&req("y"), 6.0).attempt(), Attempt::Retry);
+        core.note_returning("a", "y", 1.0);
+        assert_eq!(core.admit(&req("y"), 7.0).attempt(), Attempt::Returning);
+        // Its deadline counts from its first arrival: 10 s after 1.0.
+        let v = core.admit(&req("y"), 11.5);
+        assert!(
+            matches!(v, Verdict::Refuse(ref r) if r.limit == crate::Limit::Deadline),
+            "{v:?}"
         );
     }
 

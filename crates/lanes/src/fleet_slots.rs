@@ -110,10 +110,11 @@ impl FleetSlots {
 }
 
 /// What a replica wants to hold of one count: what it uses, what waits on
-/// it, and one spare for the next arrival unless another replica's
-/// requests wait for a slot.
+/// it, and, while it uses some, one spare for the next arrival unless
+/// another replica's requests wait for a slot. An idle count holds nothing.
 pub fn slots_wanted(in_use: u64, waiting: u64, others_waiting: bool) -> u64 {
-    in_use + waiting + u64::from(!others_waiting)
+    let busy = in_use + waiting;
+    busy + u64::from(busy > 0 && !others_waiting)
 }
 
 /// The call that brings a holding of `held` to `want`, if any.
@@ -164,6 +165,7 @@ mod tests {
         assert_eq!(slots_wanted(2, 1, false), 4);
         assert_eq!(slots_wanted(2, 1, true), 3);
         assert_eq!(slots_wanted(0, 0, true), 0);
+        assert_eq!(slots_wanted(0, 0, false), 0, "idle: nothing held");
         assert_eq!(slot_change(2, 4), Some(SlotOp::Take(2)));
         assert_eq!(slot_change(4, 1), Some(SlotOp::GiveBack(3)));
         assert_eq!(slot_change(3, 3), None);
