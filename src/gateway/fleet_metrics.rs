@@ -16,8 +16,9 @@ pub(super) enum StoreOp {
     Sighting,
     /// A probe while on the local share (connect or ping).
     Probe,
-    /// A tenant's slots taken, given back or renewed.
-    TenantSlots,
+    /// Slots of a tenant's or the pool's count taken, given back or
+    /// renewed.
+    Slots,
     /// A request id marked deferred.
     Deferral,
 }
@@ -29,7 +30,7 @@ impl StoreOp {
             StoreOp::GiveBack => "give_back",
             StoreOp::Sighting => "sighting",
             StoreOp::Probe => "probe",
-            StoreOp::TenantSlots => "tenant_slots",
+            StoreOp::Slots => "slots",
             StoreOp::Deferral => "deferral",
         }
     }
@@ -63,7 +64,7 @@ impl FleetMetrics {
         let calls = IntCounterVec::new(
             Opts::new(
                 "lanekeeper_gateway_shared_state_calls_total",
-                "Calls to the shared store by operation (take, give_back, sighting, probe, tenant_slots, deferral) and result (ok, failed).",
+                "Calls to the shared store by operation (take, give_back, sighting, probe, slots, deferral) and result (ok, failed).",
             ),
             &["op", "result"],
         )

@@ -1,22 +1,26 @@
-//! Tenant concurrency across the fleet, the gateway's side: the slots
-//! this replica holds of each tenant's fleet-wide `maxConcurrency`, taken
-//! from and given back to the shared store around the core.
+//! Slot counts across the fleet, the gateway's side: the slots this
+//! replica holds of each tenant's fleet-wide `maxConcurrency` and of the
+//! pool's `inFlight.stopAt`, taken from and given back to the shared store
+//! around the core.
 //!
-//! - In the lease round ([`slot_round`], every lease period): each tenant
+//! - In the lease round ([`slot_round`], every lease period): each count
 //!   that holds, uses or waits for slots is brought to what it wants (in
 //!   use + waiting + one spare while nobody else waits), and a holding
 //!   kept unchanged is renewed once a second (the store drops a holding
 //!   not renewed within its lease, so a crashed replica's slots come back).
-//! - On the request path ([`Fleet::take_tenant_slot`]), only when an
-//!   arriving request's tenant has no free slot held here: one call that
-//!   takes it one (and the spare), before the core decides.
+//! - On the request path ([`Fleet::take_slots`]), only when an arriving
+//!   request's tenant (or, for a sheddable lane, the pool) has no free
+//!   slot held here: one call per count that takes it one (and the
+//!   spare), before the core decides.
 //!
 //! A failed call puts the replica on its local share like any other.
 
 use std::time::Duration;
 
 use futures::future::join_all;
+use lanes::Core;
 use lanes::fleet_mode::FleetMode;
+use lanes::fleet_pool::PoolNeed;
 use lanes::fleet_slots::{
     SLOT_LEASE_SECONDS, SLOT_RENEW_SECONDS, SlotGrant, SlotOp, slot_change, slots_wanted,
 };
@@ -36,30 +40,131 @@ pub(super) struct SlotSeen {
     others_waiting: u64,
 }
 
-/// The store's lane name of a need, and this replica's key of its count.
-fn names(profile: &str, n: &TenantNeed) -> (String, String) {
-    let lane = format!("{profile}/{}", n.lane_name);
-    let key = format!("{lane}\u{0}{}", n.tenant);
-    (lane, key)
+/// Which count a need is of.
+#[derive(Clone, Debug)]
+enum Of {
+    /// A tenant's, in lane `lane` (its index) of `profile/lane_name`.
+    Tenant {
+        lane: usize,
+        lane_name: String,
+        store_lane: String,
+        tenant: String,
+    },
+    /// The pool's `stopAt`.
+    Pool { profile: String },
 }
 
-/// The call a tenant needs this round: to its want, else a renewal when
-/// one is due.
-fn round_op(n: &TenantNeed, seen: Option<SlotSeen>, now: f64) -> Option<SlotOp> {
-    let others = seen.is_some_and(|s| s.others_waiting > 0);
-    let due = seen.is_none_or(|s| now - s.at >= SLOT_RENEW_SECONDS);
-    match slot_change(n.held, slots_wanted(n.in_use, n.waiting, others)) {
-        Some(op) => Some(op),
-        None if due && n.held > 0 => Some(SlotOp::Take(0)),
-        None => None,
+/// One count's slots here, whichever count.
+#[derive(Clone, Debug)]
+struct Need {
+    of: Of,
+    max: u64,
+    in_use: u64,
+    held: u64,
+    waiting: u64,
+}
+
+impl Need {
+    fn tenant(profile: &str, n: TenantNeed) -> Need {
+        Need {
+            of: Of::Tenant {
+                lane: n.lane,
+                store_lane: format!("{profile}/{}", n.lane_name),
+                lane_name: n.lane_name,
+                tenant: n.tenant,
+            },
+            max: n.max,
+            in_use: n.in_use,
+            held: n.held,
+            waiting: n.waiting,
+        }
+    }
+
+    fn pool(n: PoolNeed) -> Need {
+        Need {
+            of: Of::Pool { profile: n.profile },
+            max: n.max,
+            in_use: n.in_use,
+            held: n.held,
+            waiting: n.waiting,
+        }
+    }
+
+    /// This replica's key of the count (for what the store last said).
+    fn key(&self) -> String {
+        match &self.of {
+            Of::Tenant {
+                store_lane, tenant, ..
+            } => format!("{store_lane}\u{0}{tenant}"),
+            Of::Pool { profile } => format!("{profile}\u{0}"),
+        }
+    }
+
+    fn count(&self) -> SlotCount<'_> {
+        match &self.of {
+            Of::Tenant {
+                store_lane, tenant, ..
+            } => SlotCount::Tenant {
+                lane: store_lane,
+                tenant,
+            },
+            Of::Pool { profile } => SlotCount::Pool { profile },
+        }
+    }
+
+    /// Requests waiting short of a slot.
+    fn short(&self) -> u64 {
+        let free = self.held.saturating_sub(self.in_use);
+        self.waiting.saturating_sub(free)
+    }
+
+    /// The call it needs in the lease round: to its want, else a renewal
+    /// when one is due.
+    fn round_op(&self, seen: Option<SlotSeen>, now: f64) -> Option<SlotOp> {
+        let others = seen.is_some_and(|s| s.others_waiting > 0);
+        let due = seen.is_none_or(|s| now - s.at >= SLOT_RENEW_SECONDS);
+        match slot_change(self.held, slots_wanted(self.in_use, self.waiting, others)) {
+            Some(op) => Some(op),
+            None if due && self.held > 0 => Some(SlotOp::Take(0)),
+            None => None,
+        }
+    }
+
+    /// Under the lock: `n` slots given to the core. `Some(wake)`, or None
+    /// when the core does not lease the count (any more).
+    fn add(&self, core: &mut Core, g: SlotGrant) -> Option<bool> {
+        match &self.of {
+            Of::Tenant {
+                lane,
+                lane_name,
+                tenant,
+                ..
+            } => {
+                let ours = core.lane_index(lane_name) == Some(*lane);
+                ours.then(|| core.add_tenant_slots(*lane, tenant, g.granted))
+                    .flatten()
+            }
+            Of::Pool { profile } => (core.config().profile == *profile)
+                .then(|| core.add_pool_slots(g.granted, g.others_held))
+                .flatten(),
+        }
+    }
+
+    /// Under the lock: up to `n` free slots taken out of the core.
+    fn take_back(&self, core: &mut Core, n: u64) -> u64 {
+        match &self.of {
+            Of::Tenant { lane, tenant, .. } => core.take_back_tenant_slots(*lane, tenant, n),
+            Of::Pool { .. } => core.take_back_pool_slots(n),
+        }
     }
 }
 
 impl Fleet {
     /// Before the core decides on a request of `tenant` in `lane`: when
-    /// the tenant has no free slot held here (and the replica is shared),
-    /// takes one from the fleet, with a spare while nobody else waits.
-    pub(super) async fn take_tenant_slot(
+    /// the tenant, or the pool for a sheddable lane, has no free slot held
+    /// here (and the replica is shared), takes one from the fleet, with a
+    /// spare while nobody else waits.
+    pub(super) async fn take_slots(
         &self,
         gw: &impl FleetHost,
         lane: Option<&str>,
@@ -71,53 +176,54 @@ impl Fleet {
         }
         let tenant = tenant.unwrap_or(lanes::DEFAULT_TENANT);
         let short = gw.with_core(|c| {
-            let n = c.tenant_short(lane, tenant)?;
-            Some((n, c.config().profile.clone()))
+            let profile = c.config().profile.clone();
+            let sheddable = c.lane_index(lane).is_some_and(|i| c.lane(i).sheddable);
+            let pool = sheddable.then(|| c.pool_short()).flatten().map(Need::pool);
+            let tenant = c.tenant_short(lane, tenant);
+            (pool, tenant.map(|n| Need::tenant(&profile, n)))
         });
-        let (Some((n, profile)), Some(store)) = (short.flatten(), self.connected()) else {
+        let (Some((pool, tenant)), Some(store)) = (short, self.connected()) else {
             return;
         };
-        let (lane, key) = names(&profile, &n);
-        let others = locked(&self.slot_seen)
-            .get(&key)
-            .is_some_and(|s| s.others_waiting > 0);
-        // This request, beside what is in use and waiting already.
-        let want = slots_wanted(n.in_use, n.waiting + 1, others);
-        let op = SlotOp::Take(want.saturating_sub(n.held).max(1));
-        let got = call(self, &store, &lane, &n, op).await;
-        if let Err(e) = self.apply(gw, &store, &n, &lane, &key, got).await {
-            self.failed(gw, StoreOp::TenantSlots, &e.to_string());
+        let needs: Vec<Need> = pool.into_iter().chain(tenant).collect();
+        let calls = needs.iter().map(|n| async {
+            let others = locked(&self.slot_seen)
+                .get(&n.key())
+                .is_some_and(|s| s.others_waiting > 0);
+            // This request, beside what is in use and waiting already.
+            let want = slots_wanted(n.in_use, n.waiting + 1, others);
+            let op = SlotOp::Take(want.saturating_sub(n.held).max(1));
+            let got = call(self, &store, n, op).await;
+            self.apply(gw, &store, n, got).await
+        });
+        for r in join_all(calls).await {
+            if let Err(e) = r {
+                self.failed(gw, StoreOp::Slots, &e.to_string());
+            }
         }
     }
 
     /// A call's answer: what it granted goes to the core (or back, when
-    /// the core no longer leases the lane's tenants).
+    /// the core no longer leases the count).
     async fn apply(
         &self,
         gw: &impl FleetHost,
         store: &FleetStore,
-        n: &TenantNeed,
-        lane: &str,
-        key: &str,
+        n: &Need,
         got: Result<SlotGrant, FleetStoreError>,
     ) -> Result<(), FleetStoreError> {
         let g = got?;
-        self.metrics.call(StoreOp::TenantSlots, true);
+        self.metrics.call(StoreOp::Slots, true);
         let seen = SlotSeen {
             at: gw.now(),
             others_waiting: g.others_waiting,
         };
-        locked(&self.slot_seen).insert(key.to_owned(), seen);
-        let added = gw.with_core(|c| {
-            let ours = c.lane_index(&n.lane_name) == Some(n.lane);
-            ours.then(|| c.add_tenant_slots(n.lane, &n.tenant, g.granted))
-                .flatten()
-        });
-        match added.flatten() {
+        locked(&self.slot_seen).insert(n.key(), seen);
+        match gw.with_core(|c| n.add(c, g)).flatten() {
             Some(true) => gw.wake(),
             Some(false) => {}
             None if g.granted > 0 => {
-                call(self, store, lane, n, SlotOp::GiveBack(g.granted)).await?;
+                call(self, store, n, SlotOp::GiveBack(g.granted)).await?;
             }
             None => {}
         }
@@ -125,12 +231,11 @@ impl Fleet {
     }
 }
 
-/// One slot call for a tenant's count.
+/// One slot call for a count.
 async fn call(
     fleet: &Fleet,
     store: &FleetStore,
-    lane: &str,
-    n: &TenantNeed,
+    n: &Need,
     op: SlotOp,
 ) -> Result<SlotGrant, FleetStoreError> {
     let waiting = match op {
@@ -139,10 +244,7 @@ async fn call(
     };
     store
         .slots(SlotCall {
-            count: SlotCount::Tenant {
-                lane,
-                tenant: &n.tenant,
-            },
+            count: n.count(),
             replica: &fleet.replica,
             op,
             waiting,
@@ -152,9 +254,9 @@ async fn call(
         .await
 }
 
-/// The lease round's part for tenant slots: every tenant's holding brought
-/// to its want (what is given back is taken out of the core first), the
-/// others renewed when due, all calls at once.
+/// The lease round's part for slots (the pool's and every tenant's): each
+/// holding brought to its want (what is given back is taken out of the
+/// core first), the others renewed when due, all calls at once.
 pub(super) async fn slot_round(
     gw: &impl FleetHost,
     fleet: &Fleet,
@@ -162,36 +264,36 @@ pub(super) async fn slot_round(
     profile: &str,
 ) -> Result<(), (StoreOp, String)> {
     let now = gw.now();
-    let Some(needs) = gw.with_core(|c| c.tenant_needs()) else {
+    let Some(needs) = gw.with_core(|c| {
+        let tenants = c.tenant_needs().into_iter();
+        let pool = c.pool_need().map(Need::pool);
+        pool.into_iter()
+            .chain(tenants.map(|n| Need::tenant(profile, n)))
+            .collect::<Vec<Need>>()
+    }) else {
         return Ok(());
     };
     let mut calls = Vec::new();
     {
         let mut seen = locked(&fleet.slot_seen);
-        let keys: Vec<(String, String)> = needs.iter().map(|n| names(profile, n)).collect();
-        seen.retain(|k, _| keys.iter().any(|(_, key)| key == k));
-        for (n, (lane, key)) in needs.into_iter().zip(keys) {
-            if let Some(op) = round_op(&n, seen.get(&key).copied(), now) {
-                calls.push((n, lane, key, op));
+        let keys: Vec<String> = needs.iter().map(Need::key).collect();
+        seen.retain(|k, _| keys.contains(k));
+        for n in needs {
+            if let Some(op) = n.round_op(seen.get(&n.key()).copied(), now) {
+                calls.push((n, op));
             }
         }
     }
-    for (n, _, _, op) in &mut calls {
+    for (n, op) in &mut calls {
         if let SlotOp::GiveBack(k) = op {
-            let back = gw.with_core(|c| c.take_back_tenant_slots(n.lane, &n.tenant, *k));
-            *k = back.unwrap_or(0);
+            *k = gw.with_core(|c| n.take_back(c, *k)).unwrap_or(0);
         }
     }
-    let answers = join_all(
-        calls
-            .iter()
-            .map(|(n, lane, _, op)| call(fleet, store, lane, n, *op)),
-    )
-    .await;
+    let answers = join_all(calls.iter().map(|(n, op)| call(fleet, store, n, *op))).await;
     let mut failure = None;
-    for ((n, lane, key, _), got) in calls.iter().zip(answers) {
-        if let Err(e) = fleet.apply(gw, store, n, lane, key, got).await {
-            failure = Some((StoreOp::TenantSlots, e.to_string()));
+    for ((n, _), got) in calls.iter().zip(answers) {
+        if let Err(e) = fleet.apply(gw, store, n, got).await {
+            failure = Some((StoreOp::Slots, e.to_string()));
         }
     }
     failure.map_or(Ok(()), Err)

@@ -16,7 +16,7 @@ use super::fleet_store::{FleetStore, FleetStoreError};
 /// milliseconds of the store's clock). `ARGV`: the replica, `take` or
 /// `give`, how many, its waiting, the maximum, the lease in milliseconds.
 /// Holdings whose lease ran out are dropped first. Returns `{granted,
-/// others_waiting}`.
+/// others_waiting, others_held}`.
 const SLOTS_SCRIPT: &str = r"
 local me = ARGV[1]
 local n = tonumber(ARGV[3])
@@ -59,7 +59,7 @@ else
   redis.call('HSET', KEYS[1], 'h:' .. me, mine, 'w:' .. me, waiting, 'e:' .. me, now + lease)
 end
 redis.call('PEXPIRE', KEYS[1], 2 * lease)
-return {granted, others_waiting}
+return {granted, others_waiting, others}
 ";
 
 static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SLOTS_SCRIPT));
@@ -124,13 +124,14 @@ impl FleetStore {
             .arg(call.waiting)
             .arg(call.max)
             .arg(call.lease.as_millis().max(1) as u64);
-        let (granted, others_waiting): (u64, u64) =
+        let (granted, others_waiting, others_held): (u64, u64, u64) =
             tokio::time::timeout(self.deadline, invocation.invoke_async(&mut conn))
                 .await
                 .map_err(|_| FleetStoreError::Timeout(self.deadline))??;
         Ok(SlotGrant {
             granted,
             others_waiting,
+            others_held,
         })
     }
 }

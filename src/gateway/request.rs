@@ -169,9 +169,7 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         fleet
             .count_sighting(&**gw, lane, id, &mut asked.attempt)
             .await;
-        fleet
-            .take_tenant_slot(&**gw, lane, asked.tenant.as_deref())
-            .await;
+        fleet.take_slots(&**gw, lane, asked.tenant.as_deref()).await;
     }
     let decided = decide(gw, &asked);
     if matches!(decided, Decided::Verdict { .. }) {

@@ -135,11 +135,48 @@ async fn a_tenants_concurrency_limit_holds_across_replicas() {
             &m0,
             &[
                 "lanekeeper_gateway_shared_state_calls_total{",
-                "op=\"tenant_slots\"",
+                "op=\"slots\"",
                 "result=\"ok\""
             ]
         ) > 0.0
     );
+}
+
+/// The pool's `inFlight.stopAt` over the fleet.
+const STOP_AT: u64 = 6;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pools_in_flight_limit_holds_across_replicas() {
+    let test = "the_pools_in_flight_limit_holds_across_replicas";
+    let Some(store) = Server::start(test) else {
+        return;
+    };
+    let mut cfg = inc47();
+    cfg["inFlight"] = json!({"conserveAt": 5, "stopAt": STOP_AT, "resumeBelow": 4});
+    // Every lane is held by the limit (no reserve kept for P0).
+    lane_mut(&mut cfg, "p0-disruption-assist")["sheddable"] = json!(true);
+    let m = model(&["--service-millis", "200", "--token-millis", "0"]);
+    let (gws, c) = fleet(test, &cfg, &m, &store).await;
+    // All of it on one replica.
+    let statuses = load(&c, &gws[..1], "anyone", 6.0).await;
+    let peak = control(&c, &m).await["chatInFlightPeak"].as_u64().unwrap();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let other = statuses.iter().filter(|s| ![200, 429].contains(*s)).count();
+    eprintln!(
+        "pool, all on one of 3 replicas: peak {peak} in flight (stopAt {STOP_AT}), {ok} answered of {} in 6 s",
+        statuses.len()
+    );
+    assert_eq!(other, 0, "no 5xx, no lost answer");
+    assert!(
+        peak <= STOP_AT,
+        "{peak} in flight at once, stopAt is {STOP_AT}"
+    );
+    // Without the store the replica would allow its third (2); with it,
+    // the slots the idle replicas do not use.
+    assert!(peak > STOP_AT / 3, "peak {peak}: no more than a third");
+    assert!(ok >= 60, "only {ok} answered in 6 s");
+    let m0 = metrics(&c, &gws[0]).await;
+    assert!(sample(&m0, &["lanekeeper_gateway_in_flight_limit"]) <= STOP_AT as f64);
 }
 
 const P3: &str = "p3-shift-batch";

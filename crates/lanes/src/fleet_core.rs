@@ -72,6 +72,7 @@ impl Core {
             lane.bucket.tokens = lane.bucket.tokens.min(lane.bucket.cap());
         }
         self.set_tenants_leased(leased);
+        self.set_pool_leased(leased);
     }
 
     /// Whether lane buckets are leased now.

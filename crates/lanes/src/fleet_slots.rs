@@ -38,6 +38,8 @@ pub struct SlotGrant {
     pub granted: u64,
     /// Requests of the other replicas waiting short of a slot.
     pub others_waiting: u64,
+    /// Slots the other replicas hold.
+    pub others_held: u64,
 }
 
 /// One replica's holding as the store keeps it.
@@ -96,6 +98,7 @@ impl FleetSlots {
         SlotGrant {
             granted,
             others_waiting,
+            others_held: others,
         }
     }
 
@@ -140,7 +143,8 @@ mod tests {
             b,
             SlotGrant {
                 granted: 1,
-                others_waiting: 0
+                others_waiting: 0,
+                others_held: 3,
             }
         );
         let a = s.call("a", SlotOp::Take(0), 0, 4, 0.1, 5.0);

@@ -65,6 +65,7 @@ mod fair_queue;
 pub mod fleet_core;
 pub mod fleet_lease;
 pub mod fleet_mode;
+pub mod fleet_pool;
 pub mod fleet_slots;
 pub mod fleet_tenants;
 mod history;
