@@ -37,6 +37,7 @@ mod gateway_capacity;
 mod gateway_conn;
 mod gateway_cut;
 mod gateway_doc;
+mod gateway_fleet_demand;
 mod gateway_objective;
 mod gateway_shared;
 mod gateway_shared_fleet;
