@@ -25,8 +25,8 @@ use prometheus::Registry;
 
 use super::fleet_args::FleetArgs;
 use super::fleet_metrics::{FleetMetrics, StoreOp};
-use super::fleet_slots::{SlotSeen, slot_round};
 use super::fleet_store::FleetStore;
+use super::fleet_store_slots::SlotSeen;
 
 /// What the fleet's link needs of the gateway (implemented by the gateway's
 /// shared state in `fleet_host`, so that this file does not import it).
@@ -100,13 +100,19 @@ impl Fleet {
         locked(&self.health).mode()
     }
 
+    /// Whether to call the store at `now` (always when shared, a probe once
+    /// a second when not).
+    pub(super) fn may_call(&self, now: f64) -> bool {
+        locked(&self.health).may_call(now)
+    }
+
     /// The store, once connected.
     pub(super) fn connected(&self) -> Option<FleetStore> {
         locked(&self.store).clone()
     }
 
     /// The store, connected on first use (a probe).
-    async fn store(&self) -> Option<FleetStore> {
+    pub(super) async fn store(&self) -> Option<FleetStore> {
         if let Some(s) = locked(&self.store).clone() {
             return Some(s);
         }
@@ -149,7 +155,7 @@ impl Fleet {
     }
 
     /// A call answered in time: the fleet's budgets (again).
-    fn answered(&self, gw: &impl FleetHost, op: StoreOp) {
+    pub(super) fn answered(&self, gw: &impl FleetHost, op: StoreOp) {
         self.metrics.call(op, true);
         let Some(mode) = locked(&self.health).answered() else {
             return;
@@ -167,58 +173,6 @@ impl Fleet {
     }
 }
 
-/// Keeps the leases topped up, every [`LEASE_SECONDS`], until the gateway
-/// stops.
-pub(super) async fn keep_leases(gw: Arc<impl FleetHost>, fleet: Arc<Fleet>) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(LEASE_SECONDS));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        round(&*gw, &fleet).await;
-    }
-}
-
-/// One round: probe when on the local share; then, shared, each lane's
-/// excess given back and its lease topped up.
-async fn round(gw: &impl FleetHost, fleet: &Fleet) {
-    if !locked(&fleet.health).may_call(gw.now()) {
-        return;
-    }
-    let Some(store) = fleet.store().await else {
-        fleet.failed(gw, StoreOp::Probe, "no connection");
-        return;
-    };
-    if fleet.mode() != FleetMode::Shared {
-        match store.ping().await {
-            Ok(()) => fleet.answered(gw, StoreOp::Probe),
-            Err(e) => return fleet.failed(gw, StoreOp::Probe, &e.to_string()),
-        }
-    }
-    let Some((profile, needs)) = needs(gw, fleet) else {
-        return;
-    };
-    let busy = needs
-        .iter()
-        .any(|n| n.to_take() > 0 || n.to_give_back() > 0);
-    if !busy && quiet_for_a_second(fleet) {
-        // An idle replica asks nothing of the store: a ping once a second
-        // keeps its mode true.
-        if let Err(e) = store.ping().await {
-            return fleet.failed(gw, StoreOp::Probe, &e.to_string());
-        }
-        fleet.metrics.call(StoreOp::Probe, true);
-    }
-    if let Err((op, why)) = give_back(gw, fleet, &store, &profile, &needs).await {
-        return fleet.failed(gw, op, &why);
-    }
-    if let Err((op, why)) = top_up(gw, fleet, &store, &profile, &needs).await {
-        return fleet.failed(gw, op, &why);
-    }
-    if let Err((op, why)) = slot_round(gw, fleet, &store, &profile).await {
-        fleet.failed(gw, op, &why);
-    }
-}
-
 /// A name for this replica's holdings in the store: random per process, so
 /// a restarted replica's old holdings run out by themselves.
 fn replica_name() -> String {
@@ -229,7 +183,7 @@ fn replica_name() -> String {
 }
 
 /// Counts a round without a call; true once every second of them.
-fn quiet_for_a_second(fleet: &Fleet) -> bool {
+pub(super) fn quiet_for_a_second(fleet: &Fleet) -> bool {
     let rounds = (PROBE_SECONDS / LEASE_SECONDS).round() as u32;
     let n = fleet.quiet_rounds.fetch_add(1, Ordering::Relaxed) + 1;
     if n >= rounds {
@@ -241,7 +195,7 @@ fn quiet_for_a_second(fleet: &Fleet) -> bool {
 
 /// What each lane needs now (the core leased if it is not yet: a config
 /// installed while shared), and the lanes' deadlines noted for sightings.
-fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
+pub(super) fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
     let now = gw.now();
     let (profile, needs) = gw.with_core(|core| {
         if !core.leased() {
@@ -258,7 +212,7 @@ fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)>
 }
 
 /// Gives back what each lane holds beyond its need (its demand fell).
-async fn give_back(
+pub(super) async fn give_back(
     gw: &impl FleetHost,
     fleet: &Fleet,
     store: &FleetStore,
@@ -290,7 +244,7 @@ async fn give_back(
 /// Takes each lane's shortfall from the fleet's bucket, all lanes at once,
 /// and hands the leases to the core (waking the driver when a waiting
 /// request may go). A lease the core no longer wants goes back.
-async fn top_up(
+pub(super) async fn top_up(
     gw: &impl FleetHost,
     fleet: &Fleet,
     store: &FleetStore,

@@ -29,16 +29,7 @@ use lanes::fleet_tenants::TenantNeed;
 use super::fleet_metrics::StoreOp;
 use super::fleet_share::{Fleet, FleetHost, locked};
 use super::fleet_store::{FleetStore, FleetStoreError};
-use super::fleet_store_slots::{SlotCall, SlotCount};
-
-/// What the store last said of one count this replica holds or asked for.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct SlotSeen {
-    /// When (the core's clock).
-    at: f64,
-    /// The other replicas' requests waiting short of a slot.
-    others_waiting: u64,
-}
+use super::fleet_store_slots::{SlotCall, SlotCount, SlotSeen};
 
 /// Which count a need is of.
 #[derive(Clone, Debug)]

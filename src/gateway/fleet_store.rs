@@ -165,20 +165,6 @@ impl FleetStore {
         Ok(())
     }
 
-    /// Remembers `id` in `lane` for `for_how_long` (the lane's deadline):
-    /// true the first time any replica sees it (an original), false after
-    /// (a retry, or a return after a deferral, wherever its original
-    /// landed; [`FleetStore::sighting`] tells them apart).
-    pub async fn first_sighting(
-        &self,
-        lane: &str,
-        id: &str,
-        for_how_long: Duration,
-    ) -> Result<bool, FleetStoreError> {
-        let s = self.sighting(lane, id, for_how_long).await?;
-        Ok(s == super::fleet_store_ids::Sighting::First)
-    }
-
     async fn call(
         &self,
         lane: &str,

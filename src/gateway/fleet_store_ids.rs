@@ -93,6 +93,20 @@ impl FleetStore {
         })
     }
 
+    /// Remembers `id` in `lane` for `for_how_long` (the lane's deadline):
+    /// true the first time any replica sees it (an original), false after
+    /// (a retry, or a return after a deferral, wherever its original
+    /// landed; [`FleetStore::sighting`] tells them apart).
+    pub async fn first_sighting(
+        &self,
+        lane: &str,
+        id: &str,
+        for_how_long: Duration,
+    ) -> Result<bool, FleetStoreError> {
+        let s = self.sighting(lane, id, for_how_long).await?;
+        Ok(s == Sighting::First)
+    }
+
     /// Marks `id` in `lane` deferred: where it comes back, it is a return,
     /// with its first arrival. Its memory keeps its expiry (or gets
     /// `for_how_long` when it had none).

@@ -64,6 +64,15 @@ return {granted, others_waiting, others}
 
 static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SLOTS_SCRIPT));
 
+/// What the store last said of one count a replica holds or asked for.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct SlotSeen {
+    /// When (the core's clock).
+    pub(super) at: f64,
+    /// The other replicas' requests waiting short of a slot.
+    pub(super) others_waiting: u64,
+}
+
 /// Which count a slot call moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotCount<'a> {

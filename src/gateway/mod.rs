@@ -18,7 +18,7 @@
 //! (`fleet_store`, leases of each lane's bucket; `fleet_store_slots`,
 //! tenants' slots; `fleet_store_ids`, request ids; `fleet_share` keeps them
 //! topped up and falls back to the local share, `fleet_slots` tenants'
-//! slots around the core, `fleet_ids` request ids, `fleet_host` what it needs
+//! slots around the core, `fleet_round` the lease round, `fleet_ids` request ids, `fleet_host` what it needs
 //! of the gateway, `fleet_args` its flags,
 //! `fleet_metrics` its metrics); the forwarded paths (`surface`), each decision's
 //! record (`decision`) and honest ends of cut answers (`cut`). Every
@@ -37,6 +37,7 @@ mod fleet_args;
 mod fleet_host;
 mod fleet_ids;
 mod fleet_metrics;
+mod fleet_round;
 mod fleet_share;
 mod fleet_slots;
 pub mod fleet_store;
