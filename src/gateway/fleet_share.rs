@@ -51,8 +51,10 @@ pub(super) struct Fleet {
     store: Mutex<Option<FleetStore>>,
     health: Mutex<FleetHealth>,
     pub(super) metrics: FleetMetrics,
-    /// This replica's name in the store's slot counts (random per process).
-    pub(super) replica: String,
+    /// This replica's name in the store's slot counts: random per process,
+    /// and a new one after every fall back to the local share (see
+    /// [`Fleet::replica`]).
+    replica: Mutex<String>,
     /// What the store last said of each slot count this replica holds or
     /// asked for (see `fleet_slots`).
     pub(super) slot_seen: Mutex<HashMap<String, SlotSeen>>,
@@ -80,7 +82,7 @@ impl Fleet {
             store: Mutex::new(None),
             health: Mutex::new(FleetHealth::new(now)),
             metrics: FleetMetrics::new(r),
-            replica: replica_name(),
+            replica: Mutex::new(replica_name()),
             slot_seen: Mutex::new(HashMap::new()),
             lanes: Mutex::new((String::new(), HashMap::new())),
             quiet_rounds: AtomicU32::new(0),
@@ -93,6 +95,15 @@ impl Fleet {
         args.url()?;
         args.ca()?;
         args.password().map(|_| ())
+    }
+
+    /// This replica's name in the store's slot counts now. Back on the
+    /// local share the core forgets the slots it held, so the holdings
+    /// under the old name must not be counted as its own again (they would
+    /// be renewed and never used): each fall back takes a new name, and the
+    /// old holdings run out with their lease.
+    pub(super) fn replica(&self) -> String {
+        locked(&self.replica).clone()
     }
 
     /// The mode now.
@@ -146,6 +157,8 @@ impl Fleet {
         };
         self.metrics.mode(mode);
         self.metrics.fell_back();
+        *locked(&self.replica) = replica_name();
+        locked(&self.slot_seen).clear();
         tracing::warn!(
             error = why,
             "shared state: the store is down or slow; enforcing this replica's 1/N share until it answers again"

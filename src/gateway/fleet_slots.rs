@@ -236,7 +236,7 @@ async fn call(
     store
         .slots(SlotCall {
             count: n.count(),
-            replica: &fleet.replica,
+            replica: &fleet.replica(),
             op,
             waiting,
             max: n.max,

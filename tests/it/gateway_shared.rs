@@ -288,7 +288,7 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
 
 /// Holds the store busy for `secs` (a script that spins; the store answers
 /// nobody meanwhile).
-async fn stall_store(url: String, secs: f64) {
+pub(crate) async fn stall_store(url: String, secs: f64) {
     let client = redis::Client::open(url).unwrap();
     let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
     let mut conn = client

@@ -14,7 +14,7 @@ use crate::fleet_store_redis::Server;
 use crate::gateway::{
     Proc, client, config_file, control, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
 };
-use crate::gateway_shared::wait_mode;
+use crate::gateway_shared::{stall_store, wait_mode};
 
 /// Three replicas on `store` in front of `m`, all shared.
 async fn fleet(test: &str, cfg: &Value, m: &Proc, store: &Server) -> (Vec<Proc>, reqwest::Client) {
@@ -43,7 +43,7 @@ async fn chat_as(c: &reqwest::Client, gw: &str, lane: &str, tenant: &str) -> u16
         .header("content-type", "application/json")
         .header("x-lanekeeper-lane", lane)
         .header("x-lanekeeper-tenant", tenant)
-        .timeout(Duration::from_secs(20))
+        .timeout(Duration::from_secs(10))
         .body(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string())
         .send()
         .await
@@ -79,7 +79,7 @@ async fn load(c: &reqwest::Client, gws: &[Proc], tenant: &'static str, secs: f64
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_concurrency_limit_holds_across_replicas() {
     let test = "a_tenants_concurrency_limit_holds_across_replicas";
-    let Some(store) = Server::start(test) else {
+    let Some(mut store) = Server::start(test) else {
         return;
     };
     let mut cfg = inc47();
@@ -140,6 +140,48 @@ async fn a_tenants_concurrency_limit_holds_across_replicas() {
             ]
         ) > 0.0
     );
+    // A store that stalls for 0.6 s under load: the replicas fall back,
+    // and back in shared mode the slots they held before (still in the
+    // store until their lease runs out) are not theirs any more: nothing
+    // waits for a slot nobody uses, every request is answered.
+    let stall = tokio::spawn(stall_store(store.url(), 0.6));
+    let statuses = load(&c, &gws, "team-a", 4.0).await;
+    stall.await.unwrap();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    eprintln!("store stalled: {ok} answered of {}", statuses.len());
+    assert!(
+        statuses.iter().all(|s| [200, 429].contains(s)),
+        "{statuses:?}"
+    );
+    wait_mode(&c, &gws, "shared", Duration::from_secs(5)).await;
+    set_peak(0).await;
+    let statuses = load(&c, &gws, "team-a", 3.0).await;
+    let peak = control(&c, &m).await["chatInFlightPeak"].as_u64().unwrap();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    eprintln!(
+        "after the stall: peak {peak}, {ok} answered of {}",
+        statuses.len()
+    );
+    assert!(
+        statuses.iter().all(|s| [200, 429].contains(s)),
+        "{statuses:?}"
+    );
+    assert!(peak <= MAX && ok >= 30, "peak {peak}, {ok} answered");
+    // The store goes away: each replica falls back to its share of the
+    // maximum, ceil(4 / 3) = 2, no request failed.
+    store.stop();
+    wait_mode(&c, &gws, "local", Duration::from_secs(3)).await;
+    set_peak(0).await;
+    let statuses = load(&c, &gws, "team-a", 3.0).await;
+    let peak = control(&c, &m).await["chatInFlightPeak"].as_u64().unwrap();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    eprintln!("store down: peak {peak} in flight, {ok} answered");
+    assert!(
+        statuses.iter().all(|s| [200, 429].contains(s)),
+        "{statuses:?}"
+    );
+    assert!(peak <= 6, "{peak} in flight: more than three local shares");
+    assert!(ok > 0);
 }
 
 /// The pool's `inFlight.stopAt` over the fleet.
