@@ -289,3 +289,53 @@ pub(super) async fn slot_round(
     }
     failure.map_or(Ok(()), Err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn need(in_use: u64, held: u64, waiting: u64) -> Need {
+        Need {
+            of: Of::Pool {
+                profile: "p".to_owned(),
+            },
+            max: 10,
+            in_use,
+            held,
+            waiting,
+        }
+    }
+
+    fn seen(at: f64, others_waiting: u64) -> Option<SlotSeen> {
+        Some(SlotSeen { at, others_waiting })
+    }
+
+    #[test]
+    fn a_round_takes_for_the_waiting_keeps_a_spare_and_renews_once_a_second() {
+        // Two in use, one waiting: three and a spare.
+        assert_eq!(
+            need(2, 2, 1).round_op(seen(0.0, 0), 0.1),
+            Some(SlotOp::Take(2))
+        );
+        // Others wait: no spare, and what is free goes back.
+        assert_eq!(
+            need(2, 4, 0).round_op(seen(0.0, 3), 0.1),
+            Some(SlotOp::GiveBack(2))
+        );
+        // As wanted: nothing until the renewal is due.
+        assert_eq!(need(2, 3, 0).round_op(seen(0.0, 0), 0.5), None);
+        assert_eq!(
+            need(2, 3, 0).round_op(seen(0.0, 0), 1.0),
+            Some(SlotOp::Take(0))
+        );
+        assert_eq!(need(2, 3, 0).round_op(None, 0.0), Some(SlotOp::Take(0)));
+        // Idle and holding nothing: no call at all.
+        assert_eq!(need(0, 0, 0).round_op(None, 5.0), None);
+        assert_eq!(
+            need(0, 1, 0).round_op(seen(0.0, 0), 0.1),
+            Some(SlotOp::GiveBack(1))
+        );
+        assert_eq!(need(1, 1, 4).short(), 4);
+        assert_eq!(need(0, 3, 4).short(), 1);
+    }
+}
