@@ -355,10 +355,14 @@ latency() {
 	start_fake_model fake-model
 
 	# lanekeeper: the INC-47 lanes, each Admitted at LANE_RPS with a burst of
-	# one second, no floors, no deferral, no context trimming.
+	# one second, no floors, no deferral, no context trimming; the in-flight
+	# watermarks far above the load (the slots kept for P0, which is never
+	# shed, are its bucket's size: with INC-47's stopAt of 1,500 they would
+	# take every slot and hold the other lanes at the limit).
 	jq --argjson r "$LANE_RPS" '
 		.level = 0 | .levelName = "normal"
 		| .flags.rejectOptionalContext = false
+		| .inFlight = {conserveAt: 900000, stopAt: 1000000, resumeBelow: 800000}
 		| .lanes |= map(.state = "Admitted" | .admittedRequestsPerSecond = $r
 			| .admittedUnitsPerSecond = ($r * .workUnitsPerRequest) | .burst = $r
 			| .floorUnitsPerSecond = null | .deferral = null | .optionalContext = null
