@@ -206,14 +206,17 @@ mod tests {
             core.admit(&req("a"), 1.0 + f64::from(i) / 40.0);
         }
         let need = core.lease_needs(2.0)[0].clone();
-        assert_eq!(need.want, 4, "40 arrivals a second, 0.1 s of them");
+        assert_eq!(
+            need.want, 6,
+            "40 arrivals a second, 0.2 s of them, capped at 0.2 s of the lane's 30"
+        );
         assert_eq!(need.held, 0);
-        assert_eq!(need.to_take(), 4);
+        assert_eq!(need.to_take(), 6);
         assert_eq!(core.add_lease(0, 20), Some(false));
         let need = core.lease_needs(2.0)[0].clone();
-        assert_eq!((need.to_take(), need.to_give_back()), (0, 16));
-        assert_eq!(core.take_back(0, 16), 16);
-        assert_eq!(core.take_back(0, 100), 4, "never more than it holds");
+        assert_eq!((need.to_take(), need.to_give_back()), (0, 14));
+        assert_eq!(core.take_back(0, 14), 14);
+        assert_eq!(core.take_back(0, 100), 6, "never more than it holds");
     }
 
     #[test]
