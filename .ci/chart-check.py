@@ -88,6 +88,13 @@ VALUE_SETS: dict[str, dict] = {
                     "sharedState": {"address": "rediss://valkey.lanekeeper-system:6380",
                                     "passwordSecret": "valkey-auth", "timeoutMillis": 20}},
     },
+    "gateway-shared-state-deployed": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "replicaCount": 3,
+                    "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
+                    "sharedState": {"deploy": True, "passwordSecret": "valkey-auth",
+                                    "store": {"image": "docker.io/valkey/valkey:8.1", "maxMemory": "64mb"}}},
+    },
     "gateway-trusting": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
                     "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
@@ -128,6 +135,9 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("bad log format", {"controller": {"logFormat": "yaml"}}),
     ("shared state not redis", {"gateway": {"sharedState": {"address": "http://valkey:6379"}}}),
     ("shared state timeout 0", {"gateway": {"sharedState": {"timeoutMillis": 0}}}),
+    ("shared store port 0", {"gateway": {"sharedState": {"store": {"port": 0}}}}),
+    ("shared store bad maxMemory", {"gateway": {"sharedState": {"store": {"maxMemory": "lots"}}}}),
+    ("shared store unknown key", {"gateway": {"sharedState": {"store": {"replicas": 3}}}}),
     ("resync below 1", {"controller": {"resyncSeconds": 0}}),
     ("lease shorter than 2 s", {"leaderElection": {"leaseDurationSeconds": 1}}),
     ("namespace not DNS-1123", {"watchNamespaces": ["Bad_NS"]}),

@@ -29,7 +29,11 @@
 # lanekeeper and nginx each checking an API key, `lanekeeper-apikey` with
 # `--credentials` holding the SHA-256 of API_KEYS [1000] keys and
 # `nginx-apikey` with a map of the same keys' Authorization headers, 401 for
-# any other; the load sends one of the keys), LITELLM [1] (0 leaves LiteLLM
+# any other; the load sends one of the keys), SHARED [1] (also measure
+# `lanekeeper-shared`, the gateway with `--shared-state` on a local
+# `redis-server` (Debian's; `valkey-server` when installed), and the store's
+# operations per second during its open-loop run, from `redis-cli info
+# stats` total_commands_processed), LITELLM [1] (0 leaves LiteLLM
 # out), LANEKEEPER_CACHE
 # [~/.cache/lanekeeper] (LiteLLM's virtualenv), LITELLM_VERSION [1.108.7],
 # KEEP (a directory to copy the raw results and logs into), SKIP_BUILD (use
@@ -68,6 +72,7 @@ LOAD_CPUS=${LOAD_CPUS:-0}
 MIMALLOC=${MIMALLOC:-1}
 TLS=${TLS:-1}
 APIKEY=${APIKEY:-1}
+SHARED=${SHARED:-1}
 API_KEYS=${API_KEYS:-1000}
 # The key the load sends (the last of the API_KEYS made by make_keys).
 API_KEY=none
@@ -99,6 +104,10 @@ for tool in jq curl python3 taskset openssl; do
 done
 if [ "$WHAT" != memory ]; then
 	[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null || apt_install nginx
+	if [ "$SHARED" = 1 ]; then
+		command -v valkey-server >/dev/null || command -v redis-server >/dev/null || apt_install redis-server
+		command -v valkey-cli >/dev/null || command -v redis-cli >/dev/null || apt_install redis-tools
+	fi
 	NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 	LITELLM_VENV=$CACHE/litellm
 	LITELLM_INSTALLED=none
@@ -272,6 +281,33 @@ start_gateway() {
 	wait_http "$name" "http://$GW_METRICS/readyz"
 }
 
+# The shared store (--shared-state) on a free loopback port, no
+# persistence, on the load's CPUs: STORE_PORT, STORE_CLI.
+start_store() {
+	local server
+	server=$(command -v valkey-server || command -v redis-server)
+	STORE_CLI=$(command -v valkey-cli || command -v redis-cli)
+	STORE_PORT=$(free_port)
+	start store "${ON_LOAD[@]}" "$server" --port "$STORE_PORT" --bind 127.0.0.1 --save "" --appendonly no
+	wait_port store "$STORE_PORT"
+	STORE_VERSION=$("$server" --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')
+}
+
+# Waits until a gateway enforces the fleet's budgets (the store answered).
+wait_shared() {
+	for _ in $(seq 1 100); do
+		curl -fsS "$1" | grep -q '^lanekeeper_gateway_shared_state_mode{mode="shared"} 1' && return
+		sleep 0.1
+	done
+	echo "the shared gateway never reached the store" >&2
+	exit 1
+}
+
+# Commands the store processed so far.
+store_commands() {
+	"$STORE_CLI" -p "$STORE_PORT" info stats | tr -d '\r' | sed -n 's/^total_commands_processed://p'
+}
+
 # A test CA and a certificate for 127.0.0.1 (ECDSA P-256) in $WORK/tls.
 make_certs() {
 	local d=$WORK/tls
@@ -319,10 +355,14 @@ latency() {
 	start_fake_model fake-model
 
 	# lanekeeper: the INC-47 lanes, each Admitted at LANE_RPS with a burst of
-	# one second, no floors, no deferral, no context trimming.
+	# one second, no floors, no deferral, no context trimming; the in-flight
+	# watermarks far above the load (the slots kept for P0, which is never
+	# shed, are its bucket's size: with INC-47's stopAt of 1,500 they would
+	# take every slot and hold the other lanes at the limit).
 	jq --argjson r "$LANE_RPS" '
 		.level = 0 | .levelName = "normal"
 		| .flags.rejectOptionalContext = false
+		| .inFlight = {conserveAt: 900000, stopAt: 1000000, resumeBelow: 800000}
 		| .lanes |= map(.state = "Admitted" | .admittedRequestsPerSecond = $r
 			| .admittedUnitsPerSecond = ($r * .workUnitsPerRequest) | .burst = $r
 			| .floorUnitsPerSecond = null | .deferral = null | .optionalContext = null
@@ -347,6 +387,13 @@ latency() {
 		start_gateway lanekeeper-apikey "$WORK/lanes.json"
 		GW_AUTH=()
 		LK_APIKEY_URL=http://$GW/v1/chat/completions
+	fi
+	if [ "$SHARED" = 1 ]; then
+		start_store
+		start_gateway lanekeeper-shared "$WORK/lanes.json" "$LANEKEEPER" \
+			--shared-state "redis://127.0.0.1:$STORE_PORT" --shared-state-timeout-millis 10
+		wait_shared "http://$GW_METRICS/metrics"
+		LK_SHARED_URL=http://$GW/v1/chat/completions
 	fi
 	GW_PID=$lk_pid GW=$lk_url
 
@@ -507,6 +554,10 @@ latency_run() {
 		URLS[nginx-tls]="$NGINX_TLS_URL/v1/chat/completions"
 		targets+=(lanekeeper-tls nginx-tls)
 	fi
+	if [ "$SHARED" = 1 ]; then
+		URLS[lanekeeper-shared]=$LK_SHARED_URL
+		targets+=(lanekeeper-shared)
+	fi
 	if [ "$APIKEY" = 1 ]; then
 		URLS[lanekeeper-apikey]=$LK_APIKEY_URL
 		URLS[nginx-apikey]="$NGINX_KEY_URL/v1/chat/completions"
@@ -545,7 +596,15 @@ latency_run() {
 		for mode in rate max; do
 			for target in "${targets[@]}"; do
 				log "round $round: $mode, $target"
-				if [ "$mode" = rate ]; then
+				if [ "$mode" = rate ] && [ "$target" = lanekeeper-shared ]; then
+					# The store's commands over the run (warm-up included).
+					local before after
+					before=$(store_commands)
+					load rate "${URLS[$target]}" "$target" "$round" --rate "$RATE"
+					after=$(store_commands)
+					jq -nc --argjson n "$((after - before))" --argjson s "$((DURATION + WARMUP))" --argjson r "$round" \
+						'{target: "store", mode: "ops", round: $r, ops_per_s: ($n / $s)}' | tee -a "$results" >&2
+				elif [ "$mode" = rate ]; then
 					load rate "${URLS[$target]}" "$target" "$round" --rate "$RATE"
 				else
 					load max "${URLS[$target]}" "$target" "$round"
@@ -595,14 +654,15 @@ load() {
 # figures; the ratios to nginx; what each proxy does per request.
 table() {
 	jq -rs --argjson rate "$RATE" --argjson conns "$CONNECTIONS" --arg litellm "$LITELLM_INSTALLED" \
-		--arg threads "$PROXY_THREADS" --arg placement "$PLACEMENT" --arg tenants "$TENANTS" '
+		--arg threads "$PROXY_THREADS" --arg placement "$PLACEMENT" --arg tenants "$TENANTS" \
+		--arg store "${STORE_VERSION:-}" '
 		def median: map(select(. != null)) | sort | if length == 0 then null else .[length / 2 | floor] end;
 		def minus(a; b): if a == null or b == null then null else a - b end;
 		def ratio(a; b): if a == null or b == null or b <= 0 then null else a / b end;
 		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
 		. as $all
 		| ($all | map(.target) | unique) as $present
-		| ["direct", "lanekeeper", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "lanekeeper-apikey", "nginx-apikey", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
+		| ["direct", "lanekeeper", "lanekeeper-shared", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "lanekeeper-apikey", "nginx-apikey", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
 		| ($all | map(select(.mode == "rate" and .target == "direct")) | map({key: (.round | tostring), value: .}) | from_entries) as $direct
 		| def added($x; f): minus($x | f; $direct[$x.round | tostring] | f);
 		def row($t):
@@ -652,6 +712,9 @@ table() {
 		(if $by["lanekeeper-apikey"] and $by["nginx-apikey"] then
 			"API key, each checking it, lanekeeper-apikey / nginx-apikey: added p99 \(ratio($by["lanekeeper-apikey"].add99; $by["nginx-apikey"].add99) | r(100))× (aim: at most 1), max rate \(ratio($by["lanekeeper-apikey"].max; $by["nginx-apikey"].max) | r(100))×; what the key check adds to p99 (key minus plain, ms): lanekeeper \(minus($by["lanekeeper-apikey"].add99; $by.lanekeeper.add99) | r(1000)), nginx \(minus($by["nginx-apikey"].add99; $by.nginx.add99) | r(1000))"
 		  else empty end),
+		(if $by["lanekeeper-shared"] then
+			"shared state (--shared-state, redis-server \($store) on loopback), lanekeeper-shared / lanekeeper: added p50 \($by["lanekeeper-shared"].add50 | r(1000)) against \($by.lanekeeper.add50 | r(1000)) ms, added p99 \($by["lanekeeper-shared"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms, max rate \(ratio($by["lanekeeper-shared"].max; $by.lanekeeper.max) | r(100))×; the store at \($rate) req/s: \($all | map(select(.target == "store")) | map(.ops_per_s) | median | r(1)) operations/s (median of the rounds; every request carries a new x-request-id: one id check each)"
+		  else empty end),
 		(if $by["lanekeeper-mimalloc"] then
 			"allocator, mimalloc / the system allocator (shipped): max rate \(ratio($by["lanekeeper-mimalloc"].max; $by.lanekeeper.max) | r(100))×, added p99 \($by["lanekeeper-mimalloc"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms"
 		  else empty end),
@@ -665,6 +728,7 @@ table() {
 		"| proxy | per request |",
 		"|---|---|",
 		"| lanekeeper | HTTP/1 parse (hyper, axum), the body read; the lane, tenant, attempt and x-request-id headers read; under the core'"'"'s lock once: the lane looked up, its token bucket refilled and taken, the request id hashed into the lane'"'"'s memory of recent ids (retry detection) and that memory swept, the retry budget checked, the route and flags, the request counted in flight (the tenant'"'"'s fair queue is used only when the lane must queue, which these limits never make it); forwarded over a pooled keep-alive upstream connection and the answer streamed back; the lock again when it finishes; Prometheus counters and histograms by lane and tenant class |",
+		"| lanekeeper-shared | as lanekeeper, and before the lock one call to the shared store for the request id (one Lua script: first sighting, retry or deferred); the lane'"'"'s tokens come from leases a background task tops up every 0.1 s, not from a call per request |",
 		"| nginx | HTTP/1 parse; a map of the lane header (400 to an unknown lane); limit_req, a token bucket per lane header in shared memory; proxy_pass over a keep-alive upstream connection; no access log |",
 		"| lanekeeper-apikey | as lanekeeper, without --trust-lane-header: the Authorization key hashed (SHA-256) and looked up among the credentials file'"'"'s hashes (constant-time compare), the tenant and lanes taken from it, the client'"'"'s Authorization removed before forwarding |",
 		"| nginx-apikey | as nginx, and a map of the whole Authorization header against the keys in clear (a hash lookup; 401 for an unknown key) |",

@@ -16,6 +16,11 @@ pub(super) enum StoreOp {
     Sighting,
     /// A probe while on the local share (connect or ping).
     Probe,
+    /// Slots of a tenant's or the pool's count taken, given back or
+    /// renewed.
+    Slots,
+    /// A request id marked deferred.
+    Deferral,
 }
 
 impl StoreOp {
@@ -25,6 +30,8 @@ impl StoreOp {
             StoreOp::GiveBack => "give_back",
             StoreOp::Sighting => "sighting",
             StoreOp::Probe => "probe",
+            StoreOp::Slots => "slots",
+            StoreOp::Deferral => "deferral",
         }
     }
 }
@@ -57,7 +64,7 @@ impl FleetMetrics {
         let calls = IntCounterVec::new(
             Opts::new(
                 "lanekeeper_gateway_shared_state_calls_total",
-                "Calls to the shared store by operation (take, give_back, sighting, probe) and result (ok, failed).",
+                "Calls to the shared store by operation (take, give_back, sighting, probe, slots, deferral) and result (ok, failed).",
             ),
             &["op", "result"],
         )

@@ -26,6 +26,7 @@ use prometheus::Registry;
 use super::fleet_args::FleetArgs;
 use super::fleet_metrics::{FleetMetrics, StoreOp};
 use super::fleet_store::FleetStore;
+use super::fleet_store_slots::SlotSeen;
 
 /// What the fleet's link needs of the gateway (implemented by the gateway's
 /// shared state in `fleet_host`, so that this file does not import it).
@@ -49,7 +50,14 @@ pub(super) struct Fleet {
     deadline: Duration,
     store: Mutex<Option<FleetStore>>,
     health: Mutex<FleetHealth>,
-    metrics: FleetMetrics,
+    pub(super) metrics: FleetMetrics,
+    /// This replica's name in the store's slot counts: random per process,
+    /// and a new one after every fall back to the local share (see
+    /// [`Fleet::replica`]).
+    replica: Mutex<String>,
+    /// What the store last said of each slot count this replica holds or
+    /// asked for (see `fleet_slots`).
+    pub(super) slot_seen: Mutex<HashMap<String, SlotSeen>>,
     /// The profile of the config in force and each lane's deadline in
     /// seconds (how long a request id is remembered), as of the last round.
     lanes: Mutex<(String, HashMap<String, u64>)>,
@@ -57,7 +65,7 @@ pub(super) struct Fleet {
     quiet_rounds: AtomicU32,
 }
 
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -74,6 +82,8 @@ impl Fleet {
             store: Mutex::new(None),
             health: Mutex::new(FleetHealth::new(now)),
             metrics: FleetMetrics::new(r),
+            replica: Mutex::new(replica_name()),
+            slot_seen: Mutex::new(HashMap::new()),
             lanes: Mutex::new((String::new(), HashMap::new())),
             quiet_rounds: AtomicU32::new(0),
         }))
@@ -87,13 +97,33 @@ impl Fleet {
         args.password().map(|_| ())
     }
 
+    /// This replica's name in the store's slot counts now. Back on the
+    /// local share the core forgets the slots it held, so the holdings
+    /// under the old name must not be counted as its own again (they would
+    /// be renewed and never used): each fall back takes a new name, and the
+    /// old holdings run out with their lease.
+    pub(super) fn replica(&self) -> String {
+        locked(&self.replica).clone()
+    }
+
     /// The mode now.
     pub(super) fn mode(&self) -> FleetMode {
         locked(&self.health).mode()
     }
 
+    /// Whether to call the store at `now` (always when shared, a probe once
+    /// a second when not).
+    pub(super) fn may_call(&self, now: f64) -> bool {
+        locked(&self.health).may_call(now)
+    }
+
+    /// The store, once connected.
+    pub(super) fn connected(&self) -> Option<FleetStore> {
+        locked(&self.store).clone()
+    }
+
     /// The store, connected on first use (a probe).
-    async fn store(&self) -> Option<FleetStore> {
+    pub(super) async fn store(&self) -> Option<FleetStore> {
         if let Some(s) = locked(&self.store).clone() {
             return Some(s);
         }
@@ -127,6 +157,8 @@ impl Fleet {
         };
         self.metrics.mode(mode);
         self.metrics.fell_back();
+        *locked(&self.replica) = replica_name();
+        locked(&self.slot_seen).clear();
         tracing::warn!(
             error = why,
             "shared state: the store is down or slow; enforcing this replica's 1/N share until it answers again"
@@ -136,7 +168,7 @@ impl Fleet {
     }
 
     /// A call answered in time: the fleet's budgets (again).
-    fn answered(&self, gw: &impl FleetHost, op: StoreOp) {
+    pub(super) fn answered(&self, gw: &impl FleetHost, op: StoreOp) {
         self.metrics.call(op, true);
         let Some(mode) = locked(&self.health).answered() else {
             return;
@@ -146,102 +178,25 @@ impl Fleet {
         gw.with_core(|core| core.set_leased(true));
     }
 
-    /// The fleet-wide first sighting of a request id in its lane: when
-    /// another replica (or this one) saw it already, it is a retry whatever
-    /// its attempt header said (`attempt` raised to at least 2). Only in
-    /// shared mode; on the local share the replica's own memory counts.
-    pub(super) async fn count_sighting(
-        &self,
-        gw: &impl FleetHost,
-        lane: Option<&str>,
-        id: Option<&str>,
-        attempt: &mut Option<u32>,
-    ) {
-        let (Some(lane), Some(id)) = (lane, id) else {
-            return;
-        };
-        if attempt.is_some_and(|a| a > 1) || self.mode() != FleetMode::Shared {
-            return;
-        }
-        let Some((key, seconds)) = self.lane_key(lane) else {
-            return;
-        };
-        let Some(store) = locked(&self.store).clone() else {
-            return;
-        };
-        match store
-            .first_sighting(&key, id, Duration::from_secs(seconds.max(1)))
-            .await
-        {
-            Ok(first) => {
-                self.metrics.call(StoreOp::Sighting, true);
-                if !first {
-                    *attempt = Some(attempt.unwrap_or(1).max(2));
-                }
-            }
-            Err(e) => self.failed(gw, StoreOp::Sighting, &e.to_string()),
-        }
-    }
-
     /// The store's name of a lane of the config in force, and its deadline.
-    fn lane_key(&self, lane: &str) -> Option<(String, u64)> {
+    pub(super) fn lane_key(&self, lane: &str) -> Option<(String, u64)> {
         let l = locked(&self.lanes);
         let seconds = *l.1.get(lane)?;
         Some((format!("{}/{lane}", l.0), seconds))
     }
 }
 
-/// Keeps the leases topped up, every [`LEASE_SECONDS`], until the gateway
-/// stops.
-pub(super) async fn keep_leases(gw: Arc<impl FleetHost>, fleet: Arc<Fleet>) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(LEASE_SECONDS));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        round(&*gw, &fleet).await;
-    }
-}
-
-/// One round: probe when on the local share; then, shared, each lane's
-/// excess given back and its lease topped up.
-async fn round(gw: &impl FleetHost, fleet: &Fleet) {
-    if !locked(&fleet.health).may_call(gw.now()) {
-        return;
-    }
-    let Some(store) = fleet.store().await else {
-        fleet.failed(gw, StoreOp::Probe, "no connection");
-        return;
-    };
-    if fleet.mode() != FleetMode::Shared {
-        match store.ping().await {
-            Ok(()) => fleet.answered(gw, StoreOp::Probe),
-            Err(e) => return fleet.failed(gw, StoreOp::Probe, &e.to_string()),
-        }
-    }
-    let Some((profile, needs)) = needs(gw, fleet) else {
-        return;
-    };
-    let busy = needs
-        .iter()
-        .any(|n| n.to_take() > 0 || n.to_give_back() > 0);
-    if !busy && quiet_for_a_second(fleet) {
-        // An idle replica asks nothing of the store: a ping once a second
-        // keeps its mode true.
-        if let Err(e) = store.ping().await {
-            return fleet.failed(gw, StoreOp::Probe, &e.to_string());
-        }
-        fleet.metrics.call(StoreOp::Probe, true);
-    }
-    if let Err((op, why)) = give_back(gw, fleet, &store, &profile, &needs).await {
-        return fleet.failed(gw, op, &why);
-    }
-    if let Err((op, why)) = top_up(gw, fleet, &store, &profile, &needs).await {
-        fleet.failed(gw, op, &why);
-    }
+/// A name for this replica's holdings in the store: random per process, so
+/// a restarted replica's old holdings run out by themselves.
+fn replica_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
 }
 
 /// Counts a round without a call; true once every second of them.
-fn quiet_for_a_second(fleet: &Fleet) -> bool {
+pub(super) fn quiet_for_a_second(fleet: &Fleet) -> bool {
     let rounds = (PROBE_SECONDS / LEASE_SECONDS).round() as u32;
     let n = fleet.quiet_rounds.fetch_add(1, Ordering::Relaxed) + 1;
     if n >= rounds {
@@ -253,7 +208,7 @@ fn quiet_for_a_second(fleet: &Fleet) -> bool {
 
 /// What each lane needs now (the core leased if it is not yet: a config
 /// installed while shared), and the lanes' deadlines noted for sightings.
-fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
+pub(super) fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
     let now = gw.now();
     let (profile, needs) = gw.with_core(|core| {
         if !core.leased() {
@@ -270,7 +225,7 @@ fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)>
 }
 
 /// Gives back what each lane holds beyond its need (its demand fell).
-async fn give_back(
+pub(super) async fn give_back(
     gw: &impl FleetHost,
     fleet: &Fleet,
     store: &FleetStore,
@@ -302,7 +257,7 @@ async fn give_back(
 /// Takes each lane's shortfall from the fleet's bucket, all lanes at once,
 /// and hands the leases to the core (waking the driver when a waiting
 /// request may go). A lease the core no longer wants goes back.
-async fn top_up(
+pub(super) async fn top_up(
     gw: &impl FleetHost,
     fleet: &Fleet,
     store: &FleetStore,

@@ -66,10 +66,10 @@ pub enum FleetStoreError {
 /// A connection to the shared store, for one gateway fleet.
 #[derive(Clone)]
 pub struct FleetStore {
-    conn: ConnectionManager,
+    pub(super) conn: ConnectionManager,
     script: redis::Script,
-    prefix: String,
-    deadline: Duration,
+    pub(super) prefix: String,
+    pub(super) deadline: Duration,
 }
 
 impl FleetStore {
@@ -163,28 +163,6 @@ impl FleetStore {
         .await
         .map_err(|_| FleetStoreError::Timeout(self.deadline))??;
         Ok(())
-    }
-
-    /// Remembers `id` in `lane` for `for_how_long` (the lane's deadline):
-    /// true the first time any replica sees it (an original), false after
-    /// (a retry, wherever its original landed).
-    pub async fn first_sighting(
-        &self,
-        lane: &str,
-        id: &str,
-        for_how_long: Duration,
-    ) -> Result<bool, FleetStoreError> {
-        let mut conn = self.conn.clone();
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(format!("{}:lane:{lane}:id:{id}", self.prefix))
-            .arg(1)
-            .arg("NX")
-            .arg("PX")
-            .arg(for_how_long.as_millis().max(1) as u64);
-        let set: Option<String> = tokio::time::timeout(self.deadline, cmd.query_async(&mut conn))
-            .await
-            .map_err(|_| FleetStoreError::Timeout(self.deadline))??;
-        Ok(set.is_some())
     }
 
     async fn call(

@@ -15,8 +15,10 @@
 //! (`upstream_tls`), the routes' upstream credentials (`credential`), the
 //! shared state and the driver of queued requests (`state`), and typed
 //! metrics (`metrics`); the fleet's shared lane budgets in Valkey/Redis
-//! (`fleet_store`, leases of each lane's bucket; `fleet_share` keeps them
-//! topped up and falls back to the local share, `fleet_host` what it needs
+//! (`fleet_store`, leases of each lane's bucket; `fleet_store_slots`,
+//! tenants' slots; `fleet_store_ids`, request ids; `fleet_share` keeps them
+//! topped up and falls back to the local share, `fleet_slots` tenants'
+//! slots around the core, `fleet_round` the lease round, `fleet_ids` request ids, `fleet_host` what it needs
 //! of the gateway, `fleet_args` its flags,
 //! `fleet_metrics` its metrics); the forwarded paths (`surface`), each decision's
 //! record (`decision`) and honest ends of cut answers (`cut`). Every
@@ -33,9 +35,14 @@ mod dispatch;
 mod fds;
 mod fleet_args;
 mod fleet_host;
+mod fleet_ids;
 mod fleet_metrics;
+mod fleet_round;
 mod fleet_share;
+mod fleet_slots;
 pub mod fleet_store;
+pub mod fleet_store_ids;
+pub mod fleet_store_slots;
 mod identity;
 mod listen;
 mod metrics;

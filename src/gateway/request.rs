@@ -173,6 +173,7 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         fleet
             .count_sighting(&**gw, lane, id, &mut asked.attempt)
             .await;
+        fleet.take_slots(&**gw, lane, asked.tenant.as_deref()).await;
     }
     let decided = decide(gw, &asked, sized.size);
     if matches!(decided, Decided::Verdict { .. }) {
@@ -180,7 +181,13 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
     }
     let mut dispatch = match settle(gw, &asked, decided, record).await {
         Ok(d) => d,
-        Err(r) => return r,
+        Err(r) => {
+            if let Some(fleet) = &gw.fleet {
+                let (lane, id) = (asked.lane.as_deref(), asked.request_id.as_deref());
+                fleet.note_deferral(gw, lane, id, &r);
+            }
+            return r;
+        }
     };
     dispatch.meter_usage(sized.metering);
     let out = Outgoing {

@@ -359,3 +359,89 @@ async fn a_tls_store_is_reached_with_its_ca_and_not_without() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The slot script does `lanes::fleet_slots::FleetSlots`'s arithmetic:
+/// holdings never add up past the maximum, a replica hears how many of
+/// the others' requests wait, and a replica that stops renewing (it
+/// crashed) loses its slots to the others once its lease runs out.
+#[tokio::test]
+async fn slot_holdings_stay_under_the_maximum_and_a_crashed_replicas_come_back() {
+    use lanekeeper::gateway::fleet_store_slots::{SlotCall, SlotCount};
+    use lanes::fleet_slots::SlotOp;
+    /// (granted, others waiting) of each call.
+    struct Slots<'a>(&'a FleetStore);
+    impl Slots<'_> {
+        async fn slots(&self, c: SlotCall<'_>) -> Result<(u64, u64), String> {
+            let g = self.0.slots(c).await.map_err(|e| e.to_string())?;
+            Ok((g.granted, g.others_waiting))
+        }
+    }
+    let Some(server) =
+        Server::start("slot_holdings_stay_under_the_maximum_and_a_crashed_replicas_come_back")
+    else {
+        return;
+    };
+    let store = FleetStore::connect(&server.url(), "fleet", DEADLINE)
+        .await
+        .unwrap();
+    let call = |replica: &'static str, op, waiting, lease_ms| SlotCall {
+        count: SlotCount::Tenant {
+            lane: "p/l",
+            tenant: "team-a",
+        },
+        replica,
+        op,
+        waiting,
+        max: 4,
+        lease: Duration::from_millis(lease_ms),
+    };
+    let g = |granted, others_waiting| (granted, others_waiting);
+    let s = &Slots(&store);
+    assert_eq!(
+        s.slots(call("dead", SlotOp::Take(3), 0, 400))
+            .await
+            .unwrap(),
+        g(3, 0)
+    );
+    assert_eq!(
+        s.slots(call("b", SlotOp::Take(3), 0, 5_000)).await.unwrap(),
+        g(1, 0)
+    );
+    assert_eq!(
+        s.slots(call("b", SlotOp::Take(1), 0, 5_000)).await.unwrap(),
+        g(0, 0),
+        "all four held"
+    );
+    assert_eq!(
+        s.slots(call("c", SlotOp::Take(0), 0, 5_000)).await.unwrap(),
+        g(0, 1),
+        "b waits for one"
+    );
+    // Another count is another count.
+    let pool = SlotCall {
+        count: SlotCount::Pool { profile: "p" },
+        ..call("b", SlotOp::Take(2), 0, 5_000)
+    };
+    assert_eq!(s.slots(pool).await.unwrap(), g(2, 0));
+    let held = store
+        .slots(call("c", SlotOp::Take(0), 0, 5_000))
+        .await
+        .unwrap();
+    assert_eq!(held.others_held, 4, "dead's three and b's one");
+    // "dead" never renews: after its lease its three are b's to take.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(
+        s.slots(call("b", SlotOp::Take(5), 0, 5_000)).await.unwrap(),
+        g(3, 0)
+    );
+    assert_eq!(
+        s.slots(call("b", SlotOp::GiveBack(2), 0, 5_000))
+            .await
+            .unwrap(),
+        g(0, 0)
+    );
+    assert_eq!(
+        s.slots(call("c", SlotOp::Take(9), 0, 5_000)).await.unwrap(),
+        g(2, 0)
+    );
+}

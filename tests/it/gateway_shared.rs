@@ -113,7 +113,12 @@ async fn mode_is(c: &reqwest::Client, gw: &Proc, mode: &str) -> bool {
 }
 
 /// Waits up to `within` for every replica to be in `mode`; how long it took.
-async fn wait_mode(c: &reqwest::Client, gws: &[Proc], mode: &str, within: Duration) -> Duration {
+pub(crate) async fn wait_mode(
+    c: &reqwest::Client,
+    gws: &[Proc],
+    mode: &str,
+    within: Duration,
+) -> Duration {
     let start = Instant::now();
     loop {
         let mut all = true;
@@ -283,7 +288,7 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
 
 /// Holds the store busy for `secs` (a script that spins; the store answers
 /// nobody meanwhile).
-async fn stall_store(url: String, secs: f64) {
+pub(crate) async fn stall_store(url: String, secs: f64) {
     let client = redis::Client::open(url).unwrap();
     let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
     let mut conn = client

@@ -130,3 +130,20 @@ audit log).
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/* The shared store's name when the chart deploys it. */}}
+{{- define "lanekeeper.sharedStateName" -}}
+{{- printf "%s-valkey" (include "lanekeeper.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The address the gateways use for --shared-state: the store the chart
+     deploys (gateway.sharedState.deploy), else gateway.sharedState.address
+     (empty: none). */}}
+{{- define "lanekeeper.sharedStateAddress" -}}
+{{- $shared := .Values.gateway.sharedState | default dict -}}
+{{- if $shared.deploy -}}
+{{- printf "redis://%s.%s.svc:%d" (include "lanekeeper.sharedStateName" .) .Release.Namespace (int64 $shared.store.port) -}}
+{{- else -}}
+{{- $shared.address -}}
+{{- end -}}
+{{- end -}}

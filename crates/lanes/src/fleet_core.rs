@@ -12,7 +12,9 @@
 
 use crate::core::Core;
 use crate::fleet_lease::{FleetLimits, LEASE_SECONDS, lease_size};
+use crate::id_hint::IdHint;
 use crate::lane::Lane;
+use crate::remembered::Seen;
 
 /// One lane as the lease task sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,11 +65,15 @@ pub(crate) fn drain_rate(lane: &Lane, rate: f64, now: f64) -> f64 {
 impl Core {
     /// Leased (the fleet's budgets) or the local share: every lane that is
     /// not paused. Leaving leases keeps at most the local bucket's size.
+    /// Tenants' slots and the pool's in-flight slots follow (see
+    /// `fleet_tenants`, `fleet_pool`).
     pub fn set_leased(&mut self, leased: bool) {
         for lane in &mut self.lanes {
             lane.bucket.leased = leased && !lane.bucket.paused;
             lane.bucket.tokens = lane.bucket.tokens.min(lane.bucket.cap());
         }
+        self.set_tenants_leased(leased);
+        self.set_pool_leased(leased);
     }
 
     /// Whether lane buckets are leased now.
@@ -115,6 +121,30 @@ impl Core {
         }
         lane.bucket.tokens += tokens as f64;
         Some(!lane.queue.is_empty() && lane.bucket.tokens >= 1.0)
+    }
+
+    /// Request `id` of lane `lane` was deferred (by any replica of the
+    /// fleet) and first arrived at `first_arrival` (this core's clock): it
+    /// comes back as a return, neither an original nor a retry, with its
+    /// deadline from its first arrival. Remembered here as deferred, so
+    /// the next [`Core::admit`] of it counts it so.
+    pub fn note_returning(&mut self, lane: &str, id: &str, first_arrival: f64) {
+        let Some(li) = self.lane_index(lane) else {
+            return;
+        };
+        let lane = &mut self.lanes[li];
+        let key = lane.seen.key(id);
+        let deadline = lane.cfg.deadline_seconds as f64;
+        lane.seen.record(key, IdHint::NONE, |seen| match seen {
+            Some(s) if s.deferred => *s,
+            Some(s) => Seen::new(
+                s.first_arrival.min(first_arrival),
+                deadline,
+                s.attempts(),
+                true,
+            ),
+            None => Seen::new(first_arrival, deadline, 1, true),
+        });
     }
 
     /// Takes up to `tokens` whole tokens back out of lane `li`'s leased
@@ -177,14 +207,17 @@ mod tests {
             core.admit(&req("a"), 1.0 + f64::from(i) / 40.0);
         }
         let need = core.lease_needs(2.0)[0].clone();
-        assert_eq!(need.want, 4, "40 arrivals a second, 0.1 s of them");
+        assert_eq!(
+            need.want, 6,
+            "40 arrivals a second, 0.2 s of them, capped at 0.2 s of the lane's 30"
+        );
         assert_eq!(need.held, 0);
-        assert_eq!(need.to_take(), 4);
+        assert_eq!(need.to_take(), 6);
         assert_eq!(core.add_lease(0, 20), Some(false));
         let need = core.lease_needs(2.0)[0].clone();
-        assert_eq!((need.to_take(), need.to_give_back()), (0, 16));
-        assert_eq!(core.take_back(0, 16), 16);
-        assert_eq!(core.take_back(0, 100), 4, "never more than it holds");
+        assert_eq!((need.to_take(), need.to_give_back()), (0, 14));
+        assert_eq!(core.take_back(0, 14), 14);
+        assert_eq!(core.take_back(0, 100), 6, "never more than it holds");
     }
 
     #[test]
@@ -254,6 +287,37 @@ mod tests {
         assert!(
             local_taken <= 12,
             "at 10 a second, 1 s of TTL: {local_taken}"
+        );
+    }
+
+    /// A request deferred on another replica comes back here: a return,
+    /// not a retry (whatever its attempt header), its deadline from its
+    /// first arrival; an id this replica saw as an original turns into a
+    /// return too.
+    #[test]
+    fn a_request_deferred_elsewhere_returns_here_as_a_return() {
+        use crate::verdict::{Attempt, Request};
+        let mut l = lane("a", 30.0, 6);
+        l.deadline_seconds = 10;
+        let mut core = Core::new(config(vec![l]), 1.0, 0.0, 1e6).unwrap();
+        let req = |id| Request {
+            lane: "a",
+            tenant: None,
+            attempt: Some(2),
+            request_id: Some(id),
+        };
+        core.note_returning("a", "x", 5.0);
+        core.note_returning("nope", "x", 5.0);
+        let v = core.admit(&req("x"), 6.0);
+        assert_eq!(v.attempt(), Attempt::Returning, "{v:?}");
+        assert_eq!(core.admit(&req("y"), 6.0).attempt(), Attempt::Retry);
+        core.note_returning("a", "y", 1.0);
+        assert_eq!(core.admit(&req("y"), 7.0).attempt(), Attempt::Returning);
+        // Its deadline counts from its first arrival: 10 s after 1.0.
+        let v = core.admit(&req("y"), 11.5);
+        assert!(
+            matches!(v, Verdict::Refuse(ref r) if r.limit == crate::Limit::Deadline),
+            "{v:?}"
         );
     }
 

@@ -64,13 +64,15 @@ impl FleetBucket {
     }
 }
 
-/// The tokens a replica asks for in one lease: its own demand over
-/// [`LEASE_SECONDS`] plus the requests waiting on it, at least one and at
+/// The tokens a replica asks for in one lease: its own demand over two
+/// [`LEASE_SECONDS`] (arrivals bunch: a lease of one period's average runs
+/// dry before the next top-up, and the requests after it wait for that)
+/// plus the requests waiting on it, at least one and at
 /// most two lease periods of the whole lane (its burst when that is more):
 /// enough to take all that accrued when a lease comes a little late, not so
 /// much that one busy replica empties the bucket for the others for long.
 pub fn lease_size(limits: FleetLimits, demand_per_second: f64, waiting: usize) -> u64 {
-    let demand = demand_per_second.max(0.0) * LEASE_SECONDS + waiting as f64;
+    let demand = demand_per_second.max(0.0) * LEASE_SECONDS * 2.0 + waiting as f64;
     let most = (limits.rate * LEASE_SECONDS * 2.0)
         .max(limits.burst)
         .ceil()
@@ -120,8 +122,8 @@ mod tests {
             1,
             "an idle replica still asks for one"
         );
-        assert_eq!(lease_size(LANE, 40.0, 0), 4);
-        assert_eq!(lease_size(LANE, 40.0, 3), 7);
+        assert_eq!(lease_size(LANE, 40.0, 0), 8);
+        assert_eq!(lease_size(LANE, 30.0, 3), 9);
         assert_eq!(lease_size(LANE, 10_000.0, 500), 10, "capped at the burst");
         let fast = FleetLimits {
             rate: 1_000.0,

@@ -78,6 +78,14 @@ impl Watermarks {
     }
 }
 
+/// The slots of the fleet's `stopAt` held by this replica and by the
+/// others, as the shared store last said.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FleetSlotsHeld {
+    pub(crate) held: u64,
+    pub(crate) others: u64,
+}
+
 /// Requests finished per second over the last [`DRAIN_WINDOW_SECONDS`]: the
 /// rate at which slots free up.
 #[derive(Debug, Default)]
@@ -114,6 +122,11 @@ impl DrainMeter {
 #[derive(Debug)]
 pub(crate) struct PressureGauge {
     watermarks: Option<Watermarks>,
+    /// The fleet's own watermarks (unscaled), for the shared state.
+    fleet_watermarks: Option<Watermarks>,
+    /// With the fleet's shared state: the slots of `stopAt` this replica
+    /// holds and the other replicas hold (see `fleet_pool`).
+    pub(crate) fleet: Option<FleetSlotsHeld>,
     in_flight: u64,
     /// Entered at `conserveAt`, left under `resumeBelow` once stable.
     conserving: bool,
@@ -130,6 +143,8 @@ impl PressureGauge {
     pub(crate) fn new(in_flight: Option<&InFlight>, share: f64, now: f64) -> PressureGauge {
         PressureGauge {
             watermarks: in_flight.map(|f| Watermarks::new(f, share)),
+            fleet_watermarks: in_flight.map(|f| Watermarks::new(f, 1.0)),
+            fleet: None,
             in_flight: 0,
             conserving: false,
             drained: DrainMeter::default(),
@@ -143,13 +158,18 @@ impl PressureGauge {
 
     /// This gauge's measurements under `next`'s watermarks (a config swap).
     pub(crate) fn carry_into(self, next: &mut PressureGauge) {
-        let watermarks = next.watermarks;
-        *next = PressureGauge { watermarks, ..self };
+        let (watermarks, fleet_watermarks) = (next.watermarks, next.fleet_watermarks);
+        *next = PressureGauge {
+            watermarks,
+            fleet_watermarks,
+            ..self
+        };
     }
 
     pub(crate) fn state(&self) -> Pressure {
-        match self.watermarks {
-            Some(w) if self.in_flight >= w.limit() => Pressure::Stop,
+        let (n, w) = self.judged();
+        match w {
+            Some(w) if n >= w.limit() => Pressure::Stop,
             Some(_) if self.conserving => Pressure::Conserve,
             _ => Pressure::Normal,
         }
@@ -157,7 +177,21 @@ impl PressureGauge {
 
     /// The in-flight limit in force (None: no `inFlight`).
     pub(crate) fn limit(&self) -> Option<u64> {
-        self.watermarks.map(|w| w.limit())
+        match self.fleet {
+            Some(f) => self.watermarks.map(|_| f.held),
+            None => self.watermarks.map(|w| w.limit()),
+        }
+    }
+
+    /// What the watermarks are judged on: this replica's in flight against
+    /// its share of them, or, with the fleet's shared state, the fleet's in
+    /// flight (this replica's and the slots the others hold) against the
+    /// fleet's.
+    fn judged(&self) -> (u64, Option<Watermarks>) {
+        match self.fleet {
+            Some(f) => (self.in_flight + f.others, self.fleet_watermarks),
+            None => (self.in_flight, self.watermarks),
+        }
     }
 
     /// Slots free now, once `taken` more passes are counted in flight
@@ -200,13 +234,14 @@ impl PressureGauge {
     /// `resumeAfterStableSeconds`. The limit itself needs no leaving: Stop
     /// is whether every slot is taken now.
     pub(crate) fn update(&mut self, now: f64) {
-        let Some(w) = self.watermarks else {
+        let (in_flight, w) = self.judged();
+        let Some(w) = w else {
             self.conserving = false;
             return;
         };
         self.check_latency(now);
-        let n = self.in_flight as f64;
-        if n >= w.conserve_at || self.in_flight >= w.limit() {
+        let n = in_flight as f64;
+        if n >= w.conserve_at || in_flight >= w.limit() {
             self.conserving = true;
         }
         if n < w.resume_below {

@@ -140,7 +140,11 @@ pub(crate) struct TenantGate {
     /// Any tenant has a maximum: slots are counted.
     limited: bool,
     /// Requests in flight by tenant (only tenants with some).
-    in_flight: HashMap<Arc<str>, u32>,
+    pub(crate) in_flight: HashMap<Arc<str>, u32>,
+    /// With the fleet's shared state: the slots this replica holds of each
+    /// tenant's fleet-wide maximum, which replace its 1/N share (see
+    /// `fleet_tenants`).
+    pub(crate) leased: Option<HashMap<Arc<str>, u32>>,
 }
 
 impl TenantGate {
@@ -171,6 +175,7 @@ impl TenantGate {
             overrides,
             limited,
             in_flight: HashMap::new(),
+            leased: None,
         }
     }
 
@@ -191,9 +196,12 @@ impl TenantGate {
         if !self.limited {
             return false;
         }
-        let Some(max) = self.limits(tenant).max else {
+        let Some(mut max) = self.limits(tenant).max else {
             return false;
         };
+        if let Some(leased) = &self.leased {
+            max = leased.get(tenant).copied().unwrap_or(0);
+        }
         self.in_flight.get(tenant).copied().unwrap_or(0) >= max
     }
 
@@ -235,6 +243,12 @@ impl TenantGate {
     /// under the new limits.
     pub(crate) fn carry(&mut self, old: &mut TenantGate) {
         self.in_flight = std::mem::take(&mut old.in_flight);
+        self.leased = old.leased.take();
+    }
+
+    /// Whether `tenant` has a maximum in flight (its own or the lane's).
+    pub(crate) fn has_max(&self, tenant: &str) -> bool {
+        self.limited && self.limits(tenant).max.is_some()
     }
 }
 

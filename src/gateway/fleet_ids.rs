@@ -1,0 +1,90 @@
+//! Request ids across the fleet, the gateway's side: before the core
+//! decides, the fleet's memory of the request's id says how it counts (the
+//! first sighting anywhere is an original, a later one a retry whatever its
+//! attempt header said, one deferred by any replica a return with its
+//! first arrival); a deferral is written back, so the request is a return
+//! wherever it comes back. Only in shared mode: on the local share the
+//! replica's own memory counts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::Response;
+use lanes::fleet_mode::FleetMode;
+
+use super::decision::{Reason, Verdict};
+use super::fleet_metrics::StoreOp;
+use super::fleet_share::{Fleet, FleetHost};
+use super::fleet_store_ids::Sighting;
+
+impl Fleet {
+    /// The fleet's sighting of `id` in `lane`: a retry has `attempt`
+    /// raised to at least 2; a return is noted in the core (its first
+    /// arrival on this replica's clock).
+    pub(super) async fn count_sighting(
+        &self,
+        gw: &impl FleetHost,
+        lane: Option<&str>,
+        id: Option<&str>,
+        attempt: &mut Option<u32>,
+    ) {
+        let (Some(lane), Some(id)) = (lane, id) else {
+            return;
+        };
+        if self.mode() != FleetMode::Shared {
+            return;
+        }
+        let (Some((key, seconds)), Some(store)) = (self.lane_key(lane), self.connected()) else {
+            return;
+        };
+        let for_how_long = Duration::from_secs(seconds.max(1));
+        match store.sighting(&key, id, for_how_long).await {
+            Ok(s) => {
+                self.metrics.call(StoreOp::Sighting, true);
+                match s {
+                    Sighting::First => {}
+                    Sighting::Again => *attempt = Some(attempt.unwrap_or(1).max(2)),
+                    Sighting::Deferred { age_seconds } => {
+                        let first = gw.now() - age_seconds;
+                        gw.with_core(|c| c.note_returning(lane, id, first));
+                    }
+                }
+            }
+            Err(e) => self.failed(gw, StoreOp::Sighting, &e.to_string()),
+        }
+    }
+
+    /// The answer to a request of `lane` with `id` was a deferral: the
+    /// fleet remembers it deferred (in the background: the answer does not
+    /// wait; the client comes back after its Retry-After, a second or
+    /// more).
+    pub(super) fn note_deferral<G: FleetHost + 'static>(
+        self: &Arc<Self>,
+        gw: &Arc<G>,
+        lane: Option<&str>,
+        id: Option<&str>,
+        answer: &Response,
+    ) {
+        let reason = answer.extensions().get::<Reason>().copied();
+        if Verdict::of(answer.status(), reason) != Verdict::Deferred {
+            return;
+        }
+        let (Some(lane), Some(id)) = (lane, id) else {
+            return;
+        };
+        if self.mode() != FleetMode::Shared {
+            return;
+        }
+        let (Some((key, seconds)), Some(store)) = (self.lane_key(lane), self.connected()) else {
+            return;
+        };
+        let (fleet, gw, id) = (Arc::clone(self), Arc::clone(gw), id.to_owned());
+        tokio::spawn(async move {
+            let for_how_long = Duration::from_secs(seconds.max(1));
+            match store.deferred(&key, &id, for_how_long).await {
+                Ok(()) => fleet.metrics.call(StoreOp::Deferral, true),
+                Err(e) => fleet.failed(&*gw, StoreOp::Deferral, &e.to_string()),
+            }
+        });
+    }
+}
