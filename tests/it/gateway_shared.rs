@@ -157,22 +157,8 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
         return;
     };
     let m = model(&["--service-millis", "0"]);
-    let path = config_file("shared", &config());
+    let (gws, c) = fleet("shared", &config(), &m, &store).await;
     let url = store.url();
-    let flags = [
-        "--replicas",
-        "3",
-        "--shared-state",
-        &url,
-        "--shared-state-timeout-millis",
-        "200",
-    ];
-    let gws: Vec<Proc> = (0..3).map(|_| gateway_to(&path, &m.addr, &flags)).collect();
-    let c = client();
-    for gw in &gws {
-        ready(&c, gw).await;
-    }
-    wait_mode(&c, &gws, "shared", Duration::from_secs(5)).await;
     let addrs: Vec<String> = gws.iter().map(|g| g.addr.clone()).collect();
     let out: Answers = Arc::default();
     let t0 = Instant::now();
@@ -304,4 +290,30 @@ pub(crate) async fn stall_store(url: String, secs: f64) {
         .query_async(&mut conn)
         .await
         .unwrap();
+}
+
+/// Three replicas on `store` in front of `m`, all shared.
+pub(crate) async fn fleet(
+    test: &str,
+    cfg: &Value,
+    m: &Proc,
+    store: &Server,
+) -> (Vec<Proc>, reqwest::Client) {
+    let path = config_file(test, cfg);
+    let url = store.url();
+    let flags = [
+        "--replicas",
+        "3",
+        "--shared-state",
+        &url,
+        "--shared-state-timeout-millis",
+        "200",
+    ];
+    let gws: Vec<Proc> = (0..3).map(|_| gateway_to(&path, &m.addr, &flags)).collect();
+    let c = client();
+    for gw in &gws {
+        ready(&c, gw).await;
+    }
+    wait_mode(&c, &gws, "shared", Duration::from_secs(5)).await;
+    (gws, c)
 }

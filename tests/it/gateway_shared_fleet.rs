@@ -11,31 +11,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::fleet_store_redis::Server;
-use crate::gateway::{
-    Proc, client, config_file, control, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
-};
-use crate::gateway_shared::{stall_store, wait_mode};
-
-/// Three replicas on `store` in front of `m`, all shared.
-async fn fleet(test: &str, cfg: &Value, m: &Proc, store: &Server) -> (Vec<Proc>, reqwest::Client) {
-    let path = config_file(test, cfg);
-    let url = store.url();
-    let flags = [
-        "--replicas",
-        "3",
-        "--shared-state",
-        &url,
-        "--shared-state-timeout-millis",
-        "200",
-    ];
-    let gws: Vec<Proc> = (0..3).map(|_| gateway_to(&path, &m.addr, &flags)).collect();
-    let c = client();
-    for gw in &gws {
-        ready(&c, gw).await;
-    }
-    wait_mode(&c, &gws, "shared", Duration::from_secs(5)).await;
-    (gws, c)
-}
+use crate::gateway::{Proc, control, inc47, lane_mut, metrics, model, sample};
+use crate::gateway_shared::{fleet, stall_store, wait_mode};
 
 /// A chat request on `lane` as `tenant`; its status.
 async fn chat_as(c: &reqwest::Client, gw: &str, lane: &str, tenant: &str) -> u16 {
