@@ -610,6 +610,24 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
             "path must start with /",
         ),
         (
+            "long context above 0 input tokens",
+            with(
+                p(),
+                "/spec/longContext",
+                Some(json!({"aboveInputTokens": 0, "maxConcurrency": 4})),
+            ),
+            "aboveInputTokens must be >= 1",
+        ),
+        (
+            "long context of 0 places",
+            with(
+                p(),
+                "/spec/longContext",
+                Some(json!({"aboveInputTokens": 8000, "maxConcurrency": 0})),
+            ),
+            "maxConcurrency must be >= 1",
+        ),
+        (
             "scrape interval 0",
             with(p(), "/spec/signals/scrape/intervalSeconds", Some(json!(0))),
             "intervalSeconds must be > 0",
