@@ -15,9 +15,21 @@ use lanes::fleet_mode::FleetMode;
 use super::decision::{Reason, Verdict};
 use super::fleet_metrics::StoreOp;
 use super::fleet_share::{Fleet, FleetHost};
+use super::fleet_store::FleetStore;
 use super::fleet_store_ids::Sighting;
 
 impl Fleet {
+    /// Where the fleet remembers ids of `lane` (the store's key, how long
+    /// an id is kept, the store), when this replica is in shared mode and
+    /// connected; `None` otherwise (ids stay local).
+    fn shared_id_key(&self, lane: &str) -> Option<(String, u64, FleetStore)> {
+        if self.mode() != FleetMode::Shared {
+            return None;
+        }
+        let (key, seconds) = self.lane_key(lane)?;
+        Some((key, seconds, self.connected()?))
+    }
+
     /// The fleet's sighting of `id` in `lane`: a retry has `attempt`
     /// raised to at least 2; a return is noted in the core (its first
     /// arrival on this replica's clock).
@@ -31,10 +43,7 @@ impl Fleet {
         let (Some(lane), Some(id)) = (lane, id) else {
             return;
         };
-        if self.mode() != FleetMode::Shared {
-            return;
-        }
-        let (Some((key, seconds)), Some(store)) = (self.lane_key(lane), self.connected()) else {
+        let Some((key, seconds, store)) = self.shared_id_key(lane) else {
             return;
         };
         let for_how_long = Duration::from_secs(seconds.max(1));
@@ -72,10 +81,7 @@ impl Fleet {
         let (Some(lane), Some(id)) = (lane, id) else {
             return;
         };
-        if self.mode() != FleetMode::Shared {
-            return;
-        }
-        let (Some((key, seconds)), Some(store)) = (self.lane_key(lane), self.connected()) else {
+        let Some((key, seconds, store)) = self.shared_id_key(lane) else {
             return;
         };
         let (fleet, gw, id) = (Arc::clone(self), Arc::clone(gw), id.to_owned());
