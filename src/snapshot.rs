@@ -112,6 +112,10 @@ impl SignalsFile {
 /// `spec.signals.prometheus.queries` and in `status.unknownSignals`.
 pub const GOODPUT_SIGNAL: &str = "gatewayGoodputWhileSaturated";
 
+/// The name of the pool's KV-cache usage signal (percent), as in
+/// `spec.signals.prometheus.queries` and `status.unknownSignals`.
+pub const KV_CACHE_SIGNAL: &str = "kvCacheUsagePercent";
+
 /// What telemetry says at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -157,6 +161,11 @@ pub struct ProfileSignals {
     /// Error ratio (0..1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_ratio: Option<f64>,
+    /// The pool's KV-cache usage in percent (0..100): the mean over its
+    /// replicas of vLLM's `vllm:kv_cache_usage_perc` × 100, or what the
+    /// configured Prometheus query gives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_usage_percent: Option<f64>,
     /// Per-pod evidence, keyed by pod name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pods: BTreeMap<String, PodSignals>,
@@ -416,8 +425,17 @@ impl ProfileSignals {
             queue_depth: clean(self.queue_depth),
             p95_latency_seconds: clean(self.p95_latency_seconds),
             error_ratio: clean(self.error_ratio),
+            kv_cache_usage_percent: self
+                .kv_cache_usage_percent
+                .filter(|x| x.is_finite() && (0.0..=100.0).contains(x)),
             unknown: {
                 let mut u = self.unknown.clone();
+                if let Some(v) = self.kv_cache_usage_percent
+                    && !(v.is_finite() && (0.0..=100.0).contains(&v))
+                {
+                    u.entry(KV_CACHE_SIGNAL.to_owned())
+                        .or_insert_with(|| format!("{v} is not a percentage (0..100)"));
+                }
                 if self.gateway_goodput_while_saturated.is_some()
                     && clean(self.gateway_goodput_while_saturated).is_none()
                 {

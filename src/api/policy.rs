@@ -202,7 +202,7 @@ pub const DEFAULT_APPROVAL_VALID_FOR: i64 = 3600;
 /// hold.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.utilizationPercentAbove) || has(self.inFlightAbove) || (has(self.overCapacity) && self.overCapacity) || has(self.queueDepthAbove) || has(self.p95LatencySecondsAbove) || has(self.errorRatioAbove) || has(self.retryAmplificationAbove) || has(self.burnRateAbove)").message("enterWhen needs at least one trigger"))]
+#[x_kube(validation = Rule::new("has(self.utilizationPercentAbove) || has(self.inFlightAbove) || (has(self.overCapacity) && self.overCapacity) || has(self.queueDepthAbove) || has(self.p95LatencySecondsAbove) || has(self.errorRatioAbove) || has(self.retryAmplificationAbove) || has(self.burnRateAbove) || has(self.kvCacheUsageAbove)").message("enterWhen needs at least one trigger"))]
 pub struct EnterWhen {
     /// How long the triggers must hold (any of them, at every evaluation, on
     /// known data) before the level is entered, in seconds, counted from the
@@ -246,6 +246,14 @@ pub struct EnterWhen {
     /// the objective has failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burn_rate_above: Option<BurnRateAbove>,
+    /// Holds when the pool's KV-cache usage, in percent (0..100; vLLM's
+    /// `kv_cache_usage_perc` × 100), is above this. Unlike the other pool
+    /// triggers it is Unknown whenever the signal is missing, even when no
+    /// source was configured for it: a KV-cache trigger without KV-cache
+    /// evidence pins the level instead of passing silently.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 100").message("kvCacheUsageAbove must be within 0..100"))]
+    pub kv_cache_usage_above: Option<i32>,
 }
 
 /// A burn-rate trigger: lanes, a factor and the windows that must all be
@@ -296,6 +304,10 @@ pub struct ExitWhen {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("quantity(self).compareTo(quantity('1')) <= 0").message("errorRatioBelow must be within 0..1"))]
     pub error_ratio_below: Option<Decimal>,
+    /// Holds when the pool's KV-cache usage, in percent, is below this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 100").message("kvCacheUsageBelow must be within 0..100"))]
+    pub kv_cache_usage_below: Option<i32>,
 }
 
 /// What a level does.
@@ -328,6 +340,15 @@ pub struct Actions {
     /// `tokens.maxOutputTokens` (the lower of the two applies).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cap_output_tokens: Vec<super::tokens::CapOutputTokensAction>,
+    /// Holds the pool's long-context limit to at most this many long
+    /// requests in flight (the lower of it and the profile's
+    /// `longContext.maxConcurrency`; the lowest of the levels in force
+    /// applies): under KV-cache pressure fewer long prompts hold the cache.
+    /// Needs the profile's `spec.longContext` (it says which requests are
+    /// long); without it the action does nothing and `plan` says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("limitLongContext must be >= 1"))]
+    pub limit_long_context: Option<i64>,
 }
 
 /// Selects lanes by priority or by name.

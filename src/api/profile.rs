@@ -477,6 +477,12 @@ pub struct PrometheusQueries {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
     pub error_ratio: Option<String>,
+    /// The pool's KV-cache usage in percent (0..100), e.g.
+    /// `100 * avg(vllm:kv_cache_usage_perc{namespace="ai-platform"})`: the
+    /// evidence of `kvCacheUsageAbove`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub kv_cache_usage_percent: Option<String>,
     /// Requests per second by lane: a vector with one series per lane, the
     /// lane's LaneContract name in the `laneLabel` label.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -147,6 +147,28 @@ pub(super) fn gateway_flags(
     });
     gateway.breakers.clone_from(&profile.spec.breakers);
     gateway.concurrency.clone_from(&profile.spec.concurrency);
-    gateway.long_context.clone_from(&profile.spec.long_context);
+    gateway.long_context = long_context(profile, policy, level);
     gateway
+}
+
+/// The profile's long-context limit, held to the lowest `limitLongContext`
+/// of levels 1..=`level` (nothing to hold without the profile's limit).
+fn long_context(
+    profile: &CapacityProfile,
+    policy: Option<&DegradationPolicy>,
+    level: u32,
+) -> Option<crate::api::LongContextSpec> {
+    let mut limit = profile.spec.long_context.clone()?;
+    let level_limit = policy.and_then(|p| {
+        p.spec
+            .levels
+            .iter()
+            .take(level as usize)
+            .filter_map(|l| l.actions.limit_long_context)
+            .min()
+    });
+    if let Some(n) = level_limit {
+        limit.max_concurrency = limit.max_concurrency.min(n.max(1));
+    }
+    Some(limit)
 }

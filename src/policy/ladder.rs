@@ -116,7 +116,18 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> TriggerState {
             _ => unknown = true,
         }
     }
-    let failed = |name: &str| s.is_some_and(|s| s.unknown.contains_key(name));
+    match kv_cache_trigger(e.kv_cache_usage_above, s) {
+        TriggerState::Holds(why) => return TriggerState::Holds(why),
+        TriggerState::Unknown => unknown = true,
+        TriggerState::Clear => {}
+    }
+    // A source reports its failures under the signal's name, the scrape
+    // source under `scrape:<name>`.
+    let failed = |name: &str| {
+        s.is_some_and(|s| {
+            s.unknown.contains_key(name) || s.unknown.contains_key(&format!("scrape:{name}"))
+        })
+    };
     let checks: [(Option<f64>, Option<f64>, &str, &str); 4] = [
         (
             e.in_flight_above.map(|x| x as f64),
@@ -185,6 +196,21 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> TriggerState {
     }
 }
 
+/// `kvCacheUsageAbove`: asked for and missing is Unknown, whatever the
+/// reason (no source configured included).
+fn kv_cache_trigger(threshold: Option<i32>, s: Option<&ProfileSignals>) -> TriggerState {
+    let Some(t) = threshold else {
+        return TriggerState::Clear;
+    };
+    match s.and_then(|s| s.kv_cache_usage_percent) {
+        Some(v) if v > f64::from(t) + EPS => {
+            TriggerState::Holds(format!("kvCacheUsageAbove: {}% > {t}%", round6(v)))
+        }
+        Some(_) => TriggerState::Clear,
+        None => TriggerState::Unknown,
+    }
+}
+
 /// Whether every `exitWhen` condition holds (an unknown signal does not hold).
 pub fn exit_conditions_hold(x: Option<&ExitWhen>, i: &LevelInputs<'_>) -> bool {
     let Some(x) = x else { return true };
@@ -208,6 +234,9 @@ pub fn exit_conditions_hold(x: Option<&ExitWhen>, i: &LevelInputs<'_>) -> bool {
     ) && below(
         x.error_ratio_below.as_ref().map(|d| d.value()),
         s.and_then(|s| s.error_ratio),
+    ) && below(
+        x.kv_cache_usage_below.map(f64::from),
+        s.and_then(|s| s.kv_cache_usage_percent),
     )
 }
 

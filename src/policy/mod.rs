@@ -28,7 +28,7 @@ use crate::snapshot::Snapshot;
 pub use bind::{BindProblem, Binding, Bound, World, bind, bind_profile};
 pub use decision::*;
 
-pub use crate::snapshot::GOODPUT_SIGNAL;
+pub use crate::snapshot::{GOODPUT_SIGNAL, KV_CACHE_SIGNAL};
 pub use actions::contract_overrides;
 pub use burn::lanes_without_objective;
 pub use evidence::{CAPACITY_SIGNAL, calibration_held, lowered_by_goodput};

@@ -156,6 +156,7 @@ pub fn merge(base: &mut SourceOutput, overlay: SourceOutput) {
     b.queue_depth = o.queue_depth.or(b.queue_depth);
     b.p95_latency_seconds = o.p95_latency_seconds.or(b.p95_latency_seconds);
     b.error_ratio = o.error_ratio.or(b.error_ratio);
+    b.kv_cache_usage_percent = o.kv_cache_usage_percent.or(b.kv_cache_usage_percent);
     for (name, pod) in o.pods {
         let e = b.pods.entry(name).or_default();
         e.ready = pod.ready.or(e.ready);

@@ -31,18 +31,19 @@ use super::{SignalSource, SourceInput, SourceOutput, Trigger};
 use crate::api::profile::{PrometheusQueries, PrometheusSignals};
 use crate::api::{CapacityProfile, LaneContract};
 use crate::metrics::Metrics;
-use crate::policy::{CAPACITY_SIGNAL, GOODPUT_SIGNAL, World, bind, key};
+use crate::policy::{CAPACITY_SIGNAL, GOODPUT_SIGNAL, KV_CACHE_SIGNAL, World, bind, key};
 use crate::snapshot::{BurnWindow, LaneSignals, SignalsFile, Snapshot};
 
 /// The signal names, as in `spec.signals.prometheus.queries` and in
 /// `status.unknownSignals`.
-pub const SIGNALS: [&str; 14] = [
+pub const SIGNALS: [&str; 15] = [
     CAPACITY_SIGNAL,
     GOODPUT_SIGNAL,
     "inFlight",
     "queueDepth",
     "p95LatencySeconds",
     "errorRatio",
+    KV_CACHE_SIGNAL,
     "laneRequestsPerSecond",
     "laneRetryRequestsPerSecond",
     "podErrorRatio",
@@ -624,6 +625,7 @@ pub async fn evaluate(
                                 "inFlight" => p.in_flight = Some(v),
                                 "queueDepth" => p.queue_depth = Some(v),
                                 "p95LatencySeconds" => p.p95_latency_seconds = Some(v),
+                                KV_CACHE_SIGNAL => p.kv_cache_usage_percent = Some(v),
                                 _ => p.error_ratio = Some(v),
                             }
                             e.ages.insert(signal.to_owned(), age(&pts[0], at));
@@ -783,6 +785,7 @@ pub fn configured(q: &PrometheusQueries) -> Vec<(&'static str, &str)> {
         &q.queue_depth,
         &q.p95_latency_seconds,
         &q.error_ratio,
+        &q.kv_cache_usage_percent,
         &q.lane_requests_per_second,
         &q.lane_retry_requests_per_second,
         &q.pod_error_ratio,
@@ -1304,6 +1307,9 @@ pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
         queue_depth: pool("queue_depth"),
         p95_latency_seconds: pool("p95_latency_seconds"),
         error_ratio: pool("error_ratio"),
+        // KV-cache usage is configured (or scraped), never assumed: a pool
+        // that is not vLLM may have none.
+        kv_cache_usage_percent: None,
         lane_requests_per_second: Some(format!("lane:requests_per_second{{namespace=\"{ns}\"}}")),
         lane_retry_requests_per_second: Some(format!(
             "lane:retry_requests_per_second{{namespace=\"{ns}\"}}"

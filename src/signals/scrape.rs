@@ -190,12 +190,13 @@ pub fn to_output(
     }
     let mut failed = Vec::new();
     let mut reason = "";
-    let (mut running, mut waiting) = (Some(0.0), Some(0.0));
+    let (mut running, mut waiting, mut kv) = (Some(0.0), Some(0.0), Some(0.0));
     for (pod, r) in results {
         match r {
             Ok(m) => {
                 running = running.zip(m.running).map(|(a, b)| a + b);
                 waiting = waiting.zip(m.waiting).map(|(a, b)| a + b);
+                kv = kv.zip(m.kv_cache_usage).map(|(a, b)| a + b);
                 if cfg.metrics.error_ratio.is_some()
                     && let Some(e) = m.error_ratio
                 {
@@ -209,11 +210,15 @@ pub fn to_output(
                 }
                 running = None;
                 waiting = None;
+                kv = None;
             }
         }
     }
     out.profile.in_flight = running;
     out.profile.queue_depth = waiting;
+    // The pool's usage: the mean of its replicas' fractions, in percent.
+    let kv = kv.map(|sum| 100.0 * sum / results.len() as f64);
+    out.profile.kv_cache_usage_percent = kv;
     let why = if failed.is_empty() {
         None
     } else {
@@ -226,10 +231,24 @@ pub fn to_output(
         ))
     };
     for (signal, v, name) in [
-        ("scrape:inFlight", running, &cfg.metrics.requests_running),
-        ("scrape:queueDepth", waiting, &cfg.metrics.requests_waiting),
+        (
+            "scrape:inFlight",
+            running,
+            cfg.metrics.requests_running.clone(),
+        ),
+        (
+            "scrape:queueDepth",
+            waiting,
+            cfg.metrics.requests_waiting.clone(),
+        ),
+        (
+            "scrape:kvCacheUsagePercent",
+            kv,
+            cfg.metrics.kv_cache_usage.join(" or "),
+        ),
     ] {
-        if v.is_none() {
+        // An empty name list: the signal is not wanted from this source.
+        if v.is_none() && !name.is_empty() {
             let text = why
                 .clone()
                 .unwrap_or_else(|| format!("missing: a pod does not expose {name}"));

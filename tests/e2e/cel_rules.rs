@@ -93,11 +93,11 @@ fn policy() -> Value {
                 {"name": "conserve",
                  "enterWhen": {"forSeconds": 60, "utilizationPercentAbove": 85, "inFlightAbove": 1350, "queueDepthAbove": 5000,
                                "p95LatencySecondsAbove": "8", "errorRatioAbove": "0.05",
-                               "retryAmplificationAbove": "1.25",
+                               "retryAmplificationAbove": "1.25", "kvCacheUsageAbove": 90,
                                "burnRateAbove": {"lanes": ["p0-disruption-assist"], "factor": "14.4", "windows": ["1h", "5m"]}},
                  "exitWhen": {"utilizationPercentBelow": 80, "inFlightBelow": 1200, "queueDepthBelow": 1000,
-                              "p95LatencySecondsBelow": "5", "errorRatioBelow": "0.02"},
-                 "actions": {"rejectOptionalContext": true}},
+                              "p95LatencySecondsBelow": "5", "errorRatioBelow": "0.02", "kvCacheUsageBelow": 70},
+                 "actions": {"rejectOptionalContext": true, "limitLongContext": 2}},
                 {"name": "shed", "enterWhen": {"overCapacity": true},
                  "actions": {"pause": [{"priorityAtLeast": 4}], "cap": [{"lanes": ["p3-shift-batch"], "unitsPerSecond": "60"}]}},
                 {"name": "continuity", "enterWhen": {"overCapacity": true},
@@ -1053,6 +1053,33 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
             "errorRatioBelow must be within 0..1",
         ),
         (
+            "KV-cache trigger above 100 %",
+            with(
+                d(),
+                "/spec/levels/0/enterWhen/kvCacheUsageAbove",
+                Some(json!(101)),
+            ),
+            "kvCacheUsageAbove must be within 0..100",
+        ),
+        (
+            "KV-cache exit below 0 %",
+            with(
+                d(),
+                "/spec/levels/0/exitWhen/kvCacheUsageBelow",
+                Some(json!(-1)),
+            ),
+            "kvCacheUsageBelow must be within 0..100",
+        ),
+        (
+            "long-context limit of 0",
+            with(
+                d(),
+                "/spec/levels/0/actions/limitLongContext",
+                Some(json!(0)),
+            ),
+            "limitLongContext must be >= 1",
+        ),
+        (
             "empty pause selector",
             with(d(), "/spec/levels/1/actions/pause/0", Some(json!({}))),
             "a lane selector needs priorityAtLeast or lanes",
@@ -1196,6 +1223,14 @@ fn good_variants() -> Vec<(&'static str, Value)> {
                 lane(),
                 "/spec/cost",
                 Some(json!({"perInputToken": "0.0001"})),
+            ),
+        ),
+        (
+            "a level entered by KV-cache pressure alone",
+            with(
+                policy(),
+                "/spec/levels/1/enterWhen",
+                Some(json!({"kvCacheUsageAbove": 95})),
             ),
         ),
         (

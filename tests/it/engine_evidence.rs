@@ -217,6 +217,33 @@ fn unknown_capacity_never_raises_an_admitted_rate() {
     assert_eq!(d.level, 1);
 }
 
+#[test]
+fn a_failed_scrape_makes_its_trigger_unknown_and_pins_the_level() {
+    let body = "  hysteresis: {stableForSeconds: 10}\n  levels:\n  - name: one\n    enterWhen: {queueDepthAbove: 100}\n";
+    let mut run = Run::new(world(body, &lanes_ab()));
+    let lanes = [("a", 10.0), ("b", 10.0)];
+    assert_eq!(
+        run.step(&snap(0, Some(200.0), Some(500.0), &lanes)).level,
+        1
+    );
+    for at in (10..=300).step_by(10) {
+        let mut s = snap(at, Some(200.0), Some(0.0), &lanes);
+        let p = s.profiles.get_mut(POOL).unwrap();
+        p.queue_depth = None;
+        p.unknown
+            .insert("scrape:queueDepth".into(), "vllm-2: timeout".into());
+        assert_eq!(run.step(&s).level, 1, "at {at}: the scrape source failed");
+    }
+    assert_eq!(
+        run.step(&snap(310, Some(200.0), Some(0.0), &lanes)).level,
+        1
+    );
+    assert_eq!(
+        run.step(&snap(320, Some(200.0), Some(0.0), &lanes)).level,
+        0
+    );
+}
+
 // --- Rule 2: sustained triggers ------------------------------------------
 
 const SUSTAINED: &str = r#"  hysteresis: {stableForSeconds: 60}

@@ -27,6 +27,7 @@ mod drain;
 mod engine_calibration_rollout;
 mod engine_evidence;
 mod engine_in_flight;
+mod engine_kv_cache;
 mod engine_properties;
 mod engine_rules;
 mod fake_model;

@@ -138,6 +138,11 @@ async fn scrapes_pods_and_a_slow_pod_makes_totals_unknown() {
     let out = source.observe(&input).await;
     assert_eq!(out.profile.in_flight, Some(44.0));
     assert_eq!(out.profile.queue_depth, Some(8.0));
+    let kv = out
+        .profile
+        .kv_cache_usage_percent
+        .expect("both pages have one");
+    assert!((kv - 66.5).abs() < 1e-9, "mean of 83 % and 50 %: {kv}");
     assert_eq!(out.profile.pods["vllm-0"].error_ratio, Some(0.02));
     assert!(
         !out.profile.pods.contains_key("vllm-1"),
@@ -167,6 +172,12 @@ async fn scrapes_pods_and_a_slow_pod_makes_totals_unknown() {
     assert_eq!(scrapes(), before + 2);
     assert_eq!(out.profile.in_flight, None);
     assert_eq!(out.profile.queue_depth, None);
+    assert_eq!(out.profile.kv_cache_usage_percent, None);
+    assert!(
+        out.unknown["scrape:kvCacheUsagePercent"].contains("vllm-2: timeout"),
+        "{:?}",
+        out.unknown
+    );
     assert_eq!(out.profile.pods["vllm-0"].error_ratio, Some(0.02));
     assert!(
         out.unknown["scrape:inFlight"].contains("vllm-2: timeout"),
