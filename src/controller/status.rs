@@ -67,10 +67,20 @@ pub fn conditions(
         .collect()
 }
 
-/// Whether a warning is a `burnRateAbove` naming a lane without an
-/// objective.
-pub fn is_burn_warning(w: &Warning) -> bool {
-    matches!(w, Warning::BurnLaneWithoutObjective { .. })
+/// The reason shared by a policy's static warnings when they are all of one
+/// kind that is not a contract override (`BurnLaneWithoutObjective`,
+/// `LimitLongContextWithoutLimit`); None otherwise.
+pub fn static_reason(warnings: &[Warning]) -> Option<&'static str> {
+    let reason = |w: &Warning| match w {
+        Warning::BurnLaneWithoutObjective { .. } => Some("BurnLaneWithoutObjective"),
+        Warning::LimitLongContextWithoutLimit { .. } => Some("LimitLongContextWithoutLimit"),
+        _ => None,
+    };
+    let first = reason(warnings.first()?)?;
+    warnings
+        .iter()
+        .all(|w| reason(w) == Some(first))
+        .then_some(first)
 }
 
 /// Warnings as one message.
@@ -439,10 +449,10 @@ pub fn policy_status(
             reason: "Ignored",
             message: m.clone(),
         },
-        (None, false) if static_overrides.iter().all(is_burn_warning) => Cond {
+        (None, false) if static_reason(static_overrides).is_some() => Cond {
             type_: "Valid",
             status: "False",
-            reason: "BurnLaneWithoutObjective",
+            reason: static_reason(static_overrides).unwrap_or("ContractOverrides"),
             message: join(static_overrides),
         },
         (None, false) => Cond {
@@ -478,5 +488,42 @@ pub fn policy_status(
         approved_at,
         transitions,
         conditions: conditions(&old.conditions, vec![valid], generation, now),
+    }
+}
+
+#[cfg(test)]
+mod static_reason_tests {
+    use super::*;
+
+    fn burn() -> Warning {
+        Warning::BurnLaneWithoutObjective {
+            policy: "t/p".into(),
+            level: 1,
+            level_name: "one".into(),
+            lane: "a".into(),
+        }
+    }
+
+    fn long() -> Warning {
+        Warning::LimitLongContextWithoutLimit {
+            policy: "t/p".into(),
+            level: 2,
+            level_name: "two".into(),
+        }
+    }
+
+    #[test]
+    fn one_kind_names_itself_and_a_mix_names_nothing() {
+        assert_eq!(static_reason(&[]), None);
+        assert_eq!(
+            static_reason(&[burn(), burn()]),
+            Some("BurnLaneWithoutObjective")
+        );
+        assert_eq!(
+            static_reason(&[long()]),
+            Some("LimitLongContextWithoutLimit")
+        );
+        assert_eq!(static_reason(&[burn(), long()]), None);
+        assert_eq!(static_reason(&[Warning::Text("x".into())]), None);
     }
 }

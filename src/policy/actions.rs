@@ -151,6 +151,30 @@ pub(super) fn gateway_flags(
     gateway
 }
 
+/// A warning for each level of `policy` whose `limitLongContext` has no
+/// long-context limit of `profile` to hold lower.
+pub fn long_context_without_limit(
+    policy: &DegradationPolicy,
+    profile: &CapacityProfile,
+) -> Vec<Warning> {
+    if profile.spec.long_context.is_some() {
+        return Vec::new();
+    }
+    let key = policy.key();
+    policy
+        .spec
+        .levels
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.actions.limit_long_context.is_some())
+        .map(|(i, l)| Warning::LimitLongContextWithoutLimit {
+            policy: key.clone(),
+            level: i + 1,
+            level_name: l.name.clone(),
+        })
+        .collect()
+}
+
 /// The profile's long-context limit, held to the lowest `limitLongContext`
 /// of levels 1..=`level` (nothing to hold without the profile's limit).
 fn long_context(

@@ -346,6 +346,16 @@ pub enum Warning {
         /// The lane the trigger names.
         lane: String,
     },
+    /// A level's `limitLongContext` on a profile without `spec.longContext`:
+    /// nothing says which requests are long, so the action does nothing.
+    LimitLongContextWithoutLimit {
+        /// The policy, `namespace/name`.
+        policy: String,
+        /// The level (1-based).
+        level: usize,
+        /// The level's name.
+        level_name: String,
+    },
     /// A warning read back from text (JSON written by an older version).
     Text(String),
 }
@@ -480,6 +490,14 @@ impl std::fmt::Display for Warning {
             } => write!(
                 f,
                 "policy {policy} level {level} ({level_name}): burnRateAbove names lane {lane}, which has no objective on this profile (the trigger never holds for it)"
+            ),
+            Warning::LimitLongContextWithoutLimit {
+                policy,
+                level,
+                level_name,
+            } => write!(
+                f,
+                "policy {policy} level {level} ({level_name}): limitLongContext, but the profile has no spec.longContext saying which requests are long (the action does nothing)"
             ),
             Warning::Text(t) => f.write_str(t),
         }

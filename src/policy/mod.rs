@@ -30,6 +30,7 @@ pub use decision::*;
 
 pub use crate::snapshot::{GOODPUT_SIGNAL, KV_CACHE_SIGNAL};
 pub use actions::contract_overrides;
+pub use actions::long_context_without_limit;
 pub use burn::lanes_without_objective;
 pub use evidence::{CAPACITY_SIGNAL, calibration_held, lowered_by_goodput};
 
@@ -101,6 +102,7 @@ pub fn evaluate_profile(
     warnings.extend(b.warnings.iter().cloned().map(Warning::Binding));
     if let Some(p) = policy {
         warnings.extend(burn::lanes_without_objective(p, &ev.lanes));
+        warnings.extend(actions::long_context_without_limit(p, profile));
     }
     let mut lanes = shares::decisions(&ev, &shares, &limits, at);
     let (objectives, bands) = budget::objectives(&ev.lanes, snapshot, &prev.objectives);

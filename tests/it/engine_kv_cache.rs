@@ -172,4 +172,18 @@ fn without_the_profiles_long_context_limit_the_action_has_nothing_to_tighten() {
     let d = run.step(20, Some(95.0));
     assert_eq!(d.level, 1);
     assert_eq!(d.gateway.long_context, None);
+    let texts: Vec<String> = d.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        texts,
+        [
+            "policy t/ladder level 1 (kv-pressure): limitLongContext, but the profile has no spec.longContext saying which requests are long (the action does nothing)",
+            "policy t/ladder level 2 (kv-full): limitLongContext, but the profile has no spec.longContext saying which requests are long (the action does nothing)"
+        ]
+    );
+}
+
+#[test]
+fn with_the_profiles_limit_nothing_is_warned() {
+    let mut run = Run::new(MANIFESTS);
+    assert!(run.step(0, Some(10.0)).warnings.is_empty());
 }

@@ -146,18 +146,10 @@ fn policy_events(p: &super::report::PolicyReport, out: &mut Vec<Note>) {
         condition(&s.conditions, "Valid").map(|c| c.message.clone())
     };
     if !p.overrides.is_empty() && valid(old) != valid(new) {
-        let burn_only = p
-            .overrides
-            .iter()
-            .all(super::super::status::is_burn_warning);
         out.push(note(
             Target::Policy,
             EventType::Warning,
-            if burn_only {
-                "BurnLaneWithoutObjective"
-            } else {
-                "ContractOverride"
-            },
+            super::super::status::static_reason(&p.overrides).unwrap_or("ContractOverride"),
             super::super::status::join(&p.overrides),
         ));
     }

@@ -107,6 +107,7 @@ pub async fn report(
         let approved = obs.approved.map(|a| a.level);
         let mut overrides = policy::contract_overrides(p, &binding.lanes);
         overrides.extend(policy::lanes_without_objective(p, &binding.lanes));
+        overrides.extend(policy::long_context_without_limit(p, binding.profile));
         // An approval used to enter a level, or lapsed, approves nothing more:
         // the annotation goes, and status forgets it.
         let consumed = decision.approval_consumed;
