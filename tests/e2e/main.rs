@@ -23,3 +23,4 @@ mod e2e_controller;
 mod e2e_freeze;
 mod e2e_identity;
 mod e2e_rbac;
+mod e2e_tokens;

@@ -141,7 +141,17 @@ impl Prom {
 
     /// Starts a server that scrapes `target` (`host:port`) every second.
     pub fn start_scraping(test: &str, target: &str) -> Option<Prom> {
+        Self::start_scraping_all(test, &[target])
+    }
+
+    /// Starts a server that scrapes every one of `targets` every second.
+    pub fn start_scraping_all(test: &str, targets: &[&str]) -> Option<Prom> {
         let (prometheus, _) = binaries(test)?;
+        let targets = targets
+            .iter()
+            .map(|t| format!("'{t}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let dir = TempDir::new("prom");
         let data = dir.0.join("data");
         std::fs::create_dir_all(&data).unwrap();
@@ -149,7 +159,7 @@ impl Prom {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n- job_name: exporter\n  static_configs:\n  - targets: ['{target}']\n"
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n- job_name: exporter\n  static_configs:\n  - targets: [{targets}]\n"
             ),
         )
         .unwrap();

@@ -237,6 +237,19 @@ impl World {
         gpus: u32,
         blocker: Option<u32>,
     ) -> Option<World> {
+        Self::scraping(c, test, replicas, gpus, blocker, &[]).await
+    }
+
+    /// [`World::new`] with Prometheus scraping `extra` targets (`host:port`)
+    /// next to the exporter, e.g. a fake model's vLLM metrics.
+    pub async fn scraping(
+        c: &Cluster,
+        test: &str,
+        replicas: i32,
+        gpus: u32,
+        blocker: Option<u32>,
+        extra: &[&str],
+    ) -> Option<World> {
         let ns = c.namespace(test).await;
         let (normal, _) = inc47_capacities();
         let mut lanes = BTreeMap::new();
@@ -257,7 +270,10 @@ impl World {
             ..Default::default()
         }));
         let target = exporter(telemetry.clone()).await;
-        let prom = Prom::start_scraping(test, &target)?;
+        let targets: Vec<&str> = std::iter::once(target.as_str())
+            .chain(extra.iter().copied())
+            .collect();
+        let prom = Prom::start_scraping_all(test, &targets)?;
         let w = World {
             ns,
             telemetry,
@@ -347,6 +363,20 @@ impl World {
             &json!({"apiVersion": LK, "kind": "CapacityProfile", "metadata": {"namespace": self.name()}}),
         );
         api.get_opt(PROFILE)
+            .await
+            .ok()
+            .flatten()
+            .map(|o| o.data["status"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    /// The DegradationPolicy's status (Null before it has one).
+    pub async fn policy_status(&self) -> Value {
+        let api = cluster::dynamic(
+            &self.client,
+            &json!({"apiVersion": LK, "kind": "DegradationPolicy", "metadata": {"namespace": self.name()}}),
+        );
+        api.get_opt("agent-assist-ladder")
             .await
             .ok()
             .flatten()
