@@ -33,7 +33,9 @@
 # `lanekeeper-shared`, the gateway with `--shared-state` on a local
 # `redis-server` (Debian's; `valkey-server` when installed), and the store's
 # operations per second during its open-loop run, from `redis-cli info
-# stats` total_commands_processed), LITELLM [1] (0 leaves LiteLLM
+# stats` total_commands_processed), PRICED [1] (also measure
+# `lanekeeper-priced`, the same config with every lane priced per token
+# (`cost`), so each answer is read for its `usage` and settled), LITELLM [1] (0 leaves LiteLLM
 # out), LANEKEEPER_CACHE
 # [~/.cache/lanekeeper] (LiteLLM's virtualenv), LITELLM_VERSION [1.108.7],
 # KEEP (a directory to copy the raw results and logs into), SKIP_BUILD (use
@@ -73,6 +75,7 @@ MIMALLOC=${MIMALLOC:-1}
 TLS=${TLS:-1}
 APIKEY=${APIKEY:-1}
 SHARED=${SHARED:-1}
+PRICED=${PRICED:-1}
 API_KEYS=${API_KEYS:-1000}
 # The key the load sends (the last of the API_KEYS made by make_keys).
 API_KEY=none
@@ -395,6 +398,16 @@ latency() {
 		wait_shared "http://$GW_METRICS/metrics"
 		LK_SHARED_URL=http://$GW/v1/chat/completions
 	fi
+	if [ "$PRICED" = 1 ]; then
+		# Every lane priced per token: each answer is kept to read its usage
+		# and settled (the fake model reports usage on every answer). The
+		# prices leave the buckets far above the measured rates.
+		jq '.lanes |= map(.cost = {perRequest: 0.5, perInputToken: 0.001, perOutputToken: 0.002})
+			| .contentHash = "sha256:gateway-load-bench-priced"' \
+			"$WORK/lanes.json" >"$WORK/lanes-priced.json"
+		start_gateway lanekeeper-priced "$WORK/lanes-priced.json"
+		LK_PRICED_URL=http://$GW/v1/chat/completions
+	fi
 	GW_PID=$lk_pid GW=$lk_url
 
 	# nginx: one limit_req zone keyed by the lane header, LANE_RPS per lane with
@@ -558,6 +571,10 @@ latency_run() {
 		URLS[lanekeeper-shared]=$LK_SHARED_URL
 		targets+=(lanekeeper-shared)
 	fi
+	if [ "$PRICED" = 1 ]; then
+		URLS[lanekeeper-priced]=$LK_PRICED_URL
+		targets+=(lanekeeper-priced)
+	fi
 	if [ "$APIKEY" = 1 ]; then
 		URLS[lanekeeper-apikey]=$LK_APIKEY_URL
 		URLS[nginx-apikey]="$NGINX_KEY_URL/v1/chat/completions"
@@ -662,7 +679,7 @@ table() {
 		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
 		. as $all
 		| ($all | map(.target) | unique) as $present
-		| ["direct", "lanekeeper", "lanekeeper-shared", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "lanekeeper-apikey", "nginx-apikey", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
+		| ["direct", "lanekeeper", "lanekeeper-priced", "lanekeeper-shared", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "lanekeeper-apikey", "nginx-apikey", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
 		| ($all | map(select(.mode == "rate" and .target == "direct")) | map({key: (.round | tostring), value: .}) | from_entries) as $direct
 		| def added($x; f): minus($x | f; $direct[$x.round | tostring] | f);
 		def row($t):
@@ -715,6 +732,9 @@ table() {
 		(if $by["lanekeeper-shared"] then
 			"shared state (--shared-state, redis-server \($store) on loopback), lanekeeper-shared / lanekeeper: added p50 \($by["lanekeeper-shared"].add50 | r(1000)) against \($by.lanekeeper.add50 | r(1000)) ms, added p99 \($by["lanekeeper-shared"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms, max rate \(ratio($by["lanekeeper-shared"].max; $by.lanekeeper.max) | r(100))×; the store at \($rate) req/s: \($all | map(select(.target == "store")) | map(.ops_per_s) | median | r(1)) operations/s (median of the rounds; every request carries a new x-request-id: one id check each)"
 		  else empty end),
+		(if $by["lanekeeper-priced"] then
+			"tokens as the cost (every lane priced per token: each answer read for its usage and settled), lanekeeper-priced / lanekeeper: added p50 \($by["lanekeeper-priced"].add50 | r(1000)) against \($by.lanekeeper.add50 | r(1000)) ms, added p99 \($by["lanekeeper-priced"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms, max rate \(ratio($by["lanekeeper-priced"].max; $by.lanekeeper.max) | r(100))×"
+		  else empty end),
 		(if $by["lanekeeper-mimalloc"] then
 			"allocator, mimalloc / the system allocator (shipped): max rate \(ratio($by["lanekeeper-mimalloc"].max; $by.lanekeeper.max) | r(100))×, added p99 \($by["lanekeeper-mimalloc"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms"
 		  else empty end),
@@ -729,6 +749,7 @@ table() {
 		"|---|---|",
 		"| lanekeeper | HTTP/1 parse (hyper, axum), the body read; the lane, tenant, attempt and x-request-id headers read; under the core'"'"'s lock once: the lane looked up, its token bucket refilled and taken, the request id hashed into the lane'"'"'s memory of recent ids (retry detection) and that memory swept, the retry budget checked, the route and flags, the request counted in flight (the tenant'"'"'s fair queue is used only when the lane must queue, which these limits never make it); forwarded over a pooled keep-alive upstream connection and the answer streamed back; the lock again when it finishes; Prometheus counters and histograms by lane and tenant class |",
 		"| lanekeeper-shared | as lanekeeper, and before the lock one call to the shared store for the request id (one Lua script: first sighting, retry or deferred); the lane'"'"'s tokens come from leases a background task tops up every 0.1 s, not from a call per request |",
+		"| lanekeeper-priced | as lanekeeper, and the request sized (the body'"'"'s bytes, the lane'"'"'s P95 of output tokens) and reserved at admission; the JSON answer kept whole to read its usage, then the lock once more to settle the difference into the lane'"'"'s bucket and teach the estimator |",
 		"| nginx | HTTP/1 parse; a map of the lane header (400 to an unknown lane); limit_req, a token bucket per lane header in shared memory; proxy_pass over a keep-alive upstream connection; no access log |",
 		"| lanekeeper-apikey | as lanekeeper, without --trust-lane-header: the Authorization key hashed (SHA-256) and looked up among the credentials file'"'"'s hashes (constant-time compare), the tenant and lanes taken from it, the client'"'"'s Authorization removed before forwarding |",
 		"| nginx-apikey | as nginx, and a map of the whole Authorization header against the keys in clear (a hash lookup; 401 for an unknown key) |",
