@@ -77,7 +77,17 @@ async fn three_replicas_series_give_the_demand_of_originals_once() {
     let m = model(&["--service-millis", "0"]);
     let path = config_file(test, &inc47());
     let url = store.url();
-    let flags = ["--replicas", "3", "--shared-state", &url];
+    // Counting is what is tested here, not the fallback: a generous store
+    // timeout, so a busy machine does not send an id check to the local
+    // memory (where a retry on another replica looks like an original).
+    let flags = [
+        "--replicas",
+        "3",
+        "--shared-state",
+        &url,
+        "--shared-state-timeout-millis",
+        "1000",
+    ];
     let gws: Vec<Proc> = (0..3).map(|_| gateway_to(&path, &m.addr, &flags)).collect();
     let c = client();
     for gw in &gws {
