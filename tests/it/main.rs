@@ -45,6 +45,7 @@ mod gateway_shared_fleet;
 mod gateway_tenants;
 mod gateway_tls;
 mod gateway_tokens;
+mod gateway_tokens_metrics;
 mod gateway_tokens_settle;
 mod goodput_rule_promtool;
 mod inc47_budget;
