@@ -9,6 +9,7 @@ pub mod allocation;
 pub mod bind;
 pub mod budget;
 mod burn;
+pub mod cost_calibration;
 pub mod decision;
 pub mod drain;
 pub mod evidence;
@@ -107,6 +108,10 @@ pub fn evaluate_profile(
     for (d, o) in lanes.iter_mut().zip(objectives) {
         d.objective = o;
     }
+    for (d, l) in lanes.iter_mut().zip(&ev.lanes) {
+        d.cost = cost_calibration::measured(l, snapshot.lanes.get(&object_key(*l)));
+    }
+    warnings.extend(cost_calibration::warnings(&lanes));
     let admitted_total = shares.admitted_total();
     let (sizing, drain, drained) = pool_step(profile, &ev, level, at, prev);
     let mut next = next_state(&ev, &ladder, &sizing, drained, shares, prev);

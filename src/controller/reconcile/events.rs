@@ -13,7 +13,7 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 
 use super::super::context::{APPROVE_ANNOTATION, Context};
-use super::super::status::{CALIBRATED, IN_FLIGHT_FITS};
+use super::super::status::{CALIBRATED, COST_CALIBRATED, IN_FLIGHT_FITS};
 use super::actuate::Effects;
 use super::report::Reported;
 use crate::policy::{DrainAction, ProfileDecision, Telemetry};
@@ -27,6 +27,8 @@ pub enum Target {
     Policy,
     /// The n-th ignored policy (in the binding's order).
     Ignored(usize),
+    /// The n-th lane (in the binding's order).
+    Lane(usize),
 }
 
 /// One event to publish.
@@ -86,7 +88,25 @@ pub fn events(
     profile_events(reported, decision, effects, unknown, &mut out);
     calibration_events(reported, &mut out);
     in_flight_events(reported, &mut out);
+    cost_events(reported, &mut out);
     out
+}
+
+/// On a lane: a Warning `CostUnderestimated` when `CostCalibrated` turns
+/// False, a Normal `CostCalibrated` when it is True again.
+fn cost_events(reported: &Reported, out: &mut Vec<Note>) {
+    for (i, (before, after)) in reported.lanes.iter().enumerate() {
+        let Some(c) = condition(&after.conditions, COST_CALIBRATED) else {
+            continue;
+        };
+        let was = condition(&before.conditions, COST_CALIBRATED).map(|o| o.status.as_str());
+        let (type_, reason) = match (c.status.as_str(), was) {
+            ("False", w) if w != Some("False") => (EventType::Warning, "CostUnderestimated"),
+            ("True", Some("False")) => (EventType::Normal, "CostCalibrated"),
+            _ => continue,
+        };
+        out.push(note(Target::Lane(i), type_, reason, c.message.clone()));
+    }
 }
 
 /// A Warning when `InFlightWatermarksFit` turns False (or names another
