@@ -52,6 +52,7 @@ mod goodput_rule_promtool;
 mod inc47_budget;
 mod objectives_plan;
 mod plan_cli;
+mod plan_cost;
 mod plan_emit;
 mod plan_freeze;
 mod prometheus_goodput;
