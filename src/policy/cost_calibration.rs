@@ -23,8 +23,6 @@ use serde::{Deserialize, Serialize};
 use crate::api::LaneContract;
 use crate::snapshot::LaneSignals;
 
-use super::decision::{LaneDecision, Warning};
-
 /// How far above `workUnitsPerRequest` the measured P95 cost may be before
 /// the lane is `Underestimated` (0.2: 20 %).
 pub const TOLERANCE: f64 = 0.20;
@@ -112,23 +110,6 @@ pub fn measured(lane: &LaneContract, sig: Option<&LaneSignals>) -> Option<LaneCo
         work_units_per_request: declared,
         calibration: check(declared, p95_cost),
     })
-}
-
-/// A warning for each lane whose `workUnitsPerRequest` is underestimated.
-pub fn warnings(lanes: &[LaneDecision]) -> Vec<Warning> {
-    lanes
-        .iter()
-        .filter_map(|d| {
-            let c = d.cost.as_ref()?;
-            (c.calibration == CostCalibration::Underestimated).then(|| {
-                Warning::CostUnderestimated {
-                    lane: d.name.clone(),
-                    measured: c.p95_cost_units_per_request.unwrap_or(f64::NAN),
-                    declared: c.work_units_per_request,
-                }
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1330,8 +1330,10 @@ fn prom_config(profile: &CapacityProfile, url: Option<&str>) -> Option<Prometheu
 /// The queries of the recording rules docs/telemetry.md recommends, for a
 /// profile that configures none: `pool:*{namespace,profile}` for the pool
 /// signals, `lane:requests_per_second{namespace}` (originals) and
-/// `lane:retry_requests_per_second{namespace}` (retries) by `lane`, and
-/// `pod:error_ratio{namespace}` by `pod` restricted to pods named after the
+/// `lane:retry_requests_per_second{namespace}` (retries) by `lane`,
+/// `lane:p95_input_tokens`, `lane:p95_output_tokens` and
+/// `lane:p95_cost_units_per_request` `{namespace}` by `lane` (read by the
+/// lanes with a `cost` only), and `pod:error_ratio{namespace}` by `pod` restricted to pods named after the
 /// scale target (`<name>-...`, as Deployments and StatefulSets name them).
 pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
     let ns = profile.namespace().unwrap_or_default();

@@ -9,7 +9,10 @@
 use serde_json::json;
 
 use crate::gateway::{client, config_file, gateway_to, metrics, model, ready, sample};
+use crate::gateway_fleet_demand::documented_rules;
 use crate::gateway_tokens_settle::{LANE, body_of, priced, send};
+use crate::prometheus_support::{TempDir, promtool};
+use crate::rules_promtool::promtool_test;
 
 /// An unpriced lane of INC-47.
 const UNPRICED: &str = "p1-agent-assist";
@@ -129,4 +132,88 @@ async fn the_per_request_histograms_move_and_the_ttft_waits_for_the_prefill() {
     assert_eq!(count(&text, TTFT, LANE), 11.0);
     assert_eq!(count(&text, TTFT, UNPRICED), 1.0);
     assert_eq!(bucket(&text, TTFT, UNPRICED, "0.5"), 0.0);
+    let reference = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/gateway.md"),
+    )
+    .unwrap();
+    for family in [INPUT, OUTPUT, COST, TTFT] {
+        assert!(
+            reference.contains(&format!("| `{family}` |")),
+            "{family} is not in docs/gateway.md's metrics"
+        );
+    }
+    documented_rules_read_the_p95s(&text);
+}
+
+/// The lane's per-request buckets as promtool input series of two
+/// replicas (`namespace="ai-platform"`): each grows by its count every 15 s.
+fn as_series(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let Some((name, rest)) = line.split_once('{') else {
+            continue;
+        };
+        if ![INPUT, OUTPUT, COST]
+            .iter()
+            .any(|f| name == format!("{f}_bucket"))
+            || !rest.contains(LANE)
+        {
+            continue;
+        }
+        let (labels, value) = rest.rsplit_once("} ").unwrap();
+        for instance in ["gw-0", "gw-1"] {
+            out += &format!(
+                "      - series: '{name}{{{labels},namespace=\"ai-platform\",instance=\"{instance}\"}}'\n        values: '0+{value}x20'\n"
+            );
+        }
+    }
+    out
+}
+
+/// The recording rules docs/telemetry.md gives, run by the real `promtool
+/// test rules` on what the gateway exported: of ten requests (the 95th
+/// percentile is the 9.5th), four short (0.28 units, 100 input tokens) and
+/// six long (1.18 units, 1,000 tokens), all with 20 output tokens,
+/// interpolated within their buckets.
+fn documented_rules_read_the_p95s(text: &str) {
+    let test = "documented_rules_read_the_p95s";
+    let Some(promtool) = promtool(test) else {
+        return;
+    };
+    let dir = TempDir::new("tokens-p95");
+    std::fs::write(dir.0.join("rules.yaml"), documented_rules()).unwrap();
+    let expect = |cost: f64| {
+        let mut t = String::from(
+            "rule_files: [rules.yaml]\nevaluation_interval: 15s\ntests:\n  - interval: 15s\n    input_series:\n",
+        );
+        t += &as_series(text);
+        t += "    promql_expr_test:\n";
+        for (rule, v) in [
+            // (1, 1.5]: from 4 to 10 requests.
+            ("lane:p95_cost_units_per_request", cost),
+            // (700, 1000]: from 4 to 10.
+            ("lane:p95_input_tokens", 700.0 + 300.0 * 5.5 / 6.0),
+            // (10, 20]: from 0 to 10.
+            ("lane:p95_output_tokens", 10.0 + 10.0 * 9.5 / 10.0),
+        ] {
+            t += &format!(
+                "      - expr: '{rule}'\n        eval_time: 3m\n        exp_samples:\n          - labels: '{rule}{{namespace=\"ai-platform\",lane=\"{LANE}\"}}'\n            value: {v}\n"
+            );
+        }
+        t
+    };
+    let good = expect(1.0 + 0.5 * 5.5 / 6.0);
+    let run = promtool_test(&promtool, &dir.0, &good);
+    assert!(
+        run.status.success(),
+        "promtool test rules failed:\n{}{}\n--- test file ---\n{good}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    // The mean (0.82) is not the P95: promtool says no.
+    assert!(
+        !promtool_test(&promtool, &dir.0, &expect(0.82))
+            .status
+            .success()
+    );
 }

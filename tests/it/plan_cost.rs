@@ -74,6 +74,16 @@ fn plan_warns_when_the_p95_cost_is_more_than_20_percent_above_work_units_per_req
             && warned[0].contains("workUnitsPerRequest 0.7"),
         "{text}"
     );
+    // The runbook shows this very line.
+    let runbook = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
+    )
+    .unwrap();
+    let shown = runbook
+        .lines()
+        .find(|l| l.starts_with("warning: CostUnderestimated"))
+        .expect("docs/operations.md shows the warning");
+    assert_eq!(warned[0].trim(), shown, "docs/operations.md drifted");
 
     let v: Value = serde_json::from_str(&plan(&["-o", "json"])).unwrap();
     let steps = v["steps"].as_array().unwrap();
