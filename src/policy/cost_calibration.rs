@@ -128,6 +128,57 @@ mod tests {
         assert_eq!(check(1.0, None), CostCalibration::Unknown);
     }
 
+    fn lane(cost: bool) -> LaneContract {
+        let mut spec = serde_json::json!({
+            "profile": "pool", "priority": 1, "workUnitsPerRequest": "0.70", "expectedRequestsPerSecond": "5",
+            "deadlineSeconds": 60, "queue": {"maxDepth": 1, "ttlSeconds": 1}, "retry": {"maxAttempts": 1},
+            "routes": {"primary": ["m"]}, "shedding": {"mode": "Throttle"}
+        });
+        if cost {
+            spec["cost"] = serde_json::json!({"perOutputToken": "0.004"});
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "lanekeeper.dev/v1alpha1", "kind": "LaneContract",
+            "metadata": {"name": "p2", "namespace": "ns"}, "spec": spec
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_measurement_that_is_garbage_or_listed_unknown_is_unknown_never_zero() {
+        let sig = |cost: Option<f64>, unknown: bool| LaneSignals {
+            p95_cost_units_per_request: cost,
+            unknown: if unknown {
+                [("p95CostUnitsPerRequest".to_owned(), "stale".to_owned())].into()
+            } else {
+                Default::default()
+            },
+            ..Default::default()
+        };
+        let priced = lane(true);
+        for s in [
+            sig(None, false),
+            sig(Some(f64::NAN), false),
+            sig(Some(f64::INFINITY), false),
+            sig(Some(-1.0), false),
+            sig(Some(5.0), true),
+        ] {
+            let m = measured(&priced, Some(&s)).unwrap();
+            assert_eq!(m.calibration, CostCalibration::Unknown, "{s:?}");
+            assert_eq!(m.p95_cost_units_per_request, None);
+        }
+        let m = measured(&priced, None).unwrap();
+        assert_eq!(m.calibration, CostCalibration::Unknown);
+        let m = measured(&priced, Some(&sig(Some(0.85), false))).unwrap();
+        assert_eq!(m.calibration, CostCalibration::Underestimated);
+        assert_eq!(m.work_units_per_request, 0.7);
+        // A lane without a cost is judged only when something is measured.
+        assert_eq!(measured(&lane(false), None), None);
+        assert_eq!(measured(&lane(false), Some(&sig(None, false))), None);
+        let m = measured(&lane(false), Some(&sig(Some(0.84), false))).unwrap();
+        assert_eq!(m.calibration, CostCalibration::Calibrated);
+    }
+
     proptest! {
         /// The verdict follows the ratio: at most 1.2 (with rounding
         /// slack) is calibrated, above 1.2 by more than the slack is not.

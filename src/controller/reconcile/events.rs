@@ -469,6 +469,47 @@ mod tests {
         notes.iter().map(|n| n.reason).collect()
     }
 
+    #[test]
+    fn an_underestimated_cost_is_a_warning_on_its_lane_once_and_its_fix_an_event() {
+        let lane = |status: Option<&str>| crate::api::LaneContractStatus {
+            conditions: status
+                .map(|s| vec![cond(COST_CALIBRATED, s, "P95 cost 0.85")])
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        let run = |before: Option<&str>, after: Option<&str>| {
+            let r = Reported {
+                lanes: vec![(lane(None), lane(None)), (lane(before), lane(after))],
+                ..steady()
+            };
+            events(
+                &r,
+                &decision(0, "Known", None),
+                &Effects::default(),
+                &BTreeMap::new(),
+            )
+        };
+        for before in [None, Some("Unknown"), Some("True")] {
+            let n = run(before, Some("False"));
+            assert_eq!(reasons(&n), ["CostUnderestimated"], "{before:?}");
+            assert_eq!(n[0].target, Target::Lane(1));
+            assert_eq!(n[0].type_, EventType::Warning);
+            assert_eq!(n[0].note, "P95 cost 0.85");
+        }
+        assert!(run(Some("False"), Some("False")).is_empty(), "said once");
+        let back = run(Some("False"), Some("True"));
+        assert_eq!(reasons(&back), ["CostCalibrated"]);
+        assert_eq!(back[0].type_, EventType::Normal);
+        for (before, after) in [
+            (Some("False"), Some("Unknown")),
+            (Some("Unknown"), Some("True")),
+            (None, Some("Unknown")),
+            (None, None),
+        ] {
+            assert!(run(before, after).is_empty(), "{before:?} -> {after:?}");
+        }
+    }
+
     fn steady() -> Reported {
         let st = profile(vec![cond(
             "TelemetryKnown",
