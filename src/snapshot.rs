@@ -261,9 +261,25 @@ pub struct LaneSignals {
     /// lasts exactly the objective's window).
     #[serde(default, skip_serializing_if = "BurnRates::is_empty")]
     pub burn_rate: BurnRates,
+    /// The 95th percentile of the input (prompt) tokens of the lane's
+    /// requests, as the gateway measured them from the answers' usage.
+    /// Absent or `.nan`: Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_input_tokens: Option<f64>,
+    /// The 95th percentile of the output (completion) tokens of the lane's
+    /// requests. Absent or `.nan`: Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_output_tokens: Option<f64>,
+    /// The 95th percentile of the work units one request of the lane cost
+    /// when settled (its `cost` applied to its usage). Compared with the
+    /// lane's `workUnitsPerRequest` (the cost calibration). Absent or
+    /// `.nan`: Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_cost_units_per_request: Option<f64>,
     /// Lane signals that a configured source failed to give, with the reason
     /// (`requestsPerSecond`, `retryRequestsPerSecond`,
-    /// `errorBudgetRemainingPercent`, `burnRate.5m`, ...).
+    /// `errorBudgetRemainingPercent`, `burnRate.5m`, `p95InputTokens`,
+    /// `p95OutputTokens`, `p95CostUnitsPerRequest`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unknown: BTreeMap<String, String>,
 }

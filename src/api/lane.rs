@@ -25,6 +25,7 @@ use super::objective::{ObjectiveSpec, ObjectiveStatus};
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state","description":"Admitted, Capped, Throttled or Paused"}"#,
     printcolumn = r#"{"name":"Demand","type":"number","jsonPath":".status.demandUnitsPerSecond","description":"Demand in work units/s"}"#,
     printcolumn = r#"{"name":"Admitted","type":"number","jsonPath":".status.admittedUnitsPerSecond","description":"Admitted work units/s"}"#,
+    printcolumn = r#"{"name":"P95Cost","type":"number","jsonPath":".status.p95CostUnitsPerRequest","description":"Measured P95 work units a request costs (lanes with cost)","priority":1}"#,
     printcolumn = r#"{"name":"Budget","type":"string","jsonPath":".status.objective.band","description":"Error-budget band: Routine, Cautious, Restricted or Exhausted"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -257,7 +258,22 @@ pub struct LaneContractStatus {
     /// an objective).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objective: Option<ObjectiveStatus>,
-    /// Conditions: `Bound`, `ContractRespected`.
+    /// The 95th percentile of the input (prompt) tokens of the lane's
+    /// requests, as the gateway measured them (lanes with `cost`; absent:
+    /// Unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_input_tokens: Option<f64>,
+    /// The 95th percentile of the output (completion) tokens of the lane's
+    /// requests (absent: Unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_output_tokens: Option<f64>,
+    /// The 95th percentile of the work units one request cost when settled
+    /// (absent: Unknown); compared with `workUnitsPerRequest` by the
+    /// `CostCalibrated` condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_cost_units_per_request: Option<f64>,
+    /// Conditions: `Bound`, `ContractRespected`, `CostCalibrated` (lanes
+    /// with `cost`, or with a measured cost).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -531,6 +531,27 @@ pub struct PrometheusQueries {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
     pub lane_burn_rate_6h: Option<String>,
+    /// The 95th percentile of the input tokens of a request, by lane (lanes
+    /// with `cost`): one series per lane named in the `laneLabel` label,
+    /// e.g. `histogram_quantile(0.95, sum by (le, lane)
+    /// (rate(lanekeeper_gateway_lane_request_input_tokens_bucket[5m])))`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_p95_input_tokens: Option<String>,
+    /// The 95th percentile of the output tokens of a request, by lane (lanes
+    /// with `cost`), from
+    /// `lanekeeper_gateway_lane_request_output_tokens_bucket`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_p95_output_tokens: Option<String>,
+    /// The 95th percentile of the work units a request cost when settled,
+    /// by lane (lanes with `cost`), from
+    /// `lanekeeper_gateway_lane_request_cost_units_bucket`: compared with the
+    /// lane's `workUnitsPerRequest` (more than 20 % above it, the lane is
+    /// warned `CostUnderestimated`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("a query must not be empty"))]
+    pub lane_p95_cost_units_per_request: Option<String>,
 }
 
 impl PrometheusQueries {

@@ -8,12 +8,17 @@ use crate::api::{
     CapacityProfile, CapacityProfileStatus, DegradationPolicy, DegradationPolicyStatus,
     LaneContract, LaneContractStatus, ObjectiveStatus, Transition,
 };
+use crate::policy::cost_calibration::CostCalibration;
 use crate::policy::{
     Drain, InFlightProblem, LaneDecision, ProfileDecision, ProfileState, Telemetry, Warning,
 };
 
 /// The condition type saying whether the calibration describes the pool.
 pub const CALIBRATED: &str = "Calibrated";
+
+/// The condition type saying whether a lane's `workUnitsPerRequest` covers
+/// its measured P95 cost per request.
+pub const COST_CALIBRATED: &str = "CostCalibrated";
 
 /// The condition type saying whether the `inFlight` watermarks fit the pool.
 pub const IN_FLIGHT_FITS: &str = "InFlightWatermarksFit";
@@ -347,6 +352,38 @@ pub fn profile_status(
     }
 }
 
+/// `CostCalibrated` (lanes with a cost, or a measured cost): True while the
+/// measured P95 cost per request is at most 20 % above
+/// `workUnitsPerRequest`, False above, Unknown without a measurement.
+fn cost_condition(d: &LaneDecision) -> Option<Cond<'static>> {
+    let c = d.cost.as_ref()?;
+    let declared = c.work_units_per_request;
+    Some(match (c.calibration, c.p95_cost_units_per_request) {
+        (CostCalibration::Underestimated, Some(m)) => Cond {
+            type_: COST_CALIBRATED,
+            status: "False",
+            reason: "CostUnderestimated",
+            message: format!(
+                "P95 cost {m} work units a request is more than 20 % above workUnitsPerRequest {declared}: demand is counted short"
+            ),
+        },
+        (CostCalibration::Calibrated, Some(m)) => Cond {
+            type_: COST_CALIBRATED,
+            status: "True",
+            reason: "WithinTolerance",
+            message: format!(
+                "P95 cost {m} work units a request is at most 20 % above workUnitsPerRequest {declared}"
+            ),
+        },
+        _ => Cond {
+            type_: COST_CALIBRATED,
+            status: "Unknown",
+            reason: "CostUnknown",
+            message: "no measured P95 cost per request (laneP95CostUnitsPerRequest)".into(),
+        },
+    })
+}
+
 /// The LaneContract status for a lane's decision (or for an unbound lane).
 pub fn lane_status(
     lane: &LaneContract,
@@ -398,7 +435,9 @@ pub fn lane_status(
                 )
             },
         });
+        wanted.extend(cost_condition(d));
     }
+    let cost = d.and_then(|d| d.cost.as_ref());
     LaneContractStatus {
         observed_generation: generation,
         state: d.map(|d| d.state.as_str().to_owned()),
@@ -415,6 +454,9 @@ pub fn lane_status(
                 burn_rates: o.burn_rate.clone(),
                 since: Some(time(o.since)),
             }),
+        p95_input_tokens: cost.and_then(|c| c.p95_input_tokens),
+        p95_output_tokens: cost.and_then(|c| c.p95_output_tokens),
+        p95_cost_units_per_request: cost.and_then(|c| c.p95_cost_units_per_request),
         conditions: conditions(existing, wanted, generation, now),
     }
 }

@@ -38,6 +38,9 @@ pub(super) struct Finished {
     /// The route that answered a priced request in full: its units count
     /// as completed once settled.
     pub(super) completed_by: Option<String>,
+    /// Seconds from its pass until the first byte of the upstream's answer
+    /// body (None: no byte came).
+    pub(super) first_byte: Option<f64>,
 }
 
 /// A passed request's way upstream.
@@ -92,6 +95,7 @@ impl Dispatch {
                 armed: true,
                 started: Instant::now(),
                 latency: None,
+                first_byte: None,
                 deadline: None,
                 failed: false,
                 answered_by: None,
@@ -125,8 +129,12 @@ impl Dispatch {
         }
     }
 
-    /// A chunk of the answer on its way: what goes to the client.
+    /// A chunk of the answer on its way: what goes to the client. The
+    /// first that is not empty marks the time to the first byte.
     pub(super) fn tapped(&mut self, b: Bytes) -> Bytes {
+        if self.slot.first_byte.is_none() && !b.is_empty() {
+            self.slot.first_byte = Some(self.slot.started.elapsed().as_secs_f64());
+        }
         match self.slot.tap.as_mut() {
             Some(t) => t.chunk(b),
             None => b,
@@ -189,6 +197,8 @@ struct InFlight {
     armed: bool,
     started: Instant,
     latency: Option<f64>,
+    /// Seconds from `started` to the answer's first body byte.
+    first_byte: Option<f64>,
     deadline: Option<Instant>,
     failed: bool,
     /// The route that answered with a 2xx.
@@ -238,6 +248,7 @@ impl Drop for InFlight {
                 .filter(|_| answered)
                 .and_then(UsageTap::usage),
             completed_by: completed.filter(|_| priced),
+            first_byte: self.first_byte,
         });
     }
 }

@@ -236,6 +236,9 @@ impl Gateway {
 impl InFlightSink for Gateway {
     fn finished(&self, done: Finished) {
         self.metrics.in_flight(-1);
+        if let Some(seconds) = done.first_byte {
+            self.metrics.tokens.first_byte(&done.lane, seconds);
+        }
         let now = self.now();
         let mut wake = false;
         let mut st = self.lock();

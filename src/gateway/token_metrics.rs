@@ -1,8 +1,11 @@
 //! The metric families of tokens as the cost, typed: one method per event.
 //! Per lane: the input and output tokens the answers reported, the work
 //! units reserved and charged, how far the estimate was from the settled
-//! cost, settlements with and without usage; and refusals by the limit
-//! that refused (model slots and long context among them).
+//! cost, settlements with and without usage; refusals by the limit that
+//! refused (model slots and long context among them); and, per request,
+//! histograms of its input and output tokens and settled cost (so
+//! Prometheus computes their P95 over the replicas) and of its time to the
+//! first byte of the answer.
 
 use lanes::{Limit, Settled};
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
@@ -12,6 +15,24 @@ const RATIO_BUCKETS: [f64; 13] = [
     0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0,
 ];
 
+/// Tokens of one request (input or output), about 1.3 to 2 apart: a P95
+/// read from them is interpolated within one bucket.
+const TOKEN_BUCKETS: [f64; 28] = [
+    10.0, 20.0, 30.0, 50.0, 70.0, 100.0, 150.0, 200.0, 300.0, 500.0, 700.0, 1e3, 1.5e3, 2e3, 3e3,
+    5e3, 7e3, 1e4, 1.5e4, 2e4, 3e4, 5e4, 7e4, 1e5, 1.5e5, 2e5, 5e5, 1e6,
+];
+
+/// Work units one request cost, about 1.3 to 2 apart.
+const COST_BUCKETS: [f64; 31] = [
+    0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0,
+    1.5, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 70.0, 100.0, 200.0, 500.0, 1000.0,
+];
+
+/// Seconds to the first byte of an answer.
+const TTFT_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+];
+
 /// The families.
 pub(super) struct TokenMetrics {
     tokens: IntCounterVec,
@@ -19,6 +40,44 @@ pub(super) struct TokenMetrics {
     estimate: HistogramVec,
     settlements: IntCounterVec,
     refusals: IntCounterVec,
+    /// Per settled request: `[input tokens, output tokens, cost units]`.
+    per_request: [HistogramVec; 3],
+    first_byte: HistogramVec,
+}
+
+/// A per-lane histogram, registered.
+fn lane_histogram(r: &Registry, name: &str, help: &str, buckets: &[f64]) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        &["lane"],
+    )
+    .expect("valid metric");
+    r.register(Box::new(h.clone())).expect("registered once");
+    h
+}
+
+/// The per-request histograms, in the order of [`TokenMetrics::per_request`].
+fn per_request(r: &Registry) -> [HistogramVec; 3] {
+    [
+        lane_histogram(
+            r,
+            "lanekeeper_gateway_lane_request_input_tokens",
+            "Input (prompt) tokens of each priced request whose answer reported usage, by lane.",
+            &TOKEN_BUCKETS,
+        ),
+        lane_histogram(
+            r,
+            "lanekeeper_gateway_lane_request_output_tokens",
+            "Output (completion) tokens of each priced request whose answer reported usage, by lane.",
+            &TOKEN_BUCKETS,
+        ),
+        lane_histogram(
+            r,
+            "lanekeeper_gateway_lane_request_cost_units",
+            "Work units each priced request whose answer reported usage cost when settled (the lane's cost model applied to its usage), by lane.",
+            &COST_BUCKETS,
+        ),
+    ]
 }
 
 /// The label of the limit that refused.
@@ -68,7 +127,15 @@ impl TokenMetrics {
         .expect("valid metric");
         r.register(Box::new(estimate.clone()))
             .expect("registered once");
+        let first_byte = lane_histogram(
+            r,
+            "lanekeeper_gateway_lane_ttft_seconds",
+            "Seconds from a request's dispatch (when it passed admission) to the first byte of the upstream's answer body (a stream's first chunk; the start of a JSON answer), by lane.",
+            &TTFT_BUCKETS,
+        );
         TokenMetrics {
+            per_request: per_request(r),
+            first_byte,
             tokens: counters(
                 "lanekeeper_gateway_lane_tokens_total",
                 "Tokens the answers of priced requests reported, by lane and kind (input, output).",
@@ -110,11 +177,25 @@ impl TokenMetrics {
         self.tokens
             .with_label_values(&[lane, "output"])
             .inc_by(u.completion_tokens);
+        let [input, output, cost] = &self.per_request;
+        input
+            .with_label_values(&[lane])
+            .observe(u.prompt_tokens as f64);
+        output
+            .with_label_values(&[lane])
+            .observe(u.completion_tokens as f64);
+        cost.with_label_values(&[lane]).observe(s.charged_units);
         if s.reserved_units > 0.0 {
             self.estimate
                 .with_label_values(&[lane])
                 .observe(s.charged_units / s.reserved_units);
         }
+    }
+
+    /// The first byte of the answer to a request of `lane` came `seconds`
+    /// after its dispatch.
+    pub(super) fn first_byte(&self, lane: &str, seconds: f64) {
+        self.first_byte.with_label_values(&[lane]).observe(seconds);
     }
 
     /// A request of `lane` was refused by `limit`.
@@ -153,6 +234,7 @@ mod tests {
             },
         );
         m.refused("p1", Limit::LongContext);
+        m.first_byte("p1", 0.3);
         let text = prometheus::TextEncoder::new()
             .encode_to_string(&r.gather())
             .unwrap();
@@ -164,6 +246,16 @@ mod tests {
             r#"lanekeeper_gateway_lane_settlements_total{lane="p1",usage="missing"} 1"#,
             r#"lanekeeper_gateway_lane_cost_estimate_ratio_bucket{lane="p1",le="1.5"} 1"#,
             r#"lanekeeper_gateway_refusals_by_limit_total{lane="p1",limit="long_context"} 1"#,
+            // Per request, only the settlement with usage.
+            r#"lanekeeper_gateway_lane_request_input_tokens_bucket{lane="p1",le="70"} 0"#,
+            r#"lanekeeper_gateway_lane_request_input_tokens_bucket{lane="p1",le="100"} 1"#,
+            r#"lanekeeper_gateway_lane_request_input_tokens_count{lane="p1"} 1"#,
+            r#"lanekeeper_gateway_lane_request_output_tokens_bucket{lane="p1",le="10"} 1"#,
+            r#"lanekeeper_gateway_lane_request_cost_units_bucket{lane="p1",le="2"} 0"#,
+            r#"lanekeeper_gateway_lane_request_cost_units_bucket{lane="p1",le="3"} 1"#,
+            r#"lanekeeper_gateway_lane_request_cost_units_sum{lane="p1"} 3"#,
+            r#"lanekeeper_gateway_lane_ttft_seconds_bucket{lane="p1",le="0.25"} 0"#,
+            r#"lanekeeper_gateway_lane_ttft_seconds_bucket{lane="p1",le="0.5"} 1"#,
         ] {
             assert!(text.contains(line), "{line} not in\n{text}");
         }

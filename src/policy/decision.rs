@@ -212,6 +212,10 @@ pub struct LaneDecision {
     /// The error budget of the lane's objective (lanes with one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objective: Option<LaneObjective>,
+    /// The P95 tokens and cost measured per request and the cost
+    /// calibration (lanes with a `cost`, or with measurements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<super::cost_calibration::LaneCostMeasured>,
 }
 
 /// A lane's error budget in one step.
@@ -356,6 +360,16 @@ pub enum Warning {
         /// The level's name.
         level_name: String,
     },
+    /// A lane's measured P95 cost per request is more than 20 % above its
+    /// `workUnitsPerRequest`: its demand is counted short.
+    CostUnderestimated {
+        /// The lane.
+        lane: String,
+        /// The measured P95 work units per request.
+        measured: f64,
+        /// Its `workUnitsPerRequest`.
+        declared: f64,
+    },
     /// A warning read back from text (JSON written by an older version).
     Text(String),
 }
@@ -498,6 +512,15 @@ impl std::fmt::Display for Warning {
             } => write!(
                 f,
                 "policy {policy} level {level} ({level_name}): limitLongContext, but the profile has no spec.longContext saying which requests are long (the action does nothing)"
+            ),
+            Warning::CostUnderestimated {
+                lane,
+                measured,
+                declared,
+            } => write!(
+                f,
+                "CostUnderestimated: lane {lane} costs {measured} work units a request at the P95, more than 20 % above its workUnitsPerRequest {declared} ({:+.0} %): its demand and admitted requests are counted short; raise workUnitsPerRequest or look for what made requests longer",
+                (measured / declared - 1.0) * 100.0
             ),
             Warning::Text(t) => f.write_str(t),
         }

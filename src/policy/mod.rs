@@ -9,6 +9,7 @@ pub mod allocation;
 pub mod bind;
 pub mod budget;
 mod burn;
+pub mod cost_calibration;
 pub mod decision;
 pub mod drain;
 pub mod evidence;
@@ -109,6 +110,10 @@ pub fn evaluate_profile(
     for (d, o) in lanes.iter_mut().zip(objectives) {
         d.objective = o;
     }
+    for (d, l) in lanes.iter_mut().zip(&ev.lanes) {
+        d.cost = cost_calibration::measured(l, snapshot.lanes.get(&object_key(*l)));
+    }
+    warnings.extend(cost_warnings(&lanes));
     let admitted_total = shares.admitted_total();
     let (sizing, drain, drained) = pool_step(profile, &ev, level, at, prev);
     let mut next = next_state(&ev, &ladder, &sizing, drained, shares, prev);
@@ -143,6 +148,25 @@ pub fn evaluate_profile(
         lanes,
     };
     (decision, next)
+}
+
+/// A `CostUnderestimated` warning for each lane whose measured P95 cost
+/// per request is more than 20 % above its `workUnitsPerRequest`.
+fn cost_warnings(lanes: &[LaneDecision]) -> Vec<Warning> {
+    lanes
+        .iter()
+        .filter_map(|d| {
+            let c = d.cost.as_ref()?;
+            let measured = c.p95_cost_units_per_request?;
+            (c.calibration == cost_calibration::CostCalibration::Underestimated).then(|| {
+                Warning::CostUnderestimated {
+                    lane: d.name.clone(),
+                    measured,
+                    declared: c.work_units_per_request,
+                }
+            })
+        })
+        .collect()
 }
 
 /// The ladder's step: the demand after the actions of each level below, the

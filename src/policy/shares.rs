@@ -265,6 +265,7 @@ fn lane_decision(
             })
             .collect(),
         objective: None,
+        cost: None,
     }
 }
 

@@ -170,6 +170,11 @@ pub fn merge(base: &mut SourceOutput, overlay: SourceOutput) {
         e.error_budget_remaining_percent = l
             .error_budget_remaining_percent
             .or(e.error_budget_remaining_percent);
+        e.p95_input_tokens = l.p95_input_tokens.or(e.p95_input_tokens);
+        e.p95_output_tokens = l.p95_output_tokens.or(e.p95_output_tokens);
+        e.p95_cost_units_per_request = l
+            .p95_cost_units_per_request
+            .or(e.p95_cost_units_per_request);
         for w in BurnWindow::ALL {
             let v = l.burn_rate.get(w).or(e.burn_rate.get(w));
             e.burn_rate.set(w, v);

@@ -36,7 +36,7 @@ use crate::snapshot::{BurnWindow, LaneSignals, SignalsFile, Snapshot};
 
 /// The signal names, as in `spec.signals.prometheus.queries` and in
 /// `status.unknownSignals`.
-pub const SIGNALS: [&str; 15] = [
+pub const SIGNALS: [&str; 18] = [
     CAPACITY_SIGNAL,
     GOODPUT_SIGNAL,
     "inFlight",
@@ -52,10 +52,14 @@ pub const SIGNALS: [&str; 15] = [
     "laneBurnRate30m",
     "laneBurnRate1h",
     "laneBurnRate6h",
+    "laneP95InputTokens",
+    "laneP95OutputTokens",
+    "laneP95CostUnitsPerRequest",
 ];
 
-/// A per-lane rate a query gives: which [`LaneSignals`] field it fills, and
-/// the name it is Unknown under there.
+/// A per-lane value a query gives (a rate, a budget, a P95 of the
+/// gateway's per-request histograms): which [`LaneSignals`] field it fills,
+/// and the name it is Unknown under there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum LaneRate {
     /// `laneRequestsPerSecond`: original requests, `requestsPerSecond`.
@@ -66,6 +70,17 @@ enum LaneRate {
     BudgetRemaining,
     /// `laneBurnRate5m`, ...: `burnRate.5m`, ...
     Burn(BurnWindow),
+    /// `laneP95InputTokens`, `laneP95OutputTokens`,
+    /// `laneP95CostUnitsPerRequest`: `p95InputTokens`, ...
+    P95(PerRequest),
+}
+
+/// What a lane's per-request P95 measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PerRequest {
+    InputTokens,
+    OutputTokens,
+    CostUnits,
 }
 
 impl LaneRate {
@@ -79,6 +94,9 @@ impl LaneRate {
             "laneBurnRate30m" => Some(Self::Burn(BurnWindow::M30)),
             "laneBurnRate1h" => Some(Self::Burn(BurnWindow::H1)),
             "laneBurnRate6h" => Some(Self::Burn(BurnWindow::H6)),
+            "laneP95InputTokens" => Some(Self::P95(PerRequest::InputTokens)),
+            "laneP95OutputTokens" => Some(Self::P95(PerRequest::OutputTokens)),
+            "laneP95CostUnitsPerRequest" => Some(Self::P95(PerRequest::CostUnits)),
             _ => None,
         }
     }
@@ -94,6 +112,9 @@ impl LaneRate {
             Self::Burn(BurnWindow::M30) => "laneBurnRate30m",
             Self::Burn(BurnWindow::H1) => "laneBurnRate1h",
             Self::Burn(BurnWindow::H6) => "laneBurnRate6h",
+            Self::P95(PerRequest::InputTokens) => "laneP95InputTokens",
+            Self::P95(PerRequest::OutputTokens) => "laneP95OutputTokens",
+            Self::P95(PerRequest::CostUnits) => "laneP95CostUnitsPerRequest",
         }
     }
 
@@ -107,6 +128,9 @@ impl LaneRate {
             Self::Burn(BurnWindow::M30) => "burnRate.30m",
             Self::Burn(BurnWindow::H1) => "burnRate.1h",
             Self::Burn(BurnWindow::H6) => "burnRate.6h",
+            Self::P95(PerRequest::InputTokens) => "p95InputTokens",
+            Self::P95(PerRequest::OutputTokens) => "p95OutputTokens",
+            Self::P95(PerRequest::CostUnits) => "p95CostUnitsPerRequest",
         }
     }
 
@@ -116,13 +140,27 @@ impl LaneRate {
             Self::Retries => l.retry_requests_per_second = Some(v),
             Self::BudgetRemaining => l.error_budget_remaining_percent = Some(v),
             Self::Burn(w) => l.burn_rate.set(w, Some(v)),
+            Self::P95(PerRequest::InputTokens) => l.p95_input_tokens = Some(v),
+            Self::P95(PerRequest::OutputTokens) => l.p95_output_tokens = Some(v),
+            Self::P95(PerRequest::CostUnits) => l.p95_cost_units_per_request = Some(v),
         }
     }
 
     /// Whether the signal is about `lane`: the objective's signals only
-    /// concern lanes with an objective.
+    /// concern lanes with an objective, the per-request P95s lanes with a
+    /// `cost` (the gateway measures priced requests only).
     fn applies(self, lane: &LaneContract) -> bool {
-        matches!(self, Self::Originals | Self::Retries) || lane.spec.objective.is_some()
+        match self {
+            Self::Originals | Self::Retries => true,
+            Self::BudgetRemaining | Self::Burn(_) => lane.spec.objective.is_some(),
+            Self::P95(_) => lane.spec.cost.is_some(),
+        }
+    }
+
+    /// Whether the signal is left out altogether (not Unknown) for a
+    /// profile none of whose lanes it [`applies`](Self::applies) to.
+    fn only_for_some(self) -> bool {
+        matches!(self, Self::P95(_))
     }
 
     /// Whether a negative value is a value (an overspent budget), not a
@@ -578,6 +616,12 @@ pub async fn evaluate(
         };
         for ((signal, _), res) in configured.iter().zip(&results) {
             let signal = *signal;
+            if LaneRate::of(signal)
+                .is_some_and(|r| r.only_for_some() && !lanes.iter().any(|l| r.applies(l)))
+            {
+                // No lane it measures (no lane with a cost): nothing to know.
+                continue;
+            }
             let pts = match res {
                 Err(p) => {
                     set_unknown(&mut e, signal, p.reason(), p.to_string());
@@ -794,6 +838,9 @@ pub fn configured(q: &PrometheusQueries) -> Vec<(&'static str, &str)> {
         &q.lane_burn_rate_30m,
         &q.lane_burn_rate_1h,
         &q.lane_burn_rate_6h,
+        &q.lane_p95_input_tokens,
+        &q.lane_p95_output_tokens,
+        &q.lane_p95_cost_units_per_request,
     ]
     .into_iter()
     .zip(SIGNALS)
@@ -1286,8 +1333,10 @@ fn prom_config(profile: &CapacityProfile, url: Option<&str>) -> Option<Prometheu
 /// The queries of the recording rules docs/telemetry.md recommends, for a
 /// profile that configures none: `pool:*{namespace,profile}` for the pool
 /// signals, `lane:requests_per_second{namespace}` (originals) and
-/// `lane:retry_requests_per_second{namespace}` (retries) by `lane`, and
-/// `pod:error_ratio{namespace}` by `pod` restricted to pods named after the
+/// `lane:retry_requests_per_second{namespace}` (retries) by `lane`,
+/// `lane:p95_input_tokens`, `lane:p95_output_tokens` and
+/// `lane:p95_cost_units_per_request` `{namespace}` by `lane` (read by the
+/// lanes with a `cost` only), and `pod:error_ratio{namespace}` by `pod` restricted to pods named after the
 /// scale target (`<name>-...`, as Deployments and StatefulSets name them).
 pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
     let ns = profile.namespace().unwrap_or_default();
@@ -1323,5 +1372,12 @@ pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
         lane_burn_rate_30m: None,
         lane_burn_rate_1h: None,
         lane_burn_rate_6h: None,
+        // The P95s per request of the priced lanes, as recorded by the
+        // rules docs/telemetry.md recommends.
+        lane_p95_input_tokens: Some(format!("lane:p95_input_tokens{{namespace=\"{ns}\"}}")),
+        lane_p95_output_tokens: Some(format!("lane:p95_output_tokens{{namespace=\"{ns}\"}}")),
+        lane_p95_cost_units_per_request: Some(format!(
+            "lane:p95_cost_units_per_request{{namespace=\"{ns}\"}}"
+        )),
     }
 }

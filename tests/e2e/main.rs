@@ -20,6 +20,7 @@ mod world;
 mod cel_rules;
 mod e2e;
 mod e2e_controller;
+mod e2e_cost;
 mod e2e_freeze;
 mod e2e_identity;
 mod e2e_rbac;

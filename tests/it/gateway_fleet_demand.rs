@@ -22,7 +22,7 @@ const ORIGINALS: usize = 30;
 const RETRIES: usize = 6;
 
 /// The rule group of docs/telemetry.md's "Recording rules worth adding".
-fn documented_rules() -> String {
+pub(crate) fn documented_rules() -> String {
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/telemetry.md"),
     )

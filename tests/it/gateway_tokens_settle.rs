@@ -16,7 +16,7 @@ use crate::gateway::{
     Proc, client, config_file, control, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
 };
 
-const LANE: &str = "p2-email-extract";
+pub(crate) const LANE: &str = "p2-email-extract";
 
 /// Work units per input token and per output token, and per request.
 const PER_REQUEST: f64 = 0.1;
@@ -27,7 +27,7 @@ const PER_OUTPUT: f64 = 0.004;
 /// request, a burst of one second), a queue (a long prompt waits for its
 /// tokens in turn instead of losing them to the short ones), no floor, no
 /// spare capacity: its bucket alone decides.
-fn priced(units: f64) -> Value {
+pub(crate) fn priced(units: f64) -> Value {
     let mut cfg = inc47();
     let p2 = lane_mut(&mut cfg, LANE);
     p2["workUnitsPerRequest"] = json!(1.0);
@@ -48,14 +48,19 @@ fn priced(units: f64) -> Value {
 
 /// A chat body of about `tokens` prompt tokens (4 bytes each) with `extra`
 /// fields.
-fn body_of(tokens: usize, extra: &str) -> String {
+pub(crate) fn body_of(tokens: usize, extra: &str) -> String {
     let head = format!(r#"{{"model": "m"{extra}, "messages": [{{"role": "user", "content": ""#);
     let tail = r#""}]}"#;
     let fill = (tokens * 4).saturating_sub(head.len() + tail.len());
     format!("{head}{}{tail}", "x".repeat(fill))
 }
 
-fn send(c: &reqwest::Client, gw: &Proc, lane: &str, body: String) -> reqwest::RequestBuilder {
+pub(crate) fn send(
+    c: &reqwest::Client,
+    gw: &Proc,
+    lane: &str,
+    body: String,
+) -> reqwest::RequestBuilder {
     c.post(format!("http://{}/v1/chat/completions", gw.addr))
         .header("content-type", "application/json")
         .header("x-lanekeeper-lane", lane)

@@ -166,6 +166,9 @@ pub struct Telemetry {
     /// lane name → error budget remaining in percent (lanes not listed: no
     /// series), as `lane:error_budget_remaining_percent`.
     pub budgets: BTreeMap<String, f64>,
+    /// lane name → P95 work units a request cost (lanes not listed: no
+    /// series), as `lane:p95_cost_units_per_request`.
+    pub costs: BTreeMap<String, f64>,
 }
 
 impl Telemetry {
@@ -190,6 +193,12 @@ impl Telemetry {
         for (lane, left) in &self.budgets {
             out += &format!(
                 "lane:error_budget_remaining_percent{{namespace=\"{ns}\",lane=\"{lane}\"}} {left}\n"
+            );
+        }
+        out += "# TYPE lane:p95_cost_units_per_request gauge\n";
+        for (lane, cost) in &self.costs {
+            out += &format!(
+                "lane:p95_cost_units_per_request{{namespace=\"{ns}\",lane=\"{lane}\"}} {cost}\n"
             );
         }
         out

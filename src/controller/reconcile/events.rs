@@ -13,7 +13,7 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 
 use super::super::context::{APPROVE_ANNOTATION, Context};
-use super::super::status::{CALIBRATED, IN_FLIGHT_FITS};
+use super::super::status::{CALIBRATED, COST_CALIBRATED, IN_FLIGHT_FITS};
 use super::actuate::Effects;
 use super::report::Reported;
 use crate::policy::{DrainAction, ProfileDecision, Telemetry};
@@ -27,6 +27,8 @@ pub enum Target {
     Policy,
     /// The n-th ignored policy (in the binding's order).
     Ignored(usize),
+    /// The n-th lane (in the binding's order).
+    Lane(usize),
 }
 
 /// One event to publish.
@@ -86,7 +88,25 @@ pub fn events(
     profile_events(reported, decision, effects, unknown, &mut out);
     calibration_events(reported, &mut out);
     in_flight_events(reported, &mut out);
+    cost_events(reported, &mut out);
     out
+}
+
+/// On a lane: a Warning `CostUnderestimated` when `CostCalibrated` turns
+/// False, a Normal `CostCalibrated` when it is True again.
+fn cost_events(reported: &Reported, out: &mut Vec<Note>) {
+    for (i, (before, after)) in reported.lanes.iter().enumerate() {
+        let Some(c) = condition(&after.conditions, COST_CALIBRATED) else {
+            continue;
+        };
+        let was = condition(&before.conditions, COST_CALIBRATED).map(|o| o.status.as_str());
+        let (type_, reason) = match (c.status.as_str(), was) {
+            ("False", w) if w != Some("False") => (EventType::Warning, "CostUnderestimated"),
+            ("True", Some("False")) => (EventType::Normal, "CostCalibrated"),
+            _ => continue,
+        };
+        out.push(note(Target::Lane(i), type_, reason, c.message.clone()));
+    }
 }
 
 /// A Warning when `InFlightWatermarksFit` turns False (or names another
@@ -439,6 +459,47 @@ mod tests {
 
     fn reasons(notes: &[Note]) -> Vec<&str> {
         notes.iter().map(|n| n.reason).collect()
+    }
+
+    #[test]
+    fn an_underestimated_cost_is_a_warning_on_its_lane_once_and_its_fix_an_event() {
+        let lane = |status: Option<&str>| crate::api::LaneContractStatus {
+            conditions: status
+                .map(|s| vec![cond(COST_CALIBRATED, s, "P95 cost 0.85")])
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        let run = |before: Option<&str>, after: Option<&str>| {
+            let r = Reported {
+                lanes: vec![(lane(None), lane(None)), (lane(before), lane(after))],
+                ..steady()
+            };
+            events(
+                &r,
+                &decision(0, "Known", None),
+                &Effects::default(),
+                &BTreeMap::new(),
+            )
+        };
+        for before in [None, Some("Unknown"), Some("True")] {
+            let n = run(before, Some("False"));
+            assert_eq!(reasons(&n), ["CostUnderestimated"], "{before:?}");
+            assert_eq!(n[0].target, Target::Lane(1));
+            assert_eq!(n[0].type_, EventType::Warning);
+            assert_eq!(n[0].note, "P95 cost 0.85");
+        }
+        assert!(run(Some("False"), Some("False")).is_empty(), "said once");
+        let back = run(Some("False"), Some("True"));
+        assert_eq!(reasons(&back), ["CostCalibrated"]);
+        assert_eq!(back[0].type_, EventType::Normal);
+        for (before, after) in [
+            (Some("False"), Some("Unknown")),
+            (Some("Unknown"), Some("True")),
+            (None, Some("Unknown")),
+            (None, None),
+        ] {
+            assert!(run(before, after).is_empty(), "{before:?} -> {after:?}");
+        }
     }
 
     fn steady() -> Reported {

@@ -96,6 +96,7 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<A
             Target::Profile => events::publish(ctx, &obs.profile, &n).await,
             Target::Policy => events::publish(ctx, &obs.policies[0], &n).await,
             Target::Ignored(i) => events::publish(ctx, &obs.policies[i + 1], &n).await,
+            Target::Lane(i) => events::publish(ctx, obs.binding().lanes[i], &n).await,
         }
     }
     Ok(Action::requeue(ctx.settings.resync))

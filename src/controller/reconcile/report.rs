@@ -9,7 +9,7 @@ use super::super::error::Error;
 use super::super::status::{self, Observed};
 use super::actuate::Effects;
 use super::observe::Observation;
-use crate::api::{CapacityProfileStatus, DegradationPolicyStatus, ObjectKey};
+use crate::api::{CapacityProfileStatus, DegradationPolicyStatus, LaneContractStatus, ObjectKey};
 use crate::policy::{self, BindProblem, ProfileDecision, ProfileState, Telemetry, Warning};
 
 /// The statuses before and after, for the events.
@@ -23,6 +23,9 @@ pub struct Reported {
     pub policy: Option<PolicyReport>,
     /// The policies the binding ignores (same order as the binding's).
     pub ignored: Vec<IgnoredReport>,
+    /// The lanes' statuses before and after (same order as the binding's
+    /// lanes).
+    pub lanes: Vec<(LaneContractStatus, LaneContractStatus)>,
 }
 
 /// The governing policy's report.
@@ -91,6 +94,7 @@ pub async fn report(
     );
 
     let binding = obs.binding();
+    let mut lanes = Vec::with_capacity(binding.lanes.len());
     for lane in &binding.lanes {
         let d = decision.lanes.iter().find(|d| d.name == lane.name_str());
         let floor = lane
@@ -100,6 +104,7 @@ pub async fn report(
             .map_or(0.0, |f| f.value());
         let st = status::lane_status(lane, d, None, floor, now);
         ctx.writes.status(*lane, lane.status.as_ref(), &st).await?;
+        lanes.push((lane.status.clone().unwrap_or_default(), st));
     }
 
     let mut policy_report = None;
@@ -145,6 +150,7 @@ pub async fn report(
         profile_after,
         policy: policy_report,
         ignored,
+        lanes,
     })
 }
 
