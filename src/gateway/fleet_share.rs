@@ -21,9 +21,11 @@ use lanes::Core;
 use lanes::fleet_core::LeaseNeed;
 use lanes::fleet_lease::LEASE_SECONDS;
 use lanes::fleet_mode::{FleetHealth, FleetMode, PROBE_SECONDS};
+use lanes::fleet_spare::SpareNeed;
 use prometheus::Registry;
 
 use super::fleet_args::FleetArgs;
+use super::fleet_lease_calls::{Budget, Want, give_back, take_all};
 use super::fleet_metrics::{FleetMetrics, StoreOp};
 use super::fleet_store::FleetStore;
 use super::fleet_store_slots::SlotSeen;
@@ -63,6 +65,20 @@ pub(super) struct Fleet {
     lanes: Mutex<(String, HashMap<String, u64>)>,
     /// Rounds in a row that called nothing (see [`quiet_for_a_second`]).
     quiet_rounds: AtomicU32,
+    /// Deferrals the store has not taken yet (see `fleet_ids`).
+    pub(super) pending_deferrals: Mutex<Vec<PendingDeferral>>,
+}
+
+/// A request id deferred while the store did not answer: written to the
+/// store once it does, so that wherever the request comes back it is a
+/// return, not a retry (its sighting may have reached the store late).
+#[derive(Clone, Debug)]
+pub(super) struct PendingDeferral {
+    /// The store's name of its lane.
+    pub(super) key: String,
+    pub(super) id: String,
+    /// How long it is remembered (the lane's deadline).
+    pub(super) seconds: u64,
 }
 
 pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -86,6 +102,7 @@ impl Fleet {
             slot_seen: Mutex::new(HashMap::new()),
             lanes: Mutex::new((String::new(), HashMap::new())),
             quiet_rounds: AtomicU32::new(0),
+            pending_deferrals: Mutex::new(Vec::new()),
         }))
     }
 
@@ -206,33 +223,61 @@ pub(super) fn quiet_for_a_second(fleet: &Fleet) -> bool {
     false
 }
 
-/// What each lane needs now (the core leased if it is not yet: a config
-/// installed while shared), and the lanes' deadlines noted for sightings.
-pub(super) fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
+/// What the replica needs of the fleet's buckets in one round.
+pub(super) struct Needs {
+    /// The profile of the config in force.
+    pub(super) profile: String,
+    /// Each lane's.
+    pub(super) lanes: Vec<LeaseNeed>,
+    /// The pool's spare bucket's (none without spare capacity).
+    pub(super) spare: Option<SpareNeed>,
+}
+
+impl Needs {
+    /// Whether anything is to be taken or given back.
+    pub(super) fn busy(&self) -> bool {
+        self.lanes
+            .iter()
+            .any(|n| n.to_take() > 0 || n.to_give_back() > 0)
+            || self
+                .spare
+                .is_some_and(|s| s.to_take() > 0 || s.to_give_back() > 0)
+    }
+}
+
+/// What each lane and the spare bucket need now (the core leased if it is
+/// not yet: a config installed while shared), and the lanes' deadlines
+/// noted for sightings.
+pub(super) fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<Needs> {
     let now = gw.now();
-    let (profile, needs) = gw.with_core(|core| {
+    let needs = gw.with_core(|core| {
         if !core.leased() {
             core.set_leased(true);
         }
-        (core.config().profile.clone(), core.lease_needs(now))
+        Needs {
+            profile: core.config().profile.clone(),
+            lanes: core.lease_needs(now),
+            spare: core.spare_lease_need(now),
+        }
     })?;
     let deadlines = needs
+        .lanes
         .iter()
         .map(|n| (n.name.clone(), n.deadline_seconds))
         .collect();
-    *locked(&fleet.lanes) = (profile.clone(), deadlines);
-    Some((profile, needs))
+    *locked(&fleet.lanes) = (needs.profile.clone(), deadlines);
+    Some(needs)
 }
 
-/// Gives back what each lane holds beyond its need (its demand fell).
-pub(super) async fn give_back(
+/// Gives back what each lane, and the spare bucket, holds beyond its need
+/// (demand fell).
+pub(super) async fn give_back_excess(
     gw: &impl FleetHost,
-    fleet: &Fleet,
+    fleet: &Arc<Fleet>,
     store: &FleetStore,
-    profile: &str,
-    needs: &[LeaseNeed],
+    needs: &Needs,
 ) -> Result<(), (StoreOp, String)> {
-    for n in needs.iter().filter(|n| n.to_give_back() > 0) {
+    for n in needs.lanes.iter().filter(|n| n.to_give_back() > 0) {
         let taken = gw.with_core(|core| {
             if core.lane_index(&n.name) == Some(n.lane) {
                 core.take_back(n.lane, n.to_give_back())
@@ -243,67 +288,53 @@ pub(super) async fn give_back(
         let Some(taken) = taken.filter(|t| *t > 0) else {
             continue;
         };
-        // Tokens given back to a store that does not answer are lost to
-        // the fleet: safe (fewer admitted), never more.
-        store
-            .give_back(&format!("{profile}/{}", n.name), n.limits, taken)
-            .await
-            .map_err(|e| (StoreOp::GiveBack, e.to_string()))?;
-        fleet.metrics.call(StoreOp::GiveBack, true);
+        let key = store.bucket_key(&format!("{}/{}", needs.profile, n.name));
+        give_back(fleet, store, lane_budget(n), key, n.limits, taken).await?;
     }
-    Ok(())
+    let Some(spare) = needs.spare.filter(|s| s.to_give_back() > 0) else {
+        return Ok(());
+    };
+    let taken = gw.with_core(|core| core.take_back_spare(spare.to_give_back()));
+    let Some(taken) = taken.filter(|t| *t > 0) else {
+        return Ok(());
+    };
+    let key = store.spare_key(&needs.profile);
+    give_back(fleet, store, Budget::Spare, key, spare.limits, taken).await
 }
 
-/// Takes each lane's shortfall from the fleet's bucket, all lanes at once,
-/// and hands the leases to the core (waking the driver when a waiting
-/// request may go). A lease the core no longer wants goes back.
-pub(super) async fn top_up(
-    gw: &impl FleetHost,
-    fleet: &Fleet,
+/// Takes each lane's shortfall, and the spare bucket's, from the fleet's
+/// buckets, all at once, and hands the leases to the core.
+pub(super) async fn top_up<G: FleetHost + 'static>(
+    gw: &Arc<G>,
+    fleet: &Arc<Fleet>,
     store: &FleetStore,
-    profile: &str,
-    needs: &[LeaseNeed],
+    needs: &Needs,
 ) -> Result<(), (StoreOp, String)> {
-    let wanted: Vec<&LeaseNeed> = needs.iter().filter(|n| n.to_take() > 0).collect();
-    let keys: Vec<String> = wanted
+    let mut wants: Vec<Want> = needs
+        .lanes
         .iter()
-        .map(|n| format!("{profile}/{}", n.name))
+        .filter(|n| n.to_take() > 0)
+        .map(|n| Want {
+            budget: lane_budget(n),
+            key: store.bucket_key(&format!("{}/{}", needs.profile, n.name)),
+            limits: n.limits,
+            tokens: n.to_take(),
+        })
         .collect();
-    let calls = wanted
-        .iter()
-        .zip(&keys)
-        .map(|(n, k)| store.take(k, n.limits, n.to_take()));
-    let granted = futures::future::join_all(calls).await;
-    let mut unwanted = Vec::new();
-    let mut wake = false;
-    let mut failure = None;
-    gw.with_core(|core| {
-        for ((n, key), got) in wanted.iter().zip(&keys).zip(granted) {
-            let got = match got {
-                Ok(g) => {
-                    fleet.metrics.call(StoreOp::Take, true);
-                    g
-                }
-                Err(e) => {
-                    failure = Some((StoreOp::Take, e.to_string()));
-                    continue;
-                }
-            };
-            let ours = core.lane_index(&n.name) == Some(n.lane);
-            match ours.then(|| core.add_lease(n.lane, got)).flatten() {
-                Some(w) => wake |= w,
-                None => unwanted.push((key, n.limits, got)),
-            }
-        }
-    });
-    if wake {
-        gw.wake();
+    if let Some(spare) = needs.spare.filter(|s| s.to_take() > 0) {
+        wants.push(Want {
+            budget: Budget::Spare,
+            key: store.spare_key(&needs.profile),
+            limits: spare.limits,
+            tokens: spare.to_take(),
+        });
     }
-    if let Some(f) = failure {
-        return Err(f);
+    take_all(gw, fleet, store, wants).await
+}
+
+fn lane_budget(n: &LeaseNeed) -> Budget {
+    Budget::Lane {
+        index: n.lane,
+        name: n.name.clone(),
     }
-    for (key, limits, got) in unwanted {
-        let _ = store.give_back(key, limits, got).await;
-    }
-    Ok(())
 }

@@ -36,6 +36,7 @@ mod fds;
 mod fleet_args;
 mod fleet_host;
 mod fleet_ids;
+mod fleet_lease_calls;
 mod fleet_metrics;
 mod fleet_round;
 mod fleet_share;
