@@ -1,7 +1,9 @@
 //! The gateway's side of the fleet's shared state: a task that keeps each
-//! lane's leased bucket topped up from the shared store ahead of need
-//! (every [`LEASE_SECONDS`], sized from the replica's own recent demand and
-//! queue) and gives back what demand no longer needs, and the fleet-wide
+//! lane's leased bucket, and the pool's spare bucket, topped up from the
+//! shared store ahead of need (every [`LEASE_SECONDS`], sized from the
+//! replica's own recent demand and queue; the calls and their late answers
+//! in `fleet_lease_calls`) and gives back what demand no longer needs, and
+//! the fleet-wide
 //! first sighting of a request id (a retry sent to another replica than its
 //! original is a retry).
 //!
