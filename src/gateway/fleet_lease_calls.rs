@@ -17,7 +17,7 @@ use std::sync::Arc;
 use lanes::Core;
 use lanes::fleet_lease::FleetLimits;
 
-use super::fleet_metrics::{LeaseDirection, StoreOp};
+use super::fleet_metrics::{BudgetKind, LeaseDirection, StoreOp};
 use super::fleet_share::{Fleet, FleetHost};
 use super::fleet_store::{Answer, FleetStore, LeaseOp};
 
@@ -46,11 +46,11 @@ impl Budget {
         }
     }
 
-    /// The lane's name, `""` for spare (the metric's label).
-    pub(super) fn lane(&self) -> &str {
+    /// Its kind and lane name (`""` for spare): the metric's labels.
+    fn labels(&self) -> (BudgetKind, &str) {
         match self {
-            Budget::Lane { name, .. } => name,
-            Budget::Spare => "",
+            Budget::Lane { name, .. } => (BudgetKind::Lane, name),
+            Budget::Spare => (BudgetKind::Spare, ""),
         }
     }
 }
@@ -117,7 +117,7 @@ fn granted<G: FleetHost + 'static>(
     }
     fleet
         .metrics
-        .lease_units(&w.budget, LeaseDirection::Taken, got);
+        .lease_units(w.budget.labels(), LeaseDirection::Taken, got);
     match gw.with_core(|core| w.budget.credit(core, got)).flatten() {
         Some(true) => gw.wake(),
         Some(false) => {}
@@ -146,7 +146,7 @@ pub(super) async fn give_back(
             fleet.metrics.call(StoreOp::GiveBack, true);
             fleet
                 .metrics
-                .lease_units(&budget, LeaseDirection::Returned, tokens);
+                .lease_units(budget.labels(), LeaseDirection::Returned, tokens);
             Ok(())
         }
         // Tokens given back to a store that does not take them are lost to
@@ -159,7 +159,7 @@ pub(super) async fn give_back(
                     fleet.metrics.late(StoreOp::GiveBack);
                     fleet
                         .metrics
-                        .lease_units(&budget, LeaseDirection::Returned, tokens);
+                        .lease_units(budget.labels(), LeaseDirection::Returned, tokens);
                 }
             });
             Err((
@@ -190,6 +190,6 @@ async fn give_back_until_answered(
     if answer.is_ok() {
         fleet
             .metrics
-            .lease_units(budget, LeaseDirection::Returned, tokens);
+            .lease_units(budget.labels(), LeaseDirection::Returned, tokens);
     }
 }

@@ -5,8 +5,6 @@
 use lanes::fleet_mode::FleetMode;
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
-use super::fleet_lease_calls::Budget;
-
 /// A call to the shared store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum StoreOp {
@@ -36,6 +34,15 @@ impl StoreOp {
             StoreOp::Deferral => "deferral",
         }
     }
+}
+
+/// Which kind of the fleet's buckets a lease is of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BudgetKind {
+    /// A lane's bucket.
+    Lane,
+    /// The pool's spare-capacity bucket.
+    Spare,
 }
 
 /// Which way lease tokens went between a replica and the store.
@@ -139,13 +146,18 @@ impl FleetMetrics {
     }
 
     /// Lease tokens granted or given back (answered).
-    pub(super) fn lease_units(&self, budget: &Budget, direction: LeaseDirection, n: u64) {
-        let kind = match budget {
-            Budget::Lane { .. } => "lane",
-            Budget::Spare => "spare",
+    pub(super) fn lease_units(
+        &self,
+        (kind, lane): (BudgetKind, &str),
+        direction: LeaseDirection,
+        n: u64,
+    ) {
+        let kind = match kind {
+            BudgetKind::Lane => "lane",
+            BudgetKind::Spare => "spare",
         };
         self.lease_units
-            .with_label_values(&[kind, budget.lane(), direction.as_str()])
+            .with_label_values(&[kind, lane, direction.as_str()])
             .inc_by(n);
     }
 

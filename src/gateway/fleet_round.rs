@@ -10,7 +10,8 @@ use lanes::fleet_lease::LEASE_SECONDS;
 use lanes::fleet_mode::FleetMode;
 
 use super::fleet_metrics::StoreOp;
-use super::fleet_share::{Fleet, FleetHost, give_back_excess, needs, quiet_for_a_second, top_up};
+use super::fleet_needs::{give_back_excess, needs, top_up};
+use super::fleet_share::{Fleet, FleetHost, quiet_for_a_second};
 use super::fleet_slots::slot_round;
 
 /// Keeps the leases topped up, every [`LEASE_SECONDS`], until the gateway

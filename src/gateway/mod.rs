@@ -38,6 +38,7 @@ mod fleet_host;
 mod fleet_ids;
 mod fleet_lease_calls;
 mod fleet_metrics;
+mod fleet_needs;
 mod fleet_round;
 mod fleet_share;
 mod fleet_slots;
