@@ -14,7 +14,10 @@ use lanes::fleet_mode::FleetMode;
 
 use super::decision::{Reason, Verdict};
 use super::fleet_metrics::StoreOp;
-use super::fleet_share::{Fleet, FleetHost};
+use super::fleet_share::{Fleet, FleetHost, PendingDeferral, locked};
+
+/// Most deferrals kept for a store that does not answer.
+const MAX_PENDING_DEFERRALS: usize = 10_000;
 use super::fleet_store::FleetStore;
 use super::fleet_store_ids::Sighting;
 
@@ -82,6 +85,15 @@ impl Fleet {
             return;
         };
         let Some((key, seconds, store)) = self.shared_id_key(lane) else {
+            // On the local share: written once the store answers again
+            // (its sighting may have reached the store after the deadline).
+            if let Some((key, seconds)) = self.lane_key(lane) {
+                self.defer_later(PendingDeferral {
+                    key,
+                    id: id.to_owned(),
+                    seconds,
+                });
+            }
             return;
         };
         let (fleet, gw, id) = (Arc::clone(self), Arc::clone(gw), id.to_owned());
@@ -89,8 +101,42 @@ impl Fleet {
             let for_how_long = Duration::from_secs(seconds.max(1));
             match store.deferred(&key, &id, for_how_long).await {
                 Ok(()) => fleet.metrics.call(StoreOp::Deferral, true),
-                Err(e) => fleet.failed(&*gw, StoreOp::Deferral, &e.to_string()),
+                Err(e) => {
+                    fleet.defer_later(PendingDeferral { key, id, seconds });
+                    fleet.failed(&*gw, StoreOp::Deferral, &e.to_string());
+                }
             }
         });
+    }
+
+    /// Keeps a deferral for the store (the oldest dropped past
+    /// [`MAX_PENDING_DEFERRALS`]).
+    fn defer_later(&self, d: PendingDeferral) {
+        let mut pending = locked(&self.pending_deferrals);
+        if pending.len() >= MAX_PENDING_DEFERRALS {
+            pending.remove(0);
+        }
+        pending.push(d);
+    }
+
+    /// Writes the deferrals kept while the store did not answer (shared
+    /// mode only); those it does not take are kept for the next round.
+    pub(super) async fn write_pending_deferrals(&self, gw: &impl FleetHost, store: &FleetStore) {
+        if self.mode() != FleetMode::Shared {
+            return;
+        }
+        let pending = std::mem::take(&mut *locked(&self.pending_deferrals));
+        let mut left = pending.into_iter();
+        while let Some(d) = left.next() {
+            let for_how_long = Duration::from_secs(d.seconds.max(1));
+            if let Err(e) = store.deferred(&d.key, &d.id, for_how_long).await {
+                let mut kept = locked(&self.pending_deferrals);
+                kept.push(d);
+                kept.extend(left);
+                drop(kept);
+                return self.failed(gw, StoreOp::Deferral, &e.to_string());
+            }
+            self.metrics.call(StoreOp::Deferral, true);
+        }
     }
 }

@@ -10,57 +10,57 @@ use lanes::fleet_lease::LEASE_SECONDS;
 use lanes::fleet_mode::FleetMode;
 
 use super::fleet_metrics::StoreOp;
-use super::fleet_share::{Fleet, FleetHost, give_back, needs, quiet_for_a_second, top_up};
+use super::fleet_needs::{give_back_excess, needs, top_up};
+use super::fleet_share::{Fleet, FleetHost, quiet_for_a_second};
 use super::fleet_slots::slot_round;
 
 /// Keeps the leases topped up, every [`LEASE_SECONDS`], until the gateway
 /// stops.
-pub(super) async fn keep_leases(gw: Arc<impl FleetHost>, fleet: Arc<Fleet>) {
+pub(super) async fn keep_leases<G: FleetHost + 'static>(gw: Arc<G>, fleet: Arc<Fleet>) {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(LEASE_SECONDS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        round(&*gw, &fleet).await;
+        round(&gw, &fleet).await;
     }
 }
 
 /// One round: probe when on the local share; then, shared, each lane's
 /// excess given back and its lease topped up.
-async fn round(gw: &impl FleetHost, fleet: &Fleet) {
+async fn round<G: FleetHost + 'static>(gw: &Arc<G>, fleet: &Arc<Fleet>) {
+    let gw_ref = &**gw;
     if !fleet.may_call(gw.now()) {
         return;
     }
     let Some(store) = fleet.store().await else {
-        fleet.failed(gw, StoreOp::Probe, "no connection");
+        fleet.failed(gw_ref, StoreOp::Probe, "no connection");
         return;
     };
     if fleet.mode() != FleetMode::Shared {
         match store.ping().await {
-            Ok(()) => fleet.answered(gw, StoreOp::Probe),
-            Err(e) => return fleet.failed(gw, StoreOp::Probe, &e.to_string()),
+            Ok(()) => fleet.answered(gw_ref, StoreOp::Probe),
+            Err(e) => return fleet.failed(gw_ref, StoreOp::Probe, &e.to_string()),
         }
     }
-    let Some((profile, needs)) = needs(gw, fleet) else {
+    let Some(needs) = needs(gw_ref, fleet) else {
         return;
     };
-    let busy = needs
-        .iter()
-        .any(|n| n.to_take() > 0 || n.to_give_back() > 0);
-    if !busy && quiet_for_a_second(fleet) {
+    if !needs.busy() && quiet_for_a_second(fleet) {
         // An idle replica asks nothing of the store: a ping once a second
         // keeps its mode true.
         if let Err(e) = store.ping().await {
-            return fleet.failed(gw, StoreOp::Probe, &e.to_string());
+            return fleet.failed(gw_ref, StoreOp::Probe, &e.to_string());
         }
         fleet.metrics.call(StoreOp::Probe, true);
     }
-    if let Err((op, why)) = give_back(gw, fleet, &store, &profile, &needs).await {
-        return fleet.failed(gw, op, &why);
+    fleet.write_pending_deferrals(gw_ref, &store).await;
+    if let Err((op, why)) = give_back_excess(gw_ref, fleet, &store, &needs).await {
+        return fleet.failed(gw_ref, op, &why);
     }
-    if let Err((op, why)) = top_up(gw, fleet, &store, &profile, &needs).await {
-        return fleet.failed(gw, op, &why);
+    if let Err((op, why)) = top_up(gw, fleet, &store, &needs).await {
+        return fleet.failed(gw_ref, op, &why);
     }
-    if let Err((op, why)) = slot_round(gw, fleet, &store, &profile).await {
-        fleet.failed(gw, op, &why);
+    if let Err((op, why)) = slot_round(gw_ref, fleet, &store, &needs.profile).await {
+        fleet.failed(gw_ref, op, &why);
     }
 }

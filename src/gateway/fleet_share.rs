@@ -1,7 +1,9 @@
 //! The gateway's side of the fleet's shared state: a task that keeps each
-//! lane's leased bucket topped up from the shared store ahead of need
-//! (every [`LEASE_SECONDS`], sized from the replica's own recent demand and
-//! queue) and gives back what demand no longer needs, and the fleet-wide
+//! lane's leased bucket, and the pool's spare bucket, topped up from the
+//! shared store ahead of need (every [`LEASE_SECONDS`], sized from the
+//! replica's own recent demand and queue; the calls and their late answers
+//! in `fleet_lease_calls`) and gives back what demand no longer needs, and
+//! the fleet-wide
 //! first sighting of a request id (a retry sent to another replica than its
 //! original is a retry).
 //!
@@ -18,7 +20,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lanes::Core;
-use lanes::fleet_core::LeaseNeed;
 use lanes::fleet_lease::LEASE_SECONDS;
 use lanes::fleet_mode::{FleetHealth, FleetMode, PROBE_SECONDS};
 use prometheus::Registry;
@@ -60,9 +61,23 @@ pub(super) struct Fleet {
     pub(super) slot_seen: Mutex<HashMap<String, SlotSeen>>,
     /// The profile of the config in force and each lane's deadline in
     /// seconds (how long a request id is remembered), as of the last round.
-    lanes: Mutex<(String, HashMap<String, u64>)>,
+    pub(super) lanes: Mutex<(String, HashMap<String, u64>)>,
     /// Rounds in a row that called nothing (see [`quiet_for_a_second`]).
     quiet_rounds: AtomicU32,
+    /// Deferrals the store has not taken yet (see `fleet_ids`).
+    pub(super) pending_deferrals: Mutex<Vec<PendingDeferral>>,
+}
+
+/// A request id deferred while the store did not answer: written to the
+/// store once it does, so that wherever the request comes back it is a
+/// return, not a retry (its sighting may have reached the store late).
+#[derive(Clone, Debug)]
+pub(super) struct PendingDeferral {
+    /// The store's name of its lane.
+    pub(super) key: String,
+    pub(super) id: String,
+    /// How long it is remembered (the lane's deadline).
+    pub(super) seconds: u64,
 }
 
 pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -86,6 +101,7 @@ impl Fleet {
             slot_seen: Mutex::new(HashMap::new()),
             lanes: Mutex::new((String::new(), HashMap::new())),
             quiet_rounds: AtomicU32::new(0),
+            pending_deferrals: Mutex::new(Vec::new()),
         }))
     }
 
@@ -204,106 +220,4 @@ pub(super) fn quiet_for_a_second(fleet: &Fleet) -> bool {
         return true;
     }
     false
-}
-
-/// What each lane needs now (the core leased if it is not yet: a config
-/// installed while shared), and the lanes' deadlines noted for sightings.
-pub(super) fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<(String, Vec<LeaseNeed>)> {
-    let now = gw.now();
-    let (profile, needs) = gw.with_core(|core| {
-        if !core.leased() {
-            core.set_leased(true);
-        }
-        (core.config().profile.clone(), core.lease_needs(now))
-    })?;
-    let deadlines = needs
-        .iter()
-        .map(|n| (n.name.clone(), n.deadline_seconds))
-        .collect();
-    *locked(&fleet.lanes) = (profile.clone(), deadlines);
-    Some((profile, needs))
-}
-
-/// Gives back what each lane holds beyond its need (its demand fell).
-pub(super) async fn give_back(
-    gw: &impl FleetHost,
-    fleet: &Fleet,
-    store: &FleetStore,
-    profile: &str,
-    needs: &[LeaseNeed],
-) -> Result<(), (StoreOp, String)> {
-    for n in needs.iter().filter(|n| n.to_give_back() > 0) {
-        let taken = gw.with_core(|core| {
-            if core.lane_index(&n.name) == Some(n.lane) {
-                core.take_back(n.lane, n.to_give_back())
-            } else {
-                0
-            }
-        });
-        let Some(taken) = taken.filter(|t| *t > 0) else {
-            continue;
-        };
-        // Tokens given back to a store that does not answer are lost to
-        // the fleet: safe (fewer admitted), never more.
-        store
-            .give_back(&format!("{profile}/{}", n.name), n.limits, taken)
-            .await
-            .map_err(|e| (StoreOp::GiveBack, e.to_string()))?;
-        fleet.metrics.call(StoreOp::GiveBack, true);
-    }
-    Ok(())
-}
-
-/// Takes each lane's shortfall from the fleet's bucket, all lanes at once,
-/// and hands the leases to the core (waking the driver when a waiting
-/// request may go). A lease the core no longer wants goes back.
-pub(super) async fn top_up(
-    gw: &impl FleetHost,
-    fleet: &Fleet,
-    store: &FleetStore,
-    profile: &str,
-    needs: &[LeaseNeed],
-) -> Result<(), (StoreOp, String)> {
-    let wanted: Vec<&LeaseNeed> = needs.iter().filter(|n| n.to_take() > 0).collect();
-    let keys: Vec<String> = wanted
-        .iter()
-        .map(|n| format!("{profile}/{}", n.name))
-        .collect();
-    let calls = wanted
-        .iter()
-        .zip(&keys)
-        .map(|(n, k)| store.take(k, n.limits, n.to_take()));
-    let granted = futures::future::join_all(calls).await;
-    let mut unwanted = Vec::new();
-    let mut wake = false;
-    let mut failure = None;
-    gw.with_core(|core| {
-        for ((n, key), got) in wanted.iter().zip(&keys).zip(granted) {
-            let got = match got {
-                Ok(g) => {
-                    fleet.metrics.call(StoreOp::Take, true);
-                    g
-                }
-                Err(e) => {
-                    failure = Some((StoreOp::Take, e.to_string()));
-                    continue;
-                }
-            };
-            let ours = core.lane_index(&n.name) == Some(n.lane);
-            match ours.then(|| core.add_lease(n.lane, got)).flatten() {
-                Some(w) => wake |= w,
-                None => unwanted.push((key, n.limits, got)),
-            }
-        }
-    });
-    if wake {
-        gw.wake();
-    }
-    if let Some(f) = failure {
-        return Err(f);
-    }
-    for (key, limits, got) in unwanted {
-        let _ = store.give_back(key, limits, got).await;
-    }
-    Ok(())
 }

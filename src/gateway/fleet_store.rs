@@ -7,7 +7,10 @@
 //!
 //! Every call has a deadline of a few milliseconds: a slow or absent store
 //! is an error the caller turns into the replica's local share, never a
-//! request held up or failed.
+//! request held up or failed. A lease call keeps waiting for its answer
+//! past the deadline, apart from the caller ([`Answer::Late`]): the script
+//! ran on the store, so a lease granted late must be used or given back,
+//! never lost (`fleet_late`).
 
 use std::time::Duration;
 
@@ -38,8 +41,10 @@ local granted = 0
 if ARGV[3] == 'take' then
   granted = math.max(0, math.min(n, math.floor(tokens)))
   tokens = tokens - granted
+  redis.call('HINCRBY', KEYS[1], 'taken', granted)
 else
   tokens = math.min(burst, tokens + n)
+  redis.call('HINCRBY', KEYS[1], 'returned', n)
 end
 redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens),
   'updated', string.format('%.17g', updated))
@@ -52,6 +57,52 @@ const MIN_KEY_SECONDS: f64 = 60.0;
 /// And at most this long (a paused lane's bucket refills never).
 const MAX_KEY_SECONDS: f64 = 86_400.0;
 
+/// How long a call's answer is still waited for after its deadline (a late
+/// lease is then used or given back); the connection's own response
+/// timeout.
+const LATE_ANSWER: Duration = Duration::from_secs(5);
+
+/// A lease call's answer: in time, or still to come (the caller went on
+/// without it, on the local share).
+pub(super) enum Answer<T> {
+    /// Within the call's deadline.
+    InTime(Result<T, FleetStoreError>),
+    /// Past it: the call goes on; its answer comes through the handle.
+    Late(tokio::task::JoinHandle<Result<T, FleetStoreError>>),
+}
+
+/// What a lease call does to its bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LeaseOp {
+    /// Takes up to n tokens.
+    Take,
+    /// Gives n unused tokens back.
+    Give,
+}
+
+impl LeaseOp {
+    fn as_str(self) -> &'static str {
+        match self {
+            LeaseOp::Take => "take",
+            LeaseOp::Give => "give",
+        }
+    }
+}
+
+/// Runs `call` apart from the caller and waits for it up to `deadline`.
+async fn within<T: Send + 'static>(
+    deadline: Duration,
+    call: impl Future<Output = Result<T, FleetStoreError>> + Send + 'static,
+) -> Answer<T> {
+    let mut task = tokio::spawn(call);
+    match tokio::time::timeout(deadline, &mut task).await {
+        Ok(joined) => {
+            Answer::InTime(joined.unwrap_or_else(|e| Err(FleetStoreError::Lost(e.to_string()))))
+        }
+        Err(_) => Answer::Late(task),
+    }
+}
+
 /// Why a call to the store did not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum FleetStoreError {
@@ -61,6 +112,9 @@ pub enum FleetStoreError {
     /// The store answered with an error, or the connection failed.
     #[error("the shared store: {0}")]
     Store(#[from] redis::RedisError),
+    /// The call's task ended without an answer.
+    #[error("the shared store's call was lost: {0}")]
+    Lost(String),
 }
 
 /// A connection to the shared store, for one gateway fleet.
@@ -112,7 +166,7 @@ impl FleetStore {
         };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(deadline.max(Duration::from_millis(100))))
-            .set_response_timeout(Some(deadline))
+            .set_response_timeout(Some(deadline.max(LATE_ANSWER)))
             .set_number_of_retries(1);
         let conn = tokio::time::timeout(
             deadline.max(Duration::from_secs(1)),
@@ -135,7 +189,11 @@ impl FleetStore {
         limits: FleetLimits,
         want: u64,
     ) -> Result<u64, FleetStoreError> {
-        self.call(lane, limits, "take", want).await
+        let key = self.bucket_key(lane);
+        in_time(
+            self.lease(key, limits, LeaseOp::Take, want).await,
+            self.deadline,
+        )
     }
 
     /// Gives `unused` tokens of an ended lease back to `lane`'s bucket.
@@ -148,7 +206,12 @@ impl FleetStore {
         if unused == 0 {
             return Ok(());
         }
-        self.call(lane, limits, "give", unused).await.map(|_| ())
+        let key = self.bucket_key(lane);
+        in_time(
+            self.lease(key, limits, LeaseOp::Give, unused).await,
+            self.deadline,
+        )
+        .map(|_| ())
     }
 
     /// Whether the store answers within the deadline (a probe); it loads
@@ -165,29 +228,48 @@ impl FleetStore {
         Ok(())
     }
 
-    async fn call(
+    /// One lease call on the bucket at `key` (a full key, see
+    /// [`FleetStore::bucket_key`], [`FleetStore::spare_key`]).
+    pub(super) async fn lease(
         &self,
-        lane: &str,
+        key: String,
         limits: FleetLimits,
-        op: &str,
+        op: LeaseOp,
         n: u64,
-    ) -> Result<u64, FleetStoreError> {
+    ) -> Answer<u64> {
         let mut conn = self.conn.clone();
-        let mut invocation = self.script.key(self.bucket_key(lane));
-        invocation
-            .arg(limits.rate.max(0.0))
-            .arg(limits.burst.max(0.0))
-            .arg(op)
-            .arg(n)
-            .arg(key_millis(limits));
-        tokio::time::timeout(self.deadline, invocation.invoke_async(&mut conn))
-            .await
-            .map_err(|_| FleetStoreError::Timeout(self.deadline))?
-            .map_err(FleetStoreError::from)
+        let script = self.script.clone();
+        let call = async move {
+            let mut invocation = script.key(key);
+            invocation
+                .arg(limits.rate.max(0.0))
+                .arg(limits.burst.max(0.0))
+                .arg(op.as_str())
+                .arg(n)
+                .arg(key_millis(limits));
+            let got: u64 = invocation.invoke_async(&mut conn).await?;
+            Ok(got)
+        };
+        within(self.deadline, call).await
     }
 
-    fn bucket_key(&self, lane: &str) -> String {
+    /// The key of lane `lane`'s bucket (`lane`: the profile, `/`, the
+    /// lane's name).
+    pub(super) fn bucket_key(&self, lane: &str) -> String {
         format!("{}:lane:{lane}:bucket", self.prefix)
+    }
+
+    /// The key of the pool's spare-capacity bucket of `profile`.
+    pub(super) fn spare_key(&self, profile: &str) -> String {
+        format!("{}:pool:{profile}:spare", self.prefix)
+    }
+}
+
+/// An answer in time, or a timeout (its late answer is not waited for).
+fn in_time<T>(a: Answer<T>, deadline: Duration) -> Result<T, FleetStoreError> {
+    match a {
+        Answer::InTime(r) => r,
+        Answer::Late(_) => Err(FleetStoreError::Timeout(deadline)),
     }
 }
 

@@ -68,6 +68,10 @@ impl Server {
         Some(server)
     }
 
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
     pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }

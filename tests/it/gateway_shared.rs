@@ -28,7 +28,7 @@ const FLEET_BURST: f64 = 12.0;
 /// The load offered: twice the lane's rate.
 const OFFERED: f64 = 120.0;
 
-fn config() -> Value {
+pub(crate) fn config() -> Value {
     let mut cfg = inc47();
     let p2 = lane_mut(&mut cfg, LANE);
     p2["admittedRequestsPerSecond"] = json!(RATE);
@@ -299,13 +299,22 @@ pub(crate) async fn fleet(
     m: &Proc,
     store: &Server,
 ) -> (Vec<Proc>, reqwest::Client) {
+    fleet_at(test, cfg, m, &store.url()).await
+}
+
+/// Three replicas on the store at `url` in front of `m`, all shared.
+pub(crate) async fn fleet_at(
+    test: &str,
+    cfg: &Value,
+    m: &Proc,
+    url: &str,
+) -> (Vec<Proc>, reqwest::Client) {
     let path = config_file(test, cfg);
-    let url = store.url();
     let flags = [
         "--replicas",
         "3",
         "--shared-state",
-        &url,
+        url,
         "--shared-state-timeout-millis",
         "200",
     ];

@@ -44,6 +44,8 @@ mod gateway_objective;
 mod gateway_replay;
 mod gateway_shared;
 mod gateway_shared_fleet;
+mod gateway_shared_late;
+mod gateway_shared_spare;
 mod gateway_tenants;
 mod gateway_tls;
 mod gateway_tokens;

@@ -147,6 +147,7 @@ impl Core {
         };
         self.spare.refill(now);
         next.spare.tokens = self.spare.tokens.min(next.spare.cap);
+        next.spare.leased = self.spare.leased && next.spare.rate > 0.0;
         let gauge = std::mem::replace(&mut self.pressure, PressureGauge::new(None, 1.0, now));
         gauge.carry_into(&mut next.pressure);
         self.pool.carry_into(&mut next.pool);

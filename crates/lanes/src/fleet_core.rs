@@ -6,8 +6,8 @@
 //! While leased ([`Core::set_leased`]), a lane's bucket does not refill on
 //! its own: every token it spends came from the fleet's bucket, which runs
 //! at the lane's whole rate (not the replica's 1/N share). Everything else
-//! (queues, spare capacity, tenants, the in-flight limit) stays the
-//! replica's share. Back on the local share, the bucket refills at 1/N again
+//! (queues, tenants, the in-flight limit) stays the replica's share; the
+//! pool's spare capacity is leased too (`fleet_spare`). Back on the local share, the bucket refills at 1/N again
 //! and keeps at most its local size of what it held.
 
 use crate::core::Core;
@@ -72,6 +72,7 @@ impl Core {
             lane.bucket.leased = leased && !lane.bucket.paused;
             lane.bucket.tokens = lane.bucket.tokens.min(lane.bucket.cap());
         }
+        self.set_spare_leased(leased);
         self.set_tenants_leased(leased);
         self.set_pool_leased(leased);
     }

@@ -68,6 +68,7 @@ pub mod fleet_lease;
 pub mod fleet_mode;
 pub mod fleet_pool;
 pub mod fleet_slots;
+pub mod fleet_spare;
 pub mod fleet_tenants;
 mod history;
 mod id_hint;

@@ -1,0 +1,130 @@
+//! What a replica needs of the fleet's buckets in one lease round (each
+//! lane's and the pool's spare bucket's), and the round's two moves: the
+//! excess given back, the shortfall taken (`fleet_lease_calls` makes the
+//! calls).
+
+use std::sync::Arc;
+
+use lanes::fleet_core::LeaseNeed;
+use lanes::fleet_spare::SpareNeed;
+
+use super::fleet_lease_calls::{Budget, Want, give_back, take_all};
+use super::fleet_metrics::StoreOp;
+use super::fleet_share::{Fleet, FleetHost, locked};
+use super::fleet_store::FleetStore;
+
+/// What the replica needs of the fleet's buckets in one round.
+pub(super) struct Needs {
+    /// The profile of the config in force.
+    pub(super) profile: String,
+    /// Each lane's.
+    pub(super) lanes: Vec<LeaseNeed>,
+    /// The pool's spare bucket's (none without spare capacity).
+    pub(super) spare: Option<SpareNeed>,
+}
+
+impl Needs {
+    /// Whether anything is to be taken or given back.
+    pub(super) fn busy(&self) -> bool {
+        self.lanes
+            .iter()
+            .any(|n| n.to_take() > 0 || n.to_give_back() > 0)
+            || self
+                .spare
+                .is_some_and(|s| s.to_take() > 0 || s.to_give_back() > 0)
+    }
+}
+
+/// What each lane and the spare bucket need now (the core leased if it is
+/// not yet: a config installed while shared), and the lanes' deadlines
+/// noted for sightings.
+pub(super) fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<Needs> {
+    let now = gw.now();
+    let needs = gw.with_core(|core| {
+        if !core.leased() {
+            core.set_leased(true);
+        }
+        Needs {
+            profile: core.config().profile.clone(),
+            lanes: core.lease_needs(now),
+            spare: core.spare_lease_need(now),
+        }
+    })?;
+    let deadlines = needs
+        .lanes
+        .iter()
+        .map(|n| (n.name.clone(), n.deadline_seconds))
+        .collect();
+    *locked(&fleet.lanes) = (needs.profile.clone(), deadlines);
+    Some(needs)
+}
+
+/// Gives back what each lane, and the spare bucket, holds beyond its need
+/// (demand fell).
+pub(super) async fn give_back_excess(
+    gw: &impl FleetHost,
+    fleet: &Arc<Fleet>,
+    store: &FleetStore,
+    needs: &Needs,
+) -> Result<(), (StoreOp, String)> {
+    for n in needs.lanes.iter().filter(|n| n.to_give_back() > 0) {
+        let taken = gw.with_core(|core| {
+            if core.lane_index(&n.name) == Some(n.lane) {
+                core.take_back(n.lane, n.to_give_back())
+            } else {
+                0
+            }
+        });
+        let Some(taken) = taken.filter(|t| *t > 0) else {
+            continue;
+        };
+        let key = store.bucket_key(&format!("{}/{}", needs.profile, n.name));
+        give_back(fleet, store, lane_budget(n), key, n.limits, taken).await?;
+    }
+    let Some(spare) = needs.spare.filter(|s| s.to_give_back() > 0) else {
+        return Ok(());
+    };
+    let taken = gw.with_core(|core| core.take_back_spare(spare.to_give_back()));
+    let Some(taken) = taken.filter(|t| *t > 0) else {
+        return Ok(());
+    };
+    let key = store.spare_key(&needs.profile);
+    give_back(fleet, store, Budget::Spare, key, spare.limits, taken).await
+}
+
+/// Takes each lane's shortfall, and the spare bucket's, from the fleet's
+/// buckets, all at once, and hands the leases to the core.
+pub(super) async fn top_up<G: FleetHost + 'static>(
+    gw: &Arc<G>,
+    fleet: &Arc<Fleet>,
+    store: &FleetStore,
+    needs: &Needs,
+) -> Result<(), (StoreOp, String)> {
+    let mut wants: Vec<Want> = needs
+        .lanes
+        .iter()
+        .filter(|n| n.to_take() > 0)
+        .map(|n| Want {
+            budget: lane_budget(n),
+            key: store.bucket_key(&format!("{}/{}", needs.profile, n.name)),
+            limits: n.limits,
+            tokens: n.to_take(),
+        })
+        .collect();
+    if let Some(spare) = needs.spare.filter(|s| s.to_take() > 0) {
+        wants.push(Want {
+            budget: Budget::Spare,
+            key: store.spare_key(&needs.profile),
+            limits: spare.limits,
+            tokens: spare.to_take(),
+        });
+    }
+    take_all(gw, fleet, store, wants).await
+}
+
+fn lane_budget(n: &LeaseNeed) -> Budget {
+    Budget::Lane {
+        index: n.lane,
+        name: n.name.clone(),
+    }
+}
