@@ -534,7 +534,7 @@ pub fn policy_status(
 }
 
 #[cfg(test)]
-mod static_reason_tests {
+mod tests {
     use super::*;
 
     fn burn() -> Warning {
