@@ -211,7 +211,10 @@ mod tests {
         let s = dist(800.0, 3000.0, 200.0, 700.0).sampler();
         let a: Vec<DrawnTokens> = (0..50).map(|id| s.draw(47, id)).collect();
         let b: Vec<DrawnTokens> = (0..50).rev().map(|id| s.draw(47, id)).collect();
-        assert!(a.iter().eq(b.iter().rev()), "the order of draws changes nothing");
+        assert!(
+            a.iter().eq(b.iter().rev()),
+            "the order of draws changes nothing"
+        );
         assert_ne!(
             a,
             (0..50).map(|id| s.draw(48, id)).collect::<Vec<_>>(),
@@ -248,8 +251,8 @@ mod tests {
 
     #[test]
     fn a_scenario_parses_its_tokens_and_says_which_is_wrong() {
-        let s = parsed("{input: {median: 800, p95: 3000}, output: {median: 200, p95: 700}}")
-            .unwrap();
+        let s =
+            parsed("{input: {median: 800, p95: 3000}, output: {median: 200, p95: 700}}").unwrap();
         assert_eq!(
             s.lanes["chat"].tokens,
             Some(dist(800.0, 3000.0, 200.0, 700.0))

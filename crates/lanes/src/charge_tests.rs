@@ -325,6 +325,9 @@ fn a_hinted_sized_admission_charges_as_the_plain_one_and_learns_the_ids_place() 
     let charge = pass(hinted.admit_sized_hinted(&req("a"), size(4000, 250), &mut hint, 9.0))
         .charge
         .expect("sized");
-    assert!(charge.priced && (charge.units - 2.0).abs() < 1e-9, "{charge:?}");
+    assert!(
+        charge.priced && (charge.units - 2.0).abs() < 1e-9,
+        "{charge:?}"
+    );
     assert_eq!(hint, crate::IdHint::NONE, "no id, no hint");
 }
