@@ -10,6 +10,8 @@
 //! seed and the request's id (its own stream of a generator keyed by the
 //! seed), so a retry or a return after a deferral carries the same prompt
 //! and gets the same answer length, and no other draw of the run moves.
+//! The mean of each count is `exp(μ + σ²/2)`: a request's service time is
+//! scaled by its tokens over the mean request's.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -106,7 +108,7 @@ impl TokenDistribution {
         TokenSampler {
             input: self.input.log_normal(),
             output: self.output.log_normal(),
-            median_total: self.input.median + self.output.median,
+            mean_total: self.input.log_normal().mean() + self.output.log_normal().mean(),
         }
     }
 }
@@ -118,6 +120,11 @@ struct LogNormal {
 }
 
 impl LogNormal {
+    /// `exp(μ + σ²/2)`.
+    fn mean(self) -> f64 {
+        (self.mu + self.sigma * self.sigma / 2.0).exp()
+    }
+
     fn tokens(self, z: f64) -> u64 {
         ((self.mu + self.sigma * z).exp().round() as u64).max(1)
     }
@@ -137,7 +144,7 @@ pub struct DrawnTokens {
 pub struct TokenSampler {
     input: LogNormal,
     output: LogNormal,
-    median_total: f64,
+    mean_total: f64,
 }
 
 impl TokenSampler {
@@ -154,12 +161,12 @@ impl TokenSampler {
         }
     }
 
-    /// How much longer than the lane's median request a request of
-    /// `input + output` tokens takes: its tokens ÷ the median input plus
-    /// the median output (the scenario's `service` is the median
-    /// request's).
+    /// How much longer than the lane's mean request a request of
+    /// `input + output` tokens takes: its tokens ÷ the mean input plus the
+    /// mean output of the distribution. Scaling the lane's `service` draw by
+    /// it (an independent draw) keeps the lane's mean service time.
     pub fn service_factor(&self, input: u64, output: u64) -> f64 {
-        (input + output) as f64 / self.median_total
+        (input + output) as f64 / self.mean_total
     }
 }
 
@@ -237,6 +244,17 @@ mod tests {
         }
         assert!((s.service_factor(1000, 1) - 1.0).abs() < 1e-12);
         assert!((s.service_factor(10_010, 0) - 10.0).abs() < 1e-12);
+        // A spread distribution's mean request is above its median one.
+        let s = dist(800.0, 3000.0, 200.0, 700.0).sampler();
+        let mean: f64 = (0..20_000)
+            .map(|id| {
+                let d = s.draw(3, id);
+                s.service_factor(d.input, d.output)
+            })
+            .sum::<f64>()
+            / 20_000.0;
+        assert!((mean - 1.0).abs() < 0.03, "the mean factor is 1: {mean}");
+        assert!(s.service_factor(800, 200) < 0.8);
     }
 
     fn parsed(tokens: &str) -> Result<crate::scenario::Scenario, String> {

@@ -1355,41 +1355,14 @@ impl<'a> Sim<'a> {
             );
             return;
         }
-        let size = match self.shape(&a, li, p) {
-            Shape::TooLong => return self.fail(a, now, Fail::TooLong),
-            Shape::Unsized => None,
-            Shape::Sized(size) => Some(size),
-        };
-        let Some(core) = self.cores[p].as_mut() else {
-            return;
-        };
-        // The request id as a client sends it, in decimal.
-        let mut digits = [0u8; 20];
-        let id = decimal(u64::from(a.id), &mut digits);
-        let req = lanes::Request {
-            lane: &self.lanes[li].name,
-            tenant: None,
-            attempt: Some(u32::from(a.n)),
-            request_id: Some(id),
-        };
-        let verdict = match size {
-            Some(size) => core.admit_sized_hinted(&req, size, &mut a.id_hint, now),
-            None => core.admit_hinted(&req, &mut a.id_hint, now),
-        };
-        let enforcing = core.enforcing();
-        if let Verdict::Pass(pass) = &verdict {
-            if let Some(s) = &pass.tenant_slot {
-                self.tenant_slots.insert((a.id, a.n), s.clone());
-            }
-            self.charged(&a, pass.charge.as_ref());
-        }
-        let Some(core) = self.cores[p].as_mut() else {
+        let Some((verdict, enforcing)) = self.decide(&mut a, li, p, now) else {
             return;
         };
         if !enforcing {
             // Observe mode: nothing is enforced.
-            if let Verdict::Queued { ticket, .. } = verdict {
-                core.cancel(ticket);
+            if let (Verdict::Queued { ticket, .. }, Some(core)) = (&verdict, self.cores[p].as_mut())
+            {
+                core.cancel(*ticket);
             }
             self.send_to_pool(a, now);
             return;
@@ -1410,6 +1383,48 @@ impl<'a> Sim<'a> {
                 },
             ),
         }
+    }
+
+    /// Profile `p`'s core (it has a config) decides on attempt `a` at
+    /// `now`, sized when its lane has tokens; a pass keeps its tenant slot
+    /// and its charge. None when its shape was refused before admission.
+    fn decide(
+        &mut self,
+        a: &mut Attempt,
+        li: usize,
+        p: usize,
+        now: f64,
+    ) -> Option<(Verdict, bool)> {
+        let size = match self.shape(a, li, p) {
+            Shape::TooLong => {
+                self.fail(*a, now, Fail::TooLong);
+                return None;
+            }
+            Shape::Unsized => None,
+            Shape::Sized(size) => Some(size),
+        };
+        let core = self.cores[p].as_mut()?;
+        // The request id as a client sends it, in decimal.
+        let mut digits = [0u8; 20];
+        let id = decimal(u64::from(a.id), &mut digits);
+        let req = lanes::Request {
+            lane: &self.lanes[li].name,
+            tenant: None,
+            attempt: Some(u32::from(a.n)),
+            request_id: Some(id),
+        };
+        let verdict = match size {
+            Some(size) => core.admit_sized_hinted(&req, size, &mut a.id_hint, now),
+            None => core.admit_hinted(&req, &mut a.id_hint, now),
+        };
+        let enforcing = core.enforcing();
+        if let Verdict::Pass(pass) = &verdict {
+            if let Some(s) = &pass.tenant_slot {
+                self.tenant_slots.insert((a.id, a.n), s.clone());
+            }
+            self.charged(a, pass.charge.as_ref());
+        }
+        Some((verdict, enforcing))
     }
 
     /// What the client of a refused attempt does: a deferred request comes

@@ -19,8 +19,9 @@
 //! - **The pool.** A request of a lane with `cost` takes its actual cost
 //!   (its tokens priced by the lane's `cost`) of the pool's work units, not
 //!   `workUnitsPerRequest`; its service time is the lane's `service` draw
-//!   (the time of a request of median size) times its tokens ÷ the median
-//!   input plus the median output.
+//!   times its tokens ÷ the distribution's mean input plus mean output, so
+//!   the lane's mean service time is the scenario's and a request twice as
+//!   large as the mean takes twice as long.
 //! - **Settlement.** An answered request settles its reservation with its
 //!   usage (its input and its output after `max_tokens`); a request that
 //!   failed or was timed out settles without usage (the reservation
@@ -135,7 +136,7 @@ impl Sim<'_> {
             .map_or(self.lanes[li].units, |t| t.pool_units)
     }
 
-    /// How much longer than the lane's median request attempt `a` takes.
+    /// How much longer than the lane's mean request attempt `a` takes.
     pub(super) fn service_factor(&self, a: &Attempt) -> f64 {
         let li = usize::from(a.lane);
         let (Some(s), Some(t)) = (self.lanes[li].tokens, self.token_attempts.get(&(a.id, a.n)))
