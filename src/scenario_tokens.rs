@@ -4,18 +4,18 @@
 //!
 //! Each count is log-normal, fitted to the two quantiles: `μ = ln(median)`,
 //! `σ = (ln(p95) − μ) ÷ 1.6449` (the standard normal's 95th percentile), and
-//! a draw is `exp(μ + σ·z)` rounded to the nearest whole token, at least 1.
+//! a draw is `exp(μ + σ·z)` rounded to the nearest whole token, at least 1,
+//! with `z` a standard normal (Box–Muller on two uniforms hashed from the
+//! seed and the request's id with SplitMix64).
 //! Token counts are skewed to the right as log-normals are: most prompts
 //! short, a few very long. A request's draw depends only on the scenario's
-//! seed and the request's id (its own stream of a generator keyed by the
-//! seed), so a retry or a return after a deferral carries the same prompt
+//! seed and the request's id (no generator state: a request's draw costs
+//! two hashes, which matters for the millions of returns of a deferred
+//! lane), so a retry or a return after a deferral carries the same prompt
 //! and gets the same answer length, and no other draw of the run moves.
 //! The mean of each count is `exp(μ + σ²/2)`: a request's service time is
 //! scaled by its tokens over the mean request's.
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 
 /// The standard normal's 95th percentile.
@@ -130,6 +130,28 @@ impl LogNormal {
     }
 }
 
+/// SplitMix64's output function of `x`.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A uniform in (0, 1] from 64 hashed bits.
+fn unit(bits: u64) -> f64 {
+    ((bits >> 11) + 1) as f64 / (1u64 << 53) as f64
+}
+
+/// Two independent standard normals for `id` under `key` (Box–Muller).
+fn normals(key: u64, id: u64) -> (f64, f64) {
+    let a = mix(mix(key) ^ id.wrapping_mul(2));
+    let b = mix(mix(key) ^ id.wrapping_mul(2).wrapping_add(1));
+    let r = (-2.0 * unit(a).ln()).sqrt();
+    let theta = std::f64::consts::TAU * unit(b);
+    (r * theta.cos(), r * theta.sin())
+}
+
 /// One request's tokens as drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DrawnTokens {
@@ -151,10 +173,7 @@ impl TokenSampler {
     /// The tokens of request `id` of a run seeded `seed`: the same for the
     /// same pair, whatever else the run draws.
     pub fn draw(&self, seed: u64, id: u64) -> DrawnTokens {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ TOKEN_KEY);
-        rng.set_stream(id);
-        let zi: f64 = rng.sample(StandardNormal);
-        let zo: f64 = rng.sample(StandardNormal);
+        let (zi, zo) = normals(seed ^ TOKEN_KEY, id);
         DrawnTokens {
             input: self.input.tokens(zi),
             output: self.output.tokens(zo),

@@ -65,4 +65,5 @@ mod sim_inc47;
 mod sim_inc47_tokens;
 mod sim_long_context;
 mod sim_model;
+mod sim_tokens;
 mod walkthrough;

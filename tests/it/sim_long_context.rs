@@ -58,18 +58,18 @@ fn the_long_context_limit_keeps_chat_whole_through_the_burst() {
     let chat = lane(with, "chat");
     assert_eq!(chat.offered, 9085);
     assert_eq!(chat.rejected + chat.expired + chat.failed, 0, "{chat:#?}");
-    assert_eq!(chat.within_deadline_percent, Some(99.845));
+    assert_eq!(chat.within_deadline_percent, Some(99.923));
     let research = lane(with, "research");
     let t = research
         .tokens
         .as_ref()
         .expect("research's tokens are in play");
     // The burst pays: its long prompts beyond the 8 places are refused.
-    assert_eq!(t.long_context_refusals, 434);
-    assert_eq!(research.rejected, 437);
-    // Three prompts above maxInputTokens (100,000) were refused before
+    assert_eq!(t.long_context_refusals, 421);
+    assert_eq!(research.rejected, 426);
+    // Five prompts above maxInputTokens (100,000) were refused before
     // admission.
-    assert_eq!(t.context_too_long, 3);
+    assert_eq!(t.context_too_long, 5);
     assert_eq!(t.estimate, None, "research has no cost: nothing settles");
 }
 
@@ -77,8 +77,8 @@ fn the_long_context_limit_keeps_chat_whole_through_the_burst() {
 fn without_it_the_burst_takes_the_model_slots_from_chat() {
     let (with, without) = runs();
     let chat = lane(without, "chat");
-    assert_eq!(chat.rejected, 1332);
-    assert_eq!(chat.within_deadline_percent, Some(85.14));
+    assert_eq!(chat.rejected, 1294);
+    assert_eq!(chat.within_deadline_percent, Some(85.642));
     assert!(
         chat.within_deadline_percent < lane(with, "chat").within_deadline_percent,
         "the limit is what keeps chat"
@@ -94,14 +94,16 @@ fn chat_reserves_more_than_its_answers_cost_and_settles_the_difference() {
     let (with, _) = runs();
     let t = lane(with, "chat").tokens.clone().unwrap();
     let e = t.estimate.expect("chat is priced");
-    // Reserved at the P95 of its answers, settled at their actual length.
+    // Reserved at the P95 of its answers (256 tokens before 20 settled),
+    // settled at their actual length: a few answers above the P95 cost
+    // more than they reserved.
     assert_eq!(e.settled, t.answered);
     assert!(
-        e.mean_settled_to_reserved < 0.7 && e.p95_settled_to_reserved <= 1.0,
+        e.mean_settled_to_reserved < 0.7 && e.p95_settled_to_reserved < 1.05,
         "{e:?}"
     );
-    assert_eq!(t.input.median_per_request, Some(605));
-    assert_eq!(t.output.p95_per_request, Some(507));
+    assert_eq!(t.input.median_per_request, Some(599));
+    assert_eq!(t.output.p95_per_request, Some(492));
 }
 
 #[test]
@@ -118,5 +120,29 @@ fn the_golden_is_the_simulate_output_and_the_docs_quote_it() {
             docs.contains(line.trim_start()),
             "docs/simulate.md should quote:\n{line}"
         );
+    }
+}
+
+/// docs/simulate.md's row for a run.
+fn docs_row(label: &str, r: &SimReport) -> String {
+    let (chat, research) = (lane(r, "chat"), lane(r, "research"));
+    format!(
+        "| {label} | {:.3} % | {} | {} |",
+        chat.within_deadline_percent.unwrap(),
+        chat.rejected,
+        research.tokens.as_ref().unwrap().long_context_refusals
+    )
+}
+
+#[test]
+fn the_docs_table_is_the_two_runs() {
+    let (with, without) = runs();
+    let docs = std::fs::read_to_string(root().join("docs/simulate.md")).unwrap();
+    let rows = [
+        docs_row("**with `longContext` (the example)**", with),
+        docs_row("without `longContext`", without),
+    ];
+    for row in rows {
+        assert!(docs.contains(&row), "docs/simulate.md should have:\n{row}");
     }
 }
