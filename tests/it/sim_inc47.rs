@@ -30,7 +30,7 @@ fn p0(r: &SimReport) -> f64 {
 }
 
 /// The full run, shared by the tests of this file (debug builds are slow).
-pub(crate) fn lanekeeper_run() -> &'static (Run, SimReport) {
+fn lanekeeper_run() -> &'static (Run, SimReport) {
     static RUN: OnceLock<(Run, SimReport)> = OnceLock::new();
     RUN.get_or_init(|| {
         let (world, sc) = inc47();
