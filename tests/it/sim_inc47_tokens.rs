@@ -126,6 +126,28 @@ fn priced_by_tokens_every_lane_ends_as_well_as_with_fixed_costs_and_the_docs_say
         let row = docs_row(&f.name);
         assert!(docs.contains(&row), "docs/simulate.md should have:\n{row}");
     }
+    // The ladder moves at the same times; P0's late answers are the pool's
+    // (its longest prompts outlast the 12 s deadline), about 4,000 either
+    // way.
+    let moves = |r: &SimReport| -> Vec<(i64, u32)> {
+        r.profiles[0]
+            .level_timeline
+            .iter()
+            .map(|c| (c.at, c.to))
+            .collect()
+    };
+    assert_eq!(
+        moves(tokens_run()),
+        [(0, 1), (210, 2), (1875, 1), (3825, 0)]
+    );
+    assert_eq!(moves(fixed_run()), moves(tokens_run()));
+    let p0 = |r| lane(r, "p0-disruption-assist").clone();
+    let (f0, t0) = (p0(fixed_run()), p0(tokens_run()));
+    assert_eq!(
+        (f0.latency_p99_seconds, t0.latency_p99_seconds),
+        (Some(15.25), Some(15.26))
+    );
+    assert!((3900..4100).contains(&f0.late) && (3900..4100).contains(&t0.late));
     // Under fixed costs the tokens are still counted, and nothing settles.
     for l in &fixed_run().profiles[0].lanes {
         let t = l
