@@ -1738,12 +1738,13 @@ impl<'a> Sim<'a> {
             let max_units = self.out.profiles[p].max_units;
             // Unused capacity is lost; a remainder smaller than one request
             // carries over so that big requests are not starved.
-            self.budget[p] = (self.budget[p] + cap * dt).min(cap * dt + max_units);
+            let most = cap * dt + max_units;
+            self.budget[p] = (self.budget[p] + cap * dt).min(most);
             let lanes = self.profile_lanes[p].clone();
             match self.policy {
                 Strategy::Fifo => self.dispatch_fifo(p, tick, now),
                 Strategy::Lanekeeper => {
-                    self.dispatch_lanekeeper(p, tick, now);
+                    self.dispatch_lanekeeper(p, tick, now, most);
                     self.observe_saturation(p, t, now);
                 }
                 Strategy::Static => self.dispatch_static(p, &lanes, tick, dt, now),
@@ -1772,8 +1773,11 @@ impl<'a> Sim<'a> {
     /// lanekeeper: the gateway hands out what its core resolved; the pool
     /// starts what it was sent in arrival order, within its capacity. A
     /// request still in the pool's queue at its deadline was timed out by
-    /// the gateway (its upstream timeout is the remaining deadline).
-    fn dispatch_lanekeeper(&mut self, p: usize, tick: usize, now: f64) {
+    /// the gateway (its upstream timeout is the remaining deadline). A
+    /// request costing more than the budget can hold (`most`, a priced
+    /// request of many tokens) starts once the budget is full, and leaves
+    /// it in debt.
+    fn dispatch_lanekeeper(&mut self, p: usize, tick: usize, now: f64, most: f64) {
         self.poll_gateway(p, now);
         while let Some(h) = self.pool_queue[p].front().copied() {
             let li = usize::from(h.lane);
@@ -1794,7 +1798,7 @@ impl<'a> Sim<'a> {
                 self.fail(h, now, Fail::Failed);
                 continue;
             }
-            if self.budget[p] + 1e-9 < units {
+            if self.budget[p] + 1e-9 < units.min(most) {
                 break;
             }
             self.pool_queue[p].pop_front();

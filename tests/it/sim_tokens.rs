@@ -142,3 +142,23 @@ fn a_lanes_tokens_move_no_other_draw() {
         "no tokens, no tokens in the JSON"
     );
 }
+
+#[test]
+fn a_request_costing_more_than_a_ticks_budget_still_starts() {
+    // 10 units/s is 1 unit a tick (plus 1.6 carried over): each request
+    // costs 5.6. It starts once the pool's budget is full, in debt, so the
+    // pool still serves its 5.6 units/s.
+    let mut sc = fixed_size_scenario();
+    sc.profiles =
+        serde_yaml::from_str("t/pool: {capacity: [{at: 0, unitsPerSecond: 10}]}").unwrap();
+    sc.lanes.get_mut("t/chat").unwrap().arrivals =
+        serde_yaml::from_str("[{at: 0, requestsPerSecond: 1}]").unwrap();
+    lanekeeper::scenario::check(&sc).unwrap();
+    let l = chat(
+        &priced_world("{maxInputTokens: 5000, maxOutputTokens: 300}"),
+        &sc,
+    );
+    assert!(l.offered >= 40, "{l:#?}");
+    assert!(l.within_deadline + 5 >= l.offered, "{l:#?}");
+    assert_eq!(l.failed, 0, "none timed out waiting for the pool");
+}
