@@ -6,6 +6,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+#[path = "scenario_tokens.rs"]
+pub mod tokens;
+
+pub use tokens::{TokenDistribution, TokenQuantiles, TokenSide};
+
 /// A scenario file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -239,6 +244,10 @@ pub struct LaneScenario {
     /// Client behaviour for this lane (replaces the scenario's `clients`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clients: Option<ClientSpec>,
+    /// The input and output tokens of the lane's requests (absent: requests
+    /// have no size, and each costs the lane's `workUnitsPerRequest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenDistribution>,
 }
 
 /// A rate from `at` on.
@@ -420,6 +429,14 @@ pub enum ScenarioError {
         /// The client settings, `clients` or `lanes.<key>.clients`.
         field: String,
     },
+    /// A token count is not `0 < median <= p95 <= 10,000,000`.
+    #[error("lanes.{lane}.tokens.{side}: need 0 < median <= p95 <= 10000000 (finite token counts)")]
+    Tokens {
+        /// The lane's key in the scenario.
+        lane: String,
+        /// Input or output.
+        side: TokenSide,
+    },
     /// `jitter` or `ignoreRetryAfterShare` outside 0..1.
     #[error("{field}: jitter and ignoreRetryAfterShare must be within 0..1")]
     Share {
@@ -569,6 +586,12 @@ pub fn check(s: &Scenario) -> Result<(), ScenarioError> {
         }
         if let Some(cl) = &l.clients {
             check_clients(&format!("lanes.{k}.clients"), cl)?;
+        }
+        if let Some(side) = l.tokens.as_ref().and_then(TokenDistribution::invalid_side) {
+            return Err(ScenarioError::Tokens {
+                lane: k.clone(),
+                side,
+            });
         }
     }
     Ok(())

@@ -22,7 +22,14 @@ use lanes::{
     Core, GatewayConfig, Outcome, Refusal, Resolution, SaturationMeter, TenantSlot, Ticket, Verdict,
 };
 
+use crate::scenario::tokens::TokenSampler;
 use crate::scenario::{ClientSpec, Scenario, Steps};
+
+#[path = "engine_tokens.rs"]
+mod tokens;
+
+pub use tokens::LaneTokens;
+use tokens::{Shape, TokenAttempt};
 
 /// Which gateway runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -209,6 +216,9 @@ pub struct LaneRun {
     pub deferred_end: u64,
     /// Mean arrival rate at the end of the run (scenario), req/s.
     pub rate_end: f64,
+    /// Its tokens, when they are in play (a lane with `tokens` in the
+    /// scenario, under lanekeeper).
+    pub tokens: Option<LaneTokens>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -328,6 +338,8 @@ struct LaneSetup {
     failure: f64,
     clients: ClientSpec,
     backlog: u64,
+    /// The scenario's token distribution of its requests.
+    tokens: Option<TokenSampler>,
 }
 
 /// A baseline gateway's view of one lane (and, for lanekeeper, the rate of
@@ -347,6 +359,9 @@ enum Fail {
     },
     Expired,
     Failed,
+    /// Refused before admission for `maxInputTokens` (413: no client
+    /// retries it).
+    TooLong,
 }
 
 /// What a scenario key names.
@@ -493,6 +508,9 @@ struct Sim<'a> {
     /// The tenant slots of passed attempts in lanes with a maximum per
     /// tenant, by (request id, attempt), given back when they finish.
     tenant_slots: FxHashMap<(u32, u16), TenantSlot>,
+    /// Sized attempts of lanes with tokens, by (request id, attempt),
+    /// from their arrival until they end.
+    token_attempts: FxHashMap<(u32, u16), TokenAttempt>,
     next_id: u64,
     trace: Option<Trace>,
     pending_refusals: Vec<(Attempt, Refusal)>,
@@ -576,6 +594,11 @@ fn lane_setup(
 ) -> LaneSetup {
     let lk = l.key();
     let s = &l.spec;
+    let tokens = inputs
+        .lanes
+        .get(&lk)
+        .and_then(|x| x.tokens.as_ref())
+        .map(crate::scenario::TokenDistribution::sampler);
     let (arrivals, service, failure, clients, backlog) = match inputs.lanes.get(&lk) {
         Some(x) => (
             Steps::new(
@@ -619,6 +642,7 @@ fn lane_setup(
         failure,
         clients,
         backlog,
+        tokens,
     }
 }
 
@@ -726,7 +750,14 @@ impl<'a> Sim<'a> {
             return Err(SimError::TooManyLanes { lanes: lanes.len() });
         }
         let (np, nl) = (profiles.len(), lanes.len());
-        let lane_runs = lanes.iter().map(|l| lane_run(l, nsec, dur)).collect();
+        let lane_runs = lanes
+            .iter()
+            .map(|l| LaneRun {
+                tokens: (l.tokens.is_some() && policy == Strategy::Lanekeeper)
+                    .then(LaneTokens::default),
+                ..lane_run(l, nsec, dur)
+            })
+            .collect();
         let nq = if policy == Strategy::Fifo { np } else { nl };
         let gates = lanes
             .iter()
@@ -784,6 +815,7 @@ impl<'a> Sim<'a> {
             pool_waiting: vec![0; nl],
             waiting: FxHashMap::default(),
             tenant_slots: FxHashMap::default(),
+            token_attempts: FxHashMap::default(),
             next_id: 0,
             trace: None,
             pending_refusals: Vec::new(),
@@ -1312,7 +1344,7 @@ impl<'a> Sim<'a> {
                 attempt: a.n,
             });
         }
-        let Some(core) = self.cores[p].as_mut() else {
+        if self.cores[p].is_none() {
             self.fail(
                 a,
                 now,
@@ -1322,29 +1354,15 @@ impl<'a> Sim<'a> {
                 },
             );
             return;
-        };
-        // The request id as a client sends it, in decimal.
-        let mut digits = [0u8; 20];
-        let id = decimal(u64::from(a.id), &mut digits);
-        let verdict = core.admit_hinted(
-            &lanes::Request {
-                lane: &self.lanes[li].name,
-                tenant: None,
-                attempt: Some(u32::from(a.n)),
-                request_id: Some(id),
-            },
-            &mut a.id_hint,
-            now,
-        );
-        if let Verdict::Pass(pass) = &verdict
-            && let Some(s) = &pass.tenant_slot
-        {
-            self.tenant_slots.insert((a.id, a.n), s.clone());
         }
-        if !core.enforcing() {
+        let Some((verdict, enforcing)) = self.decide(&mut a, li, p, now) else {
+            return;
+        };
+        if !enforcing {
             // Observe mode: nothing is enforced.
-            if let Verdict::Queued { ticket, .. } = verdict {
-                core.cancel(ticket);
+            if let (Verdict::Queued { ticket, .. }, Some(core)) = (&verdict, self.cores[p].as_mut())
+            {
+                core.cancel(*ticket);
             }
             self.send_to_pool(a, now);
             return;
@@ -1367,11 +1385,56 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Profile `p`'s core (it has a config) decides on attempt `a` at
+    /// `now`, sized when its lane has tokens; a pass keeps its tenant slot
+    /// and its charge. None when its shape was refused before admission.
+    fn decide(
+        &mut self,
+        a: &mut Attempt,
+        li: usize,
+        p: usize,
+        now: f64,
+    ) -> Option<(Verdict, bool)> {
+        let size = match self.shape(a, li, p) {
+            Shape::TooLong => {
+                self.fail(*a, now, Fail::TooLong);
+                return None;
+            }
+            Shape::Unsized => None,
+            Shape::Sized(size) => Some(size),
+        };
+        let core = self.cores[p].as_mut()?;
+        // The request id as a client sends it, in decimal.
+        let mut digits = [0u8; 20];
+        let id = decimal(u64::from(a.id), &mut digits);
+        let req = lanes::Request {
+            lane: &self.lanes[li].name,
+            tenant: None,
+            attempt: Some(u32::from(a.n)),
+            request_id: Some(id),
+        };
+        let verdict = match size {
+            Some(size) => core.admit_sized_hinted(&req, size, &mut a.id_hint, now),
+            None => core.admit_hinted(&req, &mut a.id_hint, now),
+        };
+        let enforcing = core.enforcing();
+        if let Verdict::Pass(pass) = &verdict {
+            if let Some(s) = &pass.tenant_slot {
+                self.tenant_slots.insert((a.id, a.n), s.clone());
+            }
+            self.charged(a, pass.charge.as_ref());
+        }
+        Some((verdict, enforcing))
+    }
+
     /// What the client of a refused attempt does: a deferred request comes
     /// back after `Retry-After`; a rejected one is retried (or not) as its
     /// client does; one refused for its retry budget or its deadline is not
     /// retried by a client that honours the gateway.
     fn refused(&mut self, a: Attempt, now: f64, r: &Refusal) {
+        if r.limit == lanes::Limit::LongContext {
+            self.count_long_context(usize::from(a.lane));
+        }
         match r.outcome {
             Outcome::Deferred => {
                 let wait = r.retry_after_seconds.unwrap_or(1).max(1) as f64;
@@ -1411,6 +1474,7 @@ impl<'a> Sim<'a> {
                     if let Some(s) = pass.tenant_slot {
                         self.tenant_slots.insert((a.id, a.n), s);
                     }
+                    self.charged(&a, pass.charge.as_ref());
                     self.send_to_pool(a, now);
                 }
                 Resolution::Refuse(r) => self.refused(a, now, &r),
@@ -1424,7 +1488,7 @@ impl<'a> Sim<'a> {
         let li = usize::from(a.lane);
         let p = self.lanes[li].profile;
         a.passed = now;
-        self.count_sent(li);
+        self.count_sent(&a);
         if let Some(core) = self.cores[p].as_mut() {
             core.started(now);
         }
@@ -1437,6 +1501,7 @@ impl<'a> Sim<'a> {
     /// backoff. Either way the request is kept, not failed: the client gives
     /// up only when it would come back after the deadline.
     fn defer(&mut self, a: Attempt, now: f64, retry_after: f64) {
+        self.forget_tokens(&a);
         let li = usize::from(a.lane);
         let l = &self.lanes[li];
         let c = &l.clients;
@@ -1495,6 +1560,7 @@ impl<'a> Sim<'a> {
     /// An attempt failed (rejected, expired or failed in the pool) at `now`:
     /// the client retries or the request ends.
     fn fail(&mut self, a: Attempt, now: f64, why: Fail) {
+        self.forget_tokens(&a);
         let li = usize::from(a.lane);
         let l = &self.lanes[li];
         let c = &l.clients;
@@ -1515,6 +1581,13 @@ impl<'a> Sim<'a> {
             }
             Fail::Expired => self.out.lanes[li].expired_attempts += 1,
             Fail::Failed => {}
+            Fail::TooLong => {
+                self.out.lanes[li].rejected_attempts += 1;
+                if let Some(t) = self.out.lanes[li].tokens.as_mut() {
+                    t.context_too_long += 1;
+                }
+                retry = false;
+            }
         }
         if c.give_up_after_deadline && now >= a.origin + l.deadline {
             retry = false;
@@ -1522,7 +1595,7 @@ impl<'a> Sim<'a> {
         if !retry {
             let ln = &mut self.out.lanes[li];
             match why {
-                Fail::Rejected { .. } => ln.rejected += 1,
+                Fail::Rejected { .. } | Fail::TooLong => ln.rejected += 1,
                 Fail::Expired => ln.expired += 1,
                 Fail::Failed => ln.failed += 1,
             }
@@ -1551,16 +1624,19 @@ impl<'a> Sim<'a> {
         }
         let li = usize::from(a.lane);
         let p = self.lanes[li].profile;
+        let units = self.units_of(&a);
         self.in_flight[p] -= 1;
         self.pool_count[li] -= 1;
-        // A slot of the in-flight limit freed for a waiting request, or a
-        // tenant below its maximum again: the gateway's driver is woken and
-        // hands it out at once.
+        // A slot of the in-flight limit freed for a waiting request, a
+        // tenant below its maximum again, or a credit or a long-context
+        // place back: the gateway's driver is woken and hands it out at
+        // once.
+        let settled = self.settle(&a, p, !failed, at);
         if let Some(core) = self.cores[p].as_mut() {
             if !failed {
                 core.served(&self.lanes[li].name, at, at - a.passed);
             }
-            let mut freed = core.finished(at, at - a.passed);
+            let mut freed = core.finished(at, at - a.passed) | settled;
             if let Some(s) = self.tenant_slots.remove(&(a.id, a.n)) {
                 freed |= core.release_tenant(&s);
             }
@@ -1576,8 +1652,8 @@ impl<'a> Sim<'a> {
         }
         let latency = at - a.origin;
         self.done[p][s] += 1;
-        if self.saturation[p].completed(self.lanes[li].units) {
-            self.saturated_units[p][s] += self.lanes[li].units as f32;
+        if self.saturation[p].completed(units) {
+            self.saturated_units[p][s] += units as f32;
         }
         if self.policy == Strategy::Lanekeeper {
             // Only lanekeeper's controller reads the profile's latencies.
@@ -1615,30 +1691,32 @@ impl<'a> Sim<'a> {
     fn start(&mut self, a: Attempt, now: f64, tick: usize) {
         let li = usize::from(a.lane);
         self.queued[li] -= 1;
-        self.count_sent(li);
+        self.count_sent(&a);
         self.serve(a, now, tick);
     }
 
-    /// An attempt of lane `li` leaves its gateway for the pool: in flight
+    /// An attempt leaves its gateway for the pool: in flight
     /// from now, and admitted.
-    fn count_sent(&mut self, li: usize) {
+    fn count_sent(&mut self, a: &Attempt) {
+        let li = usize::from(a.lane);
         let p = self.lanes[li].profile;
+        let units = self.units_of(a);
         self.in_flight[p] += 1;
         self.pool_count[li] += 1;
         let ln = &mut self.out.lanes[li];
         ln.admitted += 1;
-        ln.admitted_units += self.lanes[li].units;
+        ln.admitted_units += units;
     }
 
     /// The pool starts serving an attempt within its capacity.
     fn serve(&mut self, a: Attempt, now: f64, tick: usize) {
         let li = usize::from(a.lane);
+        let (units, factor) = (self.units_of(&a), self.service_factor(&a));
         let l = &self.lanes[li];
         let z: f64 = self.rng_service[li].sample(StandardNormal);
-        let service = (l.mu + l.sigma * z).exp();
+        let service = (l.mu + l.sigma * z).exp() * factor;
         let failed = l.failure > 0.0 && self.rng_service[li].random::<f64>() < l.failure;
         let p = l.profile;
-        let units = l.units;
         self.budget[p] -= units;
         let s = self.sec(now - 1e-9);
         let ln = &mut self.out.lanes[li];
@@ -1660,12 +1738,13 @@ impl<'a> Sim<'a> {
             let max_units = self.out.profiles[p].max_units;
             // Unused capacity is lost; a remainder smaller than one request
             // carries over so that big requests are not starved.
-            self.budget[p] = (self.budget[p] + cap * dt).min(cap * dt + max_units);
+            let most = cap * dt + max_units;
+            self.budget[p] = (self.budget[p] + cap * dt).min(most);
             let lanes = self.profile_lanes[p].clone();
             match self.policy {
                 Strategy::Fifo => self.dispatch_fifo(p, tick, now),
                 Strategy::Lanekeeper => {
-                    self.dispatch_lanekeeper(p, tick, now);
+                    self.dispatch_lanekeeper(p, tick, now, most);
                     self.observe_saturation(p, t, now);
                 }
                 Strategy::Static => self.dispatch_static(p, &lanes, tick, dt, now),
@@ -1694,17 +1773,22 @@ impl<'a> Sim<'a> {
     /// lanekeeper: the gateway hands out what its core resolved; the pool
     /// starts what it was sent in arrival order, within its capacity. A
     /// request still in the pool's queue at its deadline was timed out by
-    /// the gateway (its upstream timeout is the remaining deadline).
-    fn dispatch_lanekeeper(&mut self, p: usize, tick: usize, now: f64) {
+    /// the gateway (its upstream timeout is the remaining deadline). A
+    /// request costing more than the budget can hold (`most`, a priced
+    /// request of many tokens) starts once the budget is full, and leaves
+    /// it in debt.
+    fn dispatch_lanekeeper(&mut self, p: usize, tick: usize, now: f64, most: f64) {
         self.poll_gateway(p, now);
         while let Some(h) = self.pool_queue[p].front().copied() {
             let li = usize::from(h.lane);
-            let units = self.lanes[li].units;
+            let units = self.units_of(&h);
             if h.origin + self.lanes[li].deadline <= now {
                 self.pool_queue[p].pop_front();
                 self.pool_waiting[li] -= 1;
                 self.in_flight[p] -= 1;
                 self.pool_count[li] -= 1;
+                // Timed out: settled without usage (the reservation stands).
+                self.settle(&h, p, false, now);
                 if let Some(core) = self.cores[p].as_mut() {
                     core.finished(now, now - h.passed);
                     if let Some(s) = self.tenant_slots.remove(&(h.id, h.n)) {
@@ -1714,7 +1798,7 @@ impl<'a> Sim<'a> {
                 self.fail(h, now, Fail::Failed);
                 continue;
             }
-            if self.budget[p] + 1e-9 < units {
+            if self.budget[p] + 1e-9 < units.min(most) {
                 break;
             }
             self.pool_queue[p].pop_front();

@@ -151,6 +151,10 @@ pub struct LaneReport {
     /// `sim::objectives`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub objective: Option<super::objectives::ObjectiveOutcome>,
+    /// Its tokens, for a lane whose tokens were in play (see
+    /// `sim::token_report`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<super::token_report::TokenReport>,
 }
 
 /// One point of the profile's time series (averages over the interval).
@@ -295,6 +299,7 @@ fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
         drain_closed_form_seconds: closed_form,
         drain_end_backlog_seconds: drain_end,
         objective: None,
+        tokens: l.tokens.as_ref().map(super::token_report::token_report),
     }
 }
 
@@ -514,7 +519,10 @@ pub fn render_table(r: &SimReport) -> String {
         if !pk.is_empty() {
             let _ = writeln!(out, "  backlog: {pk}");
         }
-        for line in objective_lines(&p.lanes) {
+        for line in objective_lines(&p.lanes)
+            .into_iter()
+            .chain(token_lines(&p.lanes))
+        {
             let _ = writeln!(out, "  {line}");
         }
         if r.policy == "lanekeeper" {
@@ -557,6 +565,14 @@ fn objective_lines(lanes: &[LaneReport]) -> Vec<String> {
         .collect()
 }
 
+/// One line per lane whose tokens were in play.
+fn token_lines(lanes: &[LaneReport]) -> Vec<String> {
+    lanes
+        .iter()
+        .filter_map(|l| Some(super::token_report::token_line(&l.name, l.tokens.as_ref()?)))
+        .collect()
+}
+
 /// Renders markdown (for a pull-request comment).
 pub fn render_markdown(r: &SimReport) -> String {
     let mut out = String::new();
@@ -578,7 +594,10 @@ pub fn render_markdown(r: &SimReport) -> String {
         for l in &p.lanes {
             let _ = writeln!(out, "| {} |", lane_cells(l).join(" | "));
         }
-        for line in objective_lines(&p.lanes) {
+        for line in objective_lines(&p.lanes)
+            .into_iter()
+            .chain(token_lines(&p.lanes))
+        {
             let _ = writeln!(out, "\n- {line}");
         }
         if r.policy == "lanekeeper" {

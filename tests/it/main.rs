@@ -69,5 +69,8 @@ mod sim_cli;
 mod sim_gateway_evidence;
 mod sim_in_flight;
 mod sim_inc47;
+mod sim_inc47_tokens;
+mod sim_long_context;
 mod sim_model;
+mod sim_tokens;
 mod walkthrough;

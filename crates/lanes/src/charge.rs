@@ -188,6 +188,19 @@ impl Core {
         self.admit_with(req, Some(size), &mut none, now)
     }
 
+    /// [`Core::admit_sized`] for a client that carries where its request id
+    /// was written (as [`Core::admit_hinted`]; `simulate` sizes its
+    /// requests so).
+    pub fn admit_sized_hinted(
+        &mut self,
+        req: &crate::Request<'_>,
+        size: RequestSize,
+        hint: &mut crate::IdHint,
+        now: f64,
+    ) -> crate::Verdict {
+        self.admit_with(req, Some(size), hint, now)
+    }
+
     /// A passed request's answer ended: its reservation is settled with the
     /// answer's `usage` (None: the reservation stands) and its long-context
     /// place, if it held one, is given back. None when its lane left the

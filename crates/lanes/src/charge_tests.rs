@@ -305,3 +305,29 @@ proptest! {
         prop_assert!((got - rate).abs() <= 0.10 * rate, "{} units/s vs {}", got, rate);
     }
 }
+
+#[test]
+fn a_hinted_sized_admission_charges_as_the_plain_one_and_learns_the_ids_place() {
+    let with_id = |id| crate::Request {
+        request_id: Some(id),
+        ..req("a")
+    };
+    let (mut plain, mut hinted) = (core(priced(1.0, 10)), core(priced(1.0, 10)));
+    let mut hint = crate::IdHint::NONE;
+    for (n, id) in ["r1", "r2", "r3"].into_iter().enumerate() {
+        let now = n as f64;
+        let a = plain.admit_sized(&with_id(id), size(4000, 250), now);
+        let b = hinted.admit_sized_hinted(&with_id(id), size(4000, 250), &mut hint, now);
+        assert_eq!(a, b, "{id}");
+        assert_ne!(hint, crate::IdHint::NONE, "the id was written somewhere");
+        assert_eq!(tokens(&plain), tokens(&hinted));
+    }
+    let charge = pass(hinted.admit_sized_hinted(&req("a"), size(4000, 250), &mut hint, 9.0))
+        .charge
+        .expect("sized");
+    assert!(
+        charge.priced && (charge.units - 2.0).abs() < 1e-9,
+        "{charge:?}"
+    );
+    assert_eq!(hint, crate::IdHint::NONE, "no id, no hint");
+}
