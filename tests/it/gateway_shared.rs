@@ -41,7 +41,7 @@ pub(crate) fn config() -> Value {
 
 /// Each answer: seconds since the run's start when it was sent, and its
 /// status (0: no answer).
-type Answers = Arc<Mutex<Vec<(f64, u16)>>>;
+pub(crate) type Answers = Arc<Mutex<Vec<(f64, u16)>>>;
 
 /// Sends `OFFERED` req/s of the capped lane for `secs`, the i-th request to
 /// `targets[pick(i)]`; every answer noted against `t0`.
@@ -53,7 +53,21 @@ async fn load(
     t0: Instant,
     out: &Answers,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / OFFERED));
+    load_to(c, targets, pick, (LANE, OFFERED), secs, t0, out).await;
+}
+
+/// Sends `rate` req/s of `lane` for `secs`, the i-th request to
+/// `targets[pick(i)]`; every answer noted against `t0`.
+pub(crate) async fn load_to(
+    c: &reqwest::Client,
+    targets: &[String],
+    pick: fn(u64) -> usize,
+    (lane, rate): (&'static str, f64),
+    secs: f64,
+    t0: Instant,
+    out: &Answers,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     let end = Instant::now() + Duration::from_secs_f64(secs);
     let mut sent = tokio::task::JoinSet::new();
     let mut i = 0u64;
@@ -67,7 +81,7 @@ async fn load(
             let status = c
                 .post(url)
                 .header("content-type", "application/json")
-                .header("x-lanekeeper-lane", LANE)
+                .header("x-lanekeeper-lane", lane)
                 .timeout(Duration::from_secs(5))
                 .body(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#)
                 .send()
@@ -80,7 +94,7 @@ async fn load(
 }
 
 /// Answers sent in `[from, to)` seconds: (admitted, refused 429, other).
-fn tally(out: &Answers, from: f64, to: f64) -> (usize, usize, usize) {
+pub(crate) fn tally(out: &Answers, from: f64, to: f64) -> (usize, usize, usize) {
     let all = out.lock().unwrap();
     let window = all.iter().filter(|(t, _)| *t >= from && *t < to);
     window.fold((0, 0, 0), |(ok, r, o), (_, s)| match s {

@@ -19,8 +19,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::fleet_store_redis::Server;
 use crate::gateway::{Proc, lane_mut, metrics, model};
-use crate::gateway_shared::{config, fleet_at, wait_mode};
-use crate::gateway_shared_spare::{Answers, LANE, load, tally};
+use crate::gateway_shared::{Answers, config, fleet_at, tally, wait_mode};
+use crate::gateway_shared_spare::{LANE, load};
 
 /// How long the proxy holds each answer back while delaying: twice the
 /// replicas' call deadline (200 ms).

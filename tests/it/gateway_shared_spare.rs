@@ -4,14 +4,14 @@
 //! spare (not a third of it); with the store stopped it falls back to the
 //! replica's local 1/N share, without a 5xx.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::fleet_store_redis::Server;
 use crate::gateway::{inc47, lane_mut, model};
-use crate::gateway_shared::{fleet, wait_mode};
+use crate::gateway_shared::{Answers, fleet, load_to, tally, wait_mode};
 
 /// The lane that may use spare: 10 req/s of its own, one unit a request.
 pub(crate) const LANE: &str = "p2-email-extract";
@@ -44,10 +44,6 @@ fn config() -> Value {
     cfg
 }
 
-/// Each answer: seconds since the run's start when it was sent, and its
-/// status (0: no answer).
-pub(crate) type Answers = Arc<Mutex<Vec<(f64, u16)>>>;
-
 /// Sends `rate` req/s of `lane` to `target` for `secs`; every answer noted
 /// against `t0`.
 pub(crate) async fn load(
@@ -59,39 +55,8 @@ pub(crate) async fn load(
     t0: Instant,
     out: &Answers,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-    let end = Instant::now() + Duration::from_secs_f64(secs);
-    let mut sent = tokio::task::JoinSet::new();
-    let url = format!("http://{target}/v1/chat/completions");
-    while Instant::now() < end {
-        tick.tick().await;
-        let (c, out, url) = (c.clone(), out.clone(), url.clone());
-        sent.spawn(async move {
-            let at = t0.elapsed().as_secs_f64();
-            let status = c
-                .post(url)
-                .header("content-type", "application/json")
-                .header("x-lanekeeper-lane", lane)
-                .timeout(Duration::from_secs(5))
-                .body(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#)
-                .send()
-                .await
-                .map_or(0, |r| r.status().as_u16());
-            out.lock().unwrap().push((at, status));
-        });
-    }
-    while sent.join_next().await.is_some() {}
-}
-
-/// Answers sent in `[from, to)` seconds: (admitted, refused 429, other).
-pub(crate) fn tally(out: &Answers, from: f64, to: f64) -> (usize, usize, usize) {
-    let all = out.lock().unwrap();
-    let window = all.iter().filter(|(t, _)| *t >= from && *t < to);
-    window.fold((0, 0, 0), |(ok, r, o), (_, s)| match s {
-        200 => (ok + 1, r, o),
-        429 => (ok, r + 1, o),
-        _ => (ok, r, o + 1),
-    })
+    let targets = [target.to_owned()];
+    load_to(c, &targets, |_| 0, (lane, rate), secs, t0, out).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
