@@ -95,6 +95,16 @@ VALUE_SETS: dict[str, dict] = {
                     "sharedState": {"deploy": True, "passwordSecret": "valkey-auth",
                                     "store": {"image": "docker.io/valkey/valkey:8.1", "maxMemory": "64mb"}}},
     },
+    "gateway-tokenizers": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000",
+                               "batch-medium": "http://vllm-batch.ai-platform:8000"},
+                    "tokenizers": [
+                        {"route": "agent-large", "volume": {"persistentVolumeClaim": {"claimName": "llama-tokenizer", "readOnly": True}}},
+                        {"route": "batch-medium", "file": "qwen/tokenizer.json",
+                         "volume": {"image": {"reference": "registry.example/model-files:1", "pullPolicy": "IfNotPresent"}}},
+                    ]},
+    },
     "gateway-trusting": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
                     "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
@@ -133,6 +143,11 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("negative replicas", {"replicaCount": -1}),
     ("replicas as a string", {"replicaCount": "2"}),
     ("bad log format", {"controller": {"logFormat": "yaml"}}),
+    ("tokenizer without volume", {"gateway": {"tokenizers": [{"route": "agent-large"}]}}),
+    ("tokenizer file escapes", {"gateway": {"tokenizers": [{"route": "a", "file": "../etc/passwd", "volume": {"emptyDir": {}}}]}}),
+    ("tokenizer absolute file", {"gateway": {"tokenizers": [{"route": "a", "file": "/etc/passwd", "volume": {"emptyDir": {}}}]}}),
+    ("tokenizer empty volume", {"gateway": {"tokenizers": [{"route": "a", "volume": {}}]}}),
+    ("tokenizer unknown key", {"gateway": {"tokenizers": [{"route": "a", "volume": {"emptyDir": {}}, "mountPath": "/x"}]}}),
     ("shared state not redis", {"gateway": {"sharedState": {"address": "http://valkey:6379"}}}),
     ("shared state timeout 0", {"gateway": {"sharedState": {"timeoutMillis": 0}}}),
     ("shared store port 0", {"gateway": {"sharedState": {"store": {"port": 0}}}}),
@@ -413,6 +428,17 @@ def main() -> None:
             default_docs = docs
         if label == "gateway":
             gateway_docs = [(p, t) for p, t in docs if p.endswith("templates/gateway.yaml")]
+    # A tokenizer for a route the gateway has no URL for would stop every
+    # gateway pod at start: the chart refuses to render it.
+    unknown_route = copy.deepcopy(VALUE_SETS["gateway-tokenizers"])
+    unknown_route["gateway"]["tokenizers"][0]["route"] = "no-such-route"
+    try:
+        render(chart, unknown_route)
+        fail("gateway.tokenizers with a route not in gateway.routes rendered")
+    except helm.HelmError as e:
+        if "is not a key of gateway.routes" not in str(e):
+            fail(f"gateway.tokenizers with an unknown route failed for another reason: {e}")
+    print("render: a tokenizer of an unknown route is refused")
     # manifests/examples/gateway.yaml: the gateway for the INC-47 profile,
     # as the chart renders it with gateway.enabled (the "gateway" value set).
     want_gw = gateway_yaml(gateway_docs)

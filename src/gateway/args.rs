@@ -44,6 +44,13 @@ pub struct GatewayArgs {
     /// list).
     #[arg(long = "route", env = "LANEKEEPER_GATEWAY_ROUTES", value_delimiter = ',', value_parser = parse_route)]
     pub routes: Vec<(String, String)>,
+    /// `ROUTE=FILE`: a model's `tokenizer.json` (Hugging Face's format) for
+    /// the route named ROUTE (a `--route`): the input tokens of a request
+    /// of a lane on that route are counted with it instead of estimated
+    /// from the body's bytes (repeat the flag; the environment variable
+    /// takes a comma-separated list). Loaded at start.
+    #[arg(long = "tokenizer", env = "LANEKEEPER_GATEWAY_TOKENIZERS", value_delimiter = ',', value_parser = parse_tokenizer)]
+    pub tokenizers: Vec<(String, PathBuf)>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (loopback unless
     /// given).
     #[arg(
@@ -204,13 +211,22 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
-fn parse_credential(s: &str) -> Result<(String, PathBuf), String> {
+/// `NAME=FILE` of a per-route flag (`what`: the flag, for its error).
+fn parse_route_file(s: &str, what: &str) -> Result<(String, PathBuf), String> {
     match s.split_once('=') {
         Some((name, file)) if !name.is_empty() && !file.is_empty() => {
             Ok((name.to_owned(), PathBuf::from(file)))
         }
-        _ => Err(format!("route credential {s:?} is not NAME=FILE")),
+        _ => Err(format!("{what} {s:?} is not NAME=FILE")),
     }
+}
+
+fn parse_credential(s: &str) -> Result<(String, PathBuf), String> {
+    parse_route_file(s, "route credential")
+}
+
+fn parse_tokenizer(s: &str) -> Result<(String, PathBuf), String> {
+    parse_route_file(s, "tokenizer")
 }
 
 fn parse_route(s: &str) -> Result<(String, String), String> {
@@ -271,6 +287,9 @@ pub enum GatewayError {
     /// `--shared-state` or its password file is unusable.
     #[error("shared state: {0}")]
     SharedState(String),
+    /// A `--tokenizer` names no `--route` or its file does not load.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
 }
 
 impl GatewayError {
@@ -283,6 +302,7 @@ impl GatewayError {
                 | GatewayError::Header(_)
                 | GatewayError::Credential(_)
                 | GatewayError::SharedState(_)
+                | GatewayError::Tokenizer(_)
         )
     }
 }

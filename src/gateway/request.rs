@@ -162,12 +162,16 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         Err(r) => return r,
     };
     let rules = token_size::rules(gw, asked.lane.as_deref());
+    let counted = match rules.tokenizer {
+        Some(t) => gw.tokenizers.count(t, parts.uri.path(), &body).await,
+        None => None,
+    };
     let lane = asked.lane.as_deref();
-    let body = match request_shape::check(rules.limits, lane, parts.uri.path(), body) {
+    let body = match request_shape::check(rules.limits, lane, parts.uri.path(), body, counted) {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let sized = token_size::size(rules.priced, body);
+    let sized = token_size::size(rules.priced, body, counted);
     if let Some(fleet) = &gw.fleet {
         let (lane, id) = (asked.lane.as_deref(), asked.request_id.as_deref());
         fleet

@@ -10,11 +10,12 @@ use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::Response;
 use lanes::TokenLimits;
-use lanes::request_shape::{self, DEFAULT_BYTES_PER_TOKEN, ShapeRefusal};
+use lanes::request_shape::{self, DEFAULT_BYTES_PER_TOKEN, InputTokens, ShapeRefusal};
 
 use super::respond;
 
-/// The body to forward, or the refusal. Without limits (no config, an
+/// The body to forward, or the refusal; its input tokens are `counted`
+/// by its route's tokenizer, or else estimated from its bytes. Without limits (no config, an
 /// unknown lane, a lane without limits, an observe config: see
 /// `token_size::rules`) the body goes on as sent (the admission step
 /// answers for a missing config or an unknown lane).
@@ -27,12 +28,13 @@ pub(super) fn check(
     lane: Option<&str>,
     path: &str,
     body: Bytes,
+    counted: Option<u64>,
 ) -> Result<Bytes, Response> {
     let Some(limits) = limits else {
         return Ok(body);
     };
     let lane = lane.unwrap_or_default();
-    match request_shape::shape(&body, &limits, takes_output_limit(path)) {
+    match request_shape::shape(&body, &limits, takes_output_limit(path), counted) {
         Ok(s) => Ok(s.rewritten.map_or(body, Bytes::from)),
         Err(r) => Err(refusal(lane, &r)),
     }
@@ -47,13 +49,18 @@ fn takes_output_limit(path: &str) -> bool {
 /// The answer to a refused shape.
 pub(super) fn refusal(lane: &str, r: &ShapeRefusal) -> Response {
     match r {
-        ShapeRefusal::ContextTooLong { estimated, limit } => respond::error(
+        ShapeRefusal::ContextTooLong { input, limit } => respond::error(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             "context_too_long",
-            format!(
-                "lane {lane}: the request carries about {estimated} input tokens (its body's bytes / {DEFAULT_BYTES_PER_TOKEN}); the lane's maxInputTokens is {limit}"
-            ),
+            match input {
+                InputTokens::Estimated(n) => format!(
+                    "lane {lane}: the request carries about {n} input tokens (its body's bytes / {DEFAULT_BYTES_PER_TOKEN}); the lane's maxInputTokens is {limit}"
+                ),
+                InputTokens::Counted(n) => format!(
+                    "lane {lane}: the request's prompt is {n} tokens (counted with its route's tokenizer); the lane's maxInputTokens is {limit}"
+                ),
+            },
         ),
         ShapeRefusal::NotJsonObject => respond::error(
             StatusCode::BAD_REQUEST,
@@ -94,7 +101,7 @@ mod tests {
         let (s, b) = body_of(refusal(
             "p1",
             &ShapeRefusal::ContextTooLong {
-                estimated: 9000,
+                input: InputTokens::Estimated(9000),
                 limit: 8000,
             },
         ))
@@ -102,7 +109,17 @@ mod tests {
         assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
         assert_eq!(b["error"]["code"], "context_too_long");
         let msg = b["error"]["message"].as_str().unwrap();
-        assert!(msg.contains("8000") && msg.contains("9000"), "{msg}");
+        assert!(msg.contains("8000") && msg.contains("about 9000"), "{msg}");
+        let (_, b) = body_of(refusal(
+            "p1",
+            &ShapeRefusal::ContextTooLong {
+                input: InputTokens::Counted(9001),
+                limit: 8000,
+            },
+        ))
+        .await;
+        let msg = b["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("9001 tokens (counted"), "{msg}");
         let (s, b) = body_of(refusal("p1", &ShapeRefusal::NotJsonObject)).await;
         assert_eq!(
             (s, b["error"]["code"].as_str()),

@@ -24,6 +24,7 @@ use super::request::handle;
 use super::sources::{watch_configmap, watch_endpoints, watch_file};
 use super::state::{Gateway, drive};
 use super::tls::ServerTls;
+use super::tokenizer;
 use super::upstream::Upstream;
 
 /// The client routes: every path and method goes through [`handle`].
@@ -54,7 +55,10 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
     let tls = ServerTls::from_args(&args.tls)?;
     Upstream::check(&args)?;
     let budget = fds::read(args.conn.fd_reserve, args.conn.max_connections)?;
-    let gw = Arc::new(Gateway::new(args.clone(), endpoints.is_none()));
+    let tokenizers = tokenizer::load(&args.tokenizers, &args.routes)?;
+    let mut gw = Gateway::new(args.clone(), endpoints.is_none());
+    gw.tokenizers.install(tokenizers);
+    let gw = Arc::new(gw);
     warn_if_trusting(&args);
     let listener = bind("listen on", args.listen).await?;
     let admin = bind("serve metrics on", args.metrics_addr).await?;

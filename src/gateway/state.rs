@@ -20,6 +20,7 @@ use super::route_health::RouteHealth;
 use super::route_metrics::RouteMetrics;
 use super::settle::settle;
 use super::surface::Surface;
+use super::tokenizer::Tokenizers;
 use super::upstream::Upstream;
 
 /// A waiting request's answer: its resolution and, for a pass, what to send
@@ -44,6 +45,8 @@ pub(super) struct Gateway {
     pub(super) identity: Arc<Identity>,
     /// The fleet's shared state, with `--shared-state`.
     pub(super) fleet: Option<Arc<Fleet>>,
+    /// The routes' tokenizers (`--tokenizer`, installed by `run`).
+    pub(super) tokenizers: Tokenizers,
 }
 
 /// Everything under the lock.
@@ -87,6 +90,7 @@ impl Gateway {
             ),
             identity: Arc::new(Identity::new(&args.identity)),
             fleet: Fleet::from_args(&args.fleet, metrics.registry(), 0.0),
+            tokenizers: Tokenizers::new(metrics.registry()),
             start: Instant::now(),
             state: Mutex::new(State {
                 core: None,

@@ -6,23 +6,28 @@
 //! of the answer again when the client did not ask for it (see
 //! `usage_tap`). An observe config changes nothing of the request.
 
+use std::sync::Arc;
+
 use axum::body::Bytes;
 use lanes::{RequestSize, TokenLimits};
 use serde_json::{Map, Value};
 
 use super::state::Gateway;
+use super::tokenizer::RouteTokenizer;
 use super::usage_tap::Metering;
 
 /// What the request path needs of its lane before admission, read under
 /// one acquisition of the lock: its token limits (`request_shape`) and
 /// whether it is priced. Nothing for an observe config, which forwards
 /// every request as sent.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct LaneRules {
     /// The lane's `tokens`, when it sets any.
     pub(super) limits: Option<TokenLimits>,
     /// The lane has a `cost`.
     pub(super) priced: bool,
+    /// The tokenizer of the first of the lane's routes that has one.
+    pub(super) tokenizer: Option<Arc<RouteTokenizer>>,
 }
 
 /// The rules of `lane` in the enforced config in force.
@@ -40,6 +45,7 @@ pub(super) fn rules(gw: &Gateway, lane: Option<&str>) -> LaneRules {
     LaneRules {
         limits: l.tokens.filter(|t| !t.is_empty()),
         priced: l.cost.is_some(),
+        tokenizer: gw.tokenizers.for_routes(&l.routes),
     }
 }
 
@@ -54,12 +60,14 @@ pub(super) struct Sized {
 }
 
 /// Sizes a request (its body after the shape check) of a lane that is
-/// `priced` or not.
-pub(super) fn size(priced: bool, body: Bytes) -> Sized {
+/// `priced` or not, with its input tokens `counted` by its route's
+/// tokenizer when they were.
+pub(super) fn size(priced: bool, body: Bytes, counted: Option<u64>) -> Sized {
     let plain = |body: Bytes| Sized {
         size: RequestSize {
             body_bytes: body.len(),
             max_tokens: None,
+            input_tokens: counted,
         },
         body,
         metering: None,
@@ -85,6 +93,7 @@ pub(super) fn size(priced: bool, body: Bytes) -> Sized {
         size: RequestSize {
             body_bytes: body.len(),
             max_tokens,
+            input_tokens: counted,
         },
         body,
         metering: Some(Metering {
@@ -121,7 +130,7 @@ mod tests {
     use super::*;
 
     fn sized(priced: bool, body: Value) -> (Value, RequestSize, Option<Metering>) {
-        let s = size(priced, Bytes::from(body.to_string()));
+        let s = size(priced, Bytes::from(body.to_string()), None);
         assert_eq!(s.size.body_bytes, s.body.len(), "the forwarded body's size");
         (
             serde_json::from_slice(&s.body).unwrap_or(Value::Null),
@@ -158,8 +167,10 @@ mod tests {
         assert_eq!(sent, body);
         assert_eq!(metering.map(|m| m.strip_usage_chunk), Some(false));
         // A body that is no JSON object goes on as sent, unmetered.
-        let s = super::size(true, Bytes::from_static(b"not json"));
+        let s = super::size(true, Bytes::from_static(b"not json"), Some(7));
         assert_eq!((&s.body[..], s.metering), (&b"not json"[..], None));
+        // A counted figure goes to the core either way.
+        assert_eq!(s.size.input_tokens, Some(7));
     }
 
     #[test]

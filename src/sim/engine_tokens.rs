@@ -108,6 +108,7 @@ impl Sim<'_> {
         let size = RequestSize {
             body_bytes,
             max_tokens: limit.filter(|_| priced),
+            input_tokens: None,
         };
         let t = TokenAttempt {
             usage,

@@ -48,6 +48,7 @@ mod gateway_shared_late;
 mod gateway_shared_spare;
 mod gateway_tenants;
 mod gateway_tls;
+mod gateway_tokenizer;
 mod gateway_tokens;
 mod gateway_tokens_metrics;
 mod gateway_tokens_settle;

@@ -81,6 +81,7 @@ fn bench(c: &mut Criterion) {
                 let size = RequestSize {
                     body_bytes: bytes,
                     max_tokens: Some(4096),
+                    input_tokens: None,
                 };
                 let v = core.admit_sized(
                     &request(&lanes[i % LANES], &tenants[i % TENANTS]),

@@ -39,6 +39,9 @@ pub struct RequestSize {
     /// The most output tokens it may get (`max_tokens` after the lane's
     /// limits), when it says.
     pub max_tokens: Option<u64>,
+    /// Its input tokens counted with its route's tokenizer (None: estimated
+    /// from `body_bytes` at the lane's learned ratio).
+    pub input_tokens: Option<u64>,
 }
 
 /// What an arriving request charges.
@@ -57,6 +60,8 @@ pub(crate) struct Sized {
 pub(crate) struct Estimated {
     pub(crate) tokens: TokenEstimate,
     pub(crate) body_bytes: usize,
+    /// Its input tokens were counted, not estimated.
+    pub(crate) input_counted: bool,
     /// The units come from the lane's `cost` (else `workUnitsPerRequest`).
     pub(crate) priced: bool,
     /// Above the pool's `longContext.aboveInputTokens`.
@@ -91,6 +96,9 @@ pub struct Charge {
     pub estimate: TokenEstimate,
     /// The bytes of its body (what the lane's ratio learns from).
     pub body_bytes: usize,
+    /// Its input tokens were counted with a tokenizer (the ratio of bytes
+    /// to tokens learns nothing from it).
+    pub input_counted: bool,
     /// Whether the units come from the lane's `cost` (settled with usage).
     pub priced: bool,
     /// Whether it holds one of the pool's long-context places.
@@ -123,7 +131,10 @@ impl Lane {
         let Some(size) = size else {
             return Sized::flat(per_request);
         };
-        let tokens = self.estimator.estimate(size.body_bytes, size.max_tokens);
+        let mut tokens = self.estimator.estimate(size.body_bytes, size.max_tokens);
+        if let Some(counted) = size.input_tokens {
+            tokens.input = counted;
+        }
         let cost = self.cfg.cost.as_ref();
         let units = cost.map_or(per_request, |c| {
             c.of(tokens.input, tokens.output).max(MIN_UNITS)
@@ -138,6 +149,7 @@ impl Lane {
             estimate: Some(Estimated {
                 tokens,
                 body_bytes: size.body_bytes,
+                input_counted: size.input_tokens.is_some(),
                 priced: cost.is_some(),
                 long_context: long_above.is_some_and(|a| tokens.input > a),
             }),
@@ -152,6 +164,7 @@ impl Lane {
             units: sized.units,
             estimate: e.tokens,
             body_bytes: e.body_bytes,
+            input_counted: e.input_counted,
             priced: e.priced,
             long_context: e.long_context,
         })
@@ -212,8 +225,9 @@ impl Core {
         let lane = &mut self.lanes[li];
         let mut charged = charge.units;
         if let Some(u) = usage {
+            let bytes = (!charge.input_counted).then_some(charge.body_bytes);
             lane.estimator
-                .learn(charge.body_bytes, u.prompt_tokens, u.completion_tokens);
+                .learn(bytes, u.prompt_tokens, u.completion_tokens);
         }
         if let (true, Some(cost), Some(u)) = (charge.priced, lane.cfg.cost.as_ref(), usage) {
             charged = cost.of(u.prompt_tokens, u.completion_tokens);

@@ -24,6 +24,7 @@ fn size(body_bytes: usize, max_tokens: u64) -> RequestSize {
     RequestSize {
         body_bytes,
         max_tokens: Some(max_tokens),
+        input_tokens: None,
     }
 }
 
@@ -161,6 +162,36 @@ fn the_estimator_learns_from_settled_usage() {
         "the P95 of the answers: {e:?}"
     );
     assert!((units - (1.0 + 0.16)).abs() < 0.02, "{units}");
+}
+
+#[test]
+fn a_counted_request_is_reserved_at_its_count_and_teaches_no_ratio() {
+    let mut c = core(priced(1000.0, 1000));
+    // 400 bytes would be 100 tokens by the default ratio; counted at 3,000
+    // they reserve 3 units for the input.
+    let counted = RequestSize {
+        input_tokens: Some(3000),
+        ..size(400, 250)
+    };
+    let p = pass(c.admit_sized(&req("a"), counted, 0.0));
+    let charge = p.charge.unwrap();
+    assert!(charge.input_counted);
+    assert_eq!(charge.estimate.input, 3000);
+    assert!((charge.units - 4.0).abs() < 1e-9, "{}", charge.units);
+    // Its usage says 3,000 prompt tokens in 400 bytes (0.13 bytes a
+    // token): the ratio, learned from bodies estimated by their bytes,
+    // stays where it was.
+    let before = c.lanes[0].estimator.bytes_per_token();
+    let u = Usage {
+        prompt_tokens: 3000,
+        completion_tokens: 40,
+    };
+    let s = c.settle(&charge, Some(u), 0.0).unwrap();
+    assert!((s.charged_units - 3.16).abs() < 1e-9, "{}", s.charged_units);
+    assert_eq!(c.lanes[0].estimator.bytes_per_token(), before);
+    // The same request estimated by its bytes would have reserved 100.
+    let (e, _) = c.estimate(0, size(400, 250));
+    assert_eq!(e.input, 100);
 }
 
 #[test]

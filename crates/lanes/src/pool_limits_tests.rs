@@ -27,6 +27,7 @@ fn sized(tokens: usize) -> RequestSize {
     RequestSize {
         body_bytes: tokens * 4,
         max_tokens: Some(16),
+        input_tokens: None,
     }
 }
 

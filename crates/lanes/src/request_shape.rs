@@ -1,6 +1,7 @@
 //! A request's shape against its lane's [`TokenLimits`], before admission:
-//! its input tokens estimated from the body's size (more than
-//! `maxInputTokens` is refused), and its requested output (`max_tokens`,
+//! its input tokens, counted by the gateway with its route's tokenizer or
+//! else estimated from the body's size (more than `maxInputTokens` is
+//! refused), and its requested output (`max_tokens`,
 //! `max_completion_tokens`) lowered to the limit in force, or set to it
 //! when the request asks for none.
 //!
@@ -42,8 +43,8 @@ const OUTPUT_FIELDS: [OutputField; 2] = [OutputField::MaxTokens, OutputField::Ma
 pub enum ShapeRefusal {
     /// More input tokens than `maxInputTokens` (413 `context_too_long`).
     ContextTooLong {
-        /// The estimate.
-        estimated: u64,
+        /// Its input tokens, and how they were found.
+        input: InputTokens,
         /// The lane's limit.
         limit: u64,
     },
@@ -59,10 +60,37 @@ pub enum ShapeRefusal {
     },
 }
 
+/// A request's input tokens, and how the gateway found them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputTokens {
+    /// Estimated from the body's bytes at [`DEFAULT_BYTES_PER_TOKEN`].
+    Estimated(u64),
+    /// Counted with the tokenizer of the lane's route.
+    Counted(u64),
+}
+
+impl InputTokens {
+    /// The figure itself.
+    pub fn get(self) -> u64 {
+        match self {
+            InputTokens::Estimated(n) | InputTokens::Counted(n) => n,
+        }
+    }
+
+    /// The figure for a body of `bytes`: `counted` when the gateway counted
+    /// it, else estimated.
+    pub fn of(bytes: usize, counted: Option<u64>) -> InputTokens {
+        counted.map_or_else(
+            || InputTokens::Estimated(estimate_input_tokens(bytes, DEFAULT_BYTES_PER_TOKEN)),
+            InputTokens::Counted,
+        )
+    }
+}
+
 /// A request whose shape is within its lane's limits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shaped {
-    /// Its input tokens, estimated from the body.
+    /// Its input tokens (counted, or estimated from the body).
     pub input_tokens: u64,
     /// The most output tokens it may get (the limit in force, or what it
     /// asked for when lower); `None` without an output limit.
@@ -78,18 +106,22 @@ pub fn estimate_input_tokens(bytes: usize, bytes_per_token: u64) -> u64 {
     (bytes as u64).div_ceil(bytes_per_token.max(1))
 }
 
-/// Checks `body` against `limits` (estimating with
-/// [`DEFAULT_BYTES_PER_TOKEN`]); `output` says whether the path takes an
-/// output limit (chat completions and completions do, embeddings do not).
-pub fn shape(body: &[u8], limits: &TokenLimits, output: bool) -> Result<Shaped, ShapeRefusal> {
-    let input_tokens = estimate_input_tokens(body.len(), DEFAULT_BYTES_PER_TOKEN);
+/// Checks `body` against `limits`, with its input tokens `counted` by a
+/// tokenizer or else estimated with [`DEFAULT_BYTES_PER_TOKEN`]; `output`
+/// says whether the path takes an output limit (chat completions and
+/// completions do, embeddings do not).
+pub fn shape(
+    body: &[u8],
+    limits: &TokenLimits,
+    output: bool,
+    counted: Option<u64>,
+) -> Result<Shaped, ShapeRefusal> {
+    let input = InputTokens::of(body.len(), counted);
+    let input_tokens = input.get();
     if let Some(limit) = limits.max_input_tokens
         && input_tokens > limit
     {
-        return Err(ShapeRefusal::ContextTooLong {
-            estimated: input_tokens,
-            limit,
-        });
+        return Err(ShapeRefusal::ContextTooLong { input, limit });
     }
     let Some(limit) = limits.output_limit().filter(|_| output) else {
         return Ok(Shaped {
@@ -158,22 +190,42 @@ mod tests {
     }
 
     #[test]
+    fn a_counted_figure_replaces_the_estimate_either_way() {
+        let l = limits(Some(10), None);
+        // 400 bytes would be estimated at 100 tokens: counted at 10, it
+        // passes.
+        let long = vec![b' '; 400];
+        assert_eq!(shape(&long, &l, true, Some(10)).unwrap().input_tokens, 10);
+        // 4 bytes would pass as 1 token: counted at 11, it is refused, and
+        // the refusal says it was counted.
+        assert_eq!(
+            shape(b"    ", &l, true, Some(11)),
+            Err(ShapeRefusal::ContextTooLong {
+                input: InputTokens::Counted(11),
+                limit: 10
+            })
+        );
+        assert_eq!(InputTokens::of(41, None), InputTokens::Estimated(11));
+        assert_eq!(InputTokens::of(41, Some(3)).get(), 3);
+    }
+
+    #[test]
     fn input_exactly_at_the_limit_passes_and_one_byte_more_is_refused() {
         let l = limits(Some(10), None);
         let at = vec![b' '; 40];
-        assert_eq!(shape(&at, &l, true).unwrap().input_tokens, 10);
+        assert_eq!(shape(&at, &l, true, None).unwrap().input_tokens, 10);
         let over = vec![b' '; 41];
         assert_eq!(
-            shape(&over, &l, true),
+            shape(&over, &l, true, None),
             Err(ShapeRefusal::ContextTooLong {
-                estimated: 11,
+                input: InputTokens::Estimated(11),
                 limit: 10
             })
         );
         // An empty body is no tokens, and without limits nothing is parsed.
-        assert_eq!(shape(b"", &l, true).unwrap().input_tokens, 0);
+        assert_eq!(shape(b"", &l, true, None).unwrap().input_tokens, 0);
         assert_eq!(
-            shape(b"not json", &limits(None, None), true)
+            shape(b"not json", &limits(None, None), true, None)
                 .unwrap()
                 .rewritten,
             None
@@ -185,13 +237,13 @@ mod tests {
         let l = limits(None, Some(100));
         for (asked, want, changed) in [(100, 100, false), (101, 100, true), (1, 1, false)] {
             let body = json!({"model": "m", "max_tokens": asked}).to_string();
-            let s = shape(body.as_bytes(), &l, true).unwrap();
+            let s = shape(body.as_bytes(), &l, true, None).unwrap();
             assert_eq!(s.output_tokens, Some(want));
             assert_eq!(s.rewritten.is_some(), changed, "{asked}");
             assert_eq!(forwarded(body.as_bytes(), &s)["max_tokens"], want);
         }
         let both = json!({"max_tokens": 500, "max_completion_tokens": 50}).to_string();
-        let s = shape(both.as_bytes(), &l, true).unwrap();
+        let s = shape(both.as_bytes(), &l, true, None).unwrap();
         let v = forwarded(both.as_bytes(), &s);
         assert_eq!(
             (v["max_tokens"].clone(), v["max_completion_tokens"].clone()),
@@ -208,7 +260,7 @@ mod tests {
             json!({"model": "m", "max_tokens": null}),
         ] {
             let text = body.to_string();
-            let s = shape(text.as_bytes(), &l, true).unwrap();
+            let s = shape(text.as_bytes(), &l, true, None).unwrap();
             assert_eq!(forwarded(text.as_bytes(), &s)["max_tokens"], 64);
             assert_eq!(s.output_tokens, Some(64));
         }
@@ -217,11 +269,13 @@ mod tests {
             cap_output_tokens: Some(16),
             ..l
         };
-        let s = shape(br#"{"max_tokens": 32}"#, &capped, true).unwrap();
+        let s = shape(br#"{"max_tokens": 32}"#, &capped, true, None).unwrap();
         assert_eq!(forwarded(b"", &s)["max_tokens"], 16);
         // A path without an output limit (embeddings) is left alone.
         assert_eq!(
-            shape(br#"{"input": "x"}"#, &l, false).unwrap().rewritten,
+            shape(br#"{"input": "x"}"#, &l, false, None)
+                .unwrap()
+                .rewritten,
             None
         );
     }
@@ -242,7 +296,7 @@ mod tests {
             (json!({"max_tokens": 1e30}), OutputField::MaxTokens),
         ] {
             let text = bad.to_string();
-            match shape(text.as_bytes(), &l, true) {
+            match shape(text.as_bytes(), &l, true, None) {
                 Err(ShapeRefusal::BadOutputField { field: f, .. }) => {
                     assert_eq!(f, field, "{text}")
                 }
@@ -251,7 +305,7 @@ mod tests {
         }
         for not_object in [&b"[1]"[..], b"garbage", b"\"text\"", b"{\"a\":"] {
             assert_eq!(
-                shape(not_object, &l, true),
+                shape(not_object, &l, true, None),
                 Err(ShapeRefusal::NotJsonObject)
             );
         }
@@ -259,7 +313,7 @@ mod tests {
         // parsed.
         let l = limits(Some(1), Some(64));
         assert!(matches!(
-            shape(b"garbage", &l, true),
+            shape(b"garbage", &l, true, None),
             Err(ShapeRefusal::ContextTooLong { .. })
         ));
     }
@@ -301,7 +355,7 @@ mod tests {
                 obj.insert("max_completion_tokens".into(), n.into());
             }
             let body = serde_json::to_vec(&Value::Object(obj.clone())).unwrap();
-            let s = shape(&body, &limits(None, Some(limit)), true).unwrap();
+            let s = shape(&body, &limits(None, Some(limit)), true, None).unwrap();
             let out = forwarded(&body, &s);
             let out = out.as_object().expect("still an object");
             for (k, v) in &obj {

@@ -106,7 +106,7 @@ proptest! {
             if *reports {
                 prop_assert!((got - actual).abs() < 1e-9);
                 actual_sum += actual;
-                e.learn(*bytes, usage.prompt_tokens, usage.completion_tokens);
+                e.learn(Some(*bytes), usage.prompt_tokens, usage.completion_tokens);
             } else {
                 prop_assert_eq!(got, r.units, "no refund without usage");
                 reserved_unreported += r.units;
@@ -135,7 +135,7 @@ proptest! {
             while pending.front().is_some_and(|p| p.0 <= now) {
                 let (_, r, u, bytes) = pending.pop_front().unwrap();
                 settled += b.settle(r, actual_cost(&cost, Some(u)), now);
-                e.learn(bytes, u.prompt_tokens, u.completion_tokens);
+                e.learn(Some(bytes), u.prompt_tokens, u.completion_tokens);
             }
             let (bytes, out, _) = mix[step % mix.len()];
             let est = e.estimate(bytes, None);

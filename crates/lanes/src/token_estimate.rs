@@ -136,10 +136,13 @@ impl Estimator {
         }
     }
 
-    /// Learns from a settled answer: the body's bytes per prompt token and
-    /// the output tokens it used.
-    pub fn learn(&mut self, body_bytes: usize, prompt_tokens: u64, completion_tokens: u64) {
-        if prompt_tokens > 0 && body_bytes > 0 {
+    /// Learns from a settled answer: the body's bytes per prompt token
+    /// (`body_bytes` None: its input was counted, not estimated, so the
+    /// ratio learns nothing) and the output tokens it used.
+    pub fn learn(&mut self, body_bytes: Option<usize>, prompt_tokens: u64, completion_tokens: u64) {
+        if let Some(body_bytes) = body_bytes.filter(|b| *b > 0)
+            && prompt_tokens > 0
+        {
             let seen = body_bytes as f64 / prompt_tokens as f64;
             let next = self.bytes_per_token + RATIO_WEIGHT * (seen - self.bytes_per_token);
             self.bytes_per_token = next.clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
@@ -171,12 +174,12 @@ mod tests {
         );
         for i in 0..100 {
             // 95 short answers and 5 long ones: the P95 is short.
-            e.learn(400, 100, if i < 95 { 50 } else { 2000 });
+            e.learn(Some(400), 100, if i < 95 { 50 } else { 2000 });
         }
         let p95 = e.estimate(400, None).output;
         assert!((50..=53).contains(&p95), "{p95}");
         for _ in 0..10 {
-            e.learn(400, 100, 2000);
+            e.learn(Some(400), 100, 2000);
         }
         assert!(
             e.estimate(400, None).output >= 2000,
@@ -188,7 +191,7 @@ mod tests {
     fn the_ratio_learns_from_usage_within_bounds() {
         let mut e = Estimator::default();
         for _ in 0..200 {
-            e.learn(3000, 1000, 10);
+            e.learn(Some(3000), 1000, 10);
         }
         assert!(
             (e.bytes_per_token() - 3.0).abs() < 0.01,
@@ -196,13 +199,19 @@ mod tests {
             e.bytes_per_token()
         );
         for _ in 0..500 {
-            e.learn(100_000, 1, 10);
+            e.learn(Some(100_000), 1, 10);
         }
         assert_eq!(e.bytes_per_token(), 16.0);
         // No prompt tokens, nothing learned about the ratio.
         let before = e.bytes_per_token();
-        e.learn(1000, 0, 10);
+        e.learn(Some(1000), 0, 10);
         assert_eq!(e.bytes_per_token(), before);
+        // A counted prompt (no bytes to learn from) teaches only the
+        // output.
+        let outputs = e.output.count();
+        e.learn(None, 1, 10);
+        assert_eq!(e.bytes_per_token(), before);
+        assert_eq!(e.output.count(), outputs + 1);
     }
 
     proptest! {
