@@ -26,7 +26,8 @@ pub(super) struct LaneRules {
     pub(super) limits: Option<TokenLimits>,
     /// The lane has a `cost`.
     pub(super) priced: bool,
-    /// The tokenizer of the first of the lane's routes that has one.
+    /// The tokenizer of the first of the lane's routes that has one, when
+    /// a decision reads the request's input tokens.
     pub(super) tokenizer: Option<Arc<RouteTokenizer>>,
 }
 
@@ -39,13 +40,17 @@ pub(super) fn rules(gw: &Gateway, lane: Option<&str>) -> LaneRules {
     let Some(core) = st.core.as_ref().filter(|c| c.enforcing()) else {
         return LaneRules::default();
     };
-    let Some(l) = core.lane_index(lane).map(|i| core.lane(i)) else {
+    let Some(i) = core.lane_index(lane) else {
         return LaneRules::default();
     };
+    let l = core.lane(i);
     LaneRules {
         limits: l.tokens.filter(|t| !t.is_empty()),
         priced: l.cost.is_some(),
-        tokenizer: gw.tokenizers.for_routes(&l.routes),
+        tokenizer: core
+            .reads_input_tokens(i)
+            .then(|| gw.tokenizers.for_routes(&l.routes))
+            .flatten(),
     }
 }
 

@@ -114,6 +114,16 @@ async fn a_routes_tokenizer_counts_the_prompt_for_max_input_tokens_both_ways() {
         .await
         .unwrap();
     assert_ne!(r.status().as_u16(), 413);
+    // P0 shares the route but no decision reads its input tokens (no
+    // limit, no cost, no long-context limit in the pool): not counted.
+    let r = c
+        .post(format!("http://{}/v1/chat/completions", counted.addr))
+        .header("x-lanekeeper-lane", "p0-disruption-assist")
+        .body(many_words())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
     let series = format!("lanekeeper_gateway_input_tokens_counted_total{{route=\"{ROUTE}\"}}");
     assert_eq!(metric(&c, &counted, &series).await, Some(2.0));
     let series = format!(

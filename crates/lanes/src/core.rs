@@ -184,6 +184,17 @@ impl Core {
         self.share
     }
 
+    /// Whether a request's input tokens change a decision about lane `i`:
+    /// the lane limits them (`tokens.maxInputTokens`), prices them
+    /// (`cost`), or the pool limits long contexts. A gateway need not
+    /// count a prompt no decision reads.
+    pub fn reads_input_tokens(&self, i: usize) -> bool {
+        let cfg = &self.lanes[i].cfg;
+        cfg.cost.is_some()
+            || cfg.tokens.is_some_and(|t| t.max_input_tokens.is_some())
+            || self.pool.long_above().is_some()
+    }
+
     /// The index of a lane by name.
     pub fn lane_index(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()

@@ -176,3 +176,33 @@ fn a_limit_of_zero_is_refused() {
     }
     assert!(validate(&with_limits(Some(1), Some((1, 1)))).is_ok());
 }
+
+#[test]
+fn input_tokens_are_read_only_where_a_decision_needs_them() {
+    // A plain lane in a pool without a long-context limit: no decision
+    // reads a prompt's size.
+    assert!(!core(with_limits(Some(10), None)).reads_input_tokens(0));
+    // The pool's long-context limit reads it for every lane.
+    assert!(core(with_limits(None, Some((100, 2)))).reads_input_tokens(0));
+    // So do the lane's own input limit and its cost.
+    let mut cfg = with_limits(None, None);
+    cfg.lanes[0].tokens = Some(crate::TokenLimits {
+        max_input_tokens: Some(10),
+        max_output_tokens: None,
+        cap_output_tokens: None,
+    });
+    assert!(core(cfg.clone()).reads_input_tokens(0));
+    // An output limit alone does not.
+    cfg.lanes[0].tokens = Some(crate::TokenLimits {
+        max_input_tokens: None,
+        max_output_tokens: Some(10),
+        cap_output_tokens: None,
+    });
+    assert!(!core(cfg.clone()).reads_input_tokens(0));
+    cfg.lanes[0].cost = Some(crate::tokens::TokenCost {
+        per_request: Some(1.0),
+        per_input_token: None,
+        per_output_token: None,
+    });
+    assert!(core(cfg).reads_input_tokens(0));
+}
