@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 #[path = "scenario_tokens.rs"]
 pub mod tokens;
 
+#[path = "scenario_tenants.rs"]
+pub mod tenants;
+
 pub use tokens::{TokenDistribution, TokenQuantiles, TokenSide};
 
 /// A scenario file.
@@ -248,6 +251,11 @@ pub struct LaneScenario {
     /// have no size, and each costs the lane's `workUnitsPerRequest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenDistribution>,
+    /// Who sends the lane's requests, each tenant with its share and
+    /// optionally its own tokens (absent: every request is of the default
+    /// tenant).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<tenants::TenantScenario>,
 }
 
 /// A rate from `at` on.
@@ -437,6 +445,14 @@ pub enum ScenarioError {
         /// Input or output.
         side: TokenSide,
     },
+    /// A lane's `tenants` are wrong.
+    #[error("lanes.{lane}.tenants: {why}")]
+    Tenants {
+        /// The lane's key in the scenario.
+        lane: String,
+        /// What is wrong.
+        why: tenants::TenantError,
+    },
     /// `jitter` or `ignoreRetryAfterShare` outside 0..1.
     #[error("{field}: jitter and ignoreRetryAfterShare must be within 0..1")]
     Share {
@@ -593,6 +609,10 @@ pub fn check(s: &Scenario) -> Result<(), ScenarioError> {
                 side,
             });
         }
+        tenants::check(&l.tenants, l.tokens.is_some()).map_err(|why| ScenarioError::Tenants {
+            lane: k.clone(),
+            why,
+        })?;
     }
     Ok(())
 }

@@ -143,6 +143,11 @@ fn unit(bits: u64) -> f64 {
     ((bits >> 11) + 1) as f64 / (1u64 << 53) as f64
 }
 
+/// A uniform in (0, 1] for `id` under `key` (one hash).
+pub(crate) fn unit_of(key: u64, id: u64) -> f64 {
+    unit(mix(mix(key) ^ id))
+}
+
 /// Two independent standard normals for `id` under `key` (Box–Muller).
 fn normals(key: u64, id: u64) -> (f64, f64) {
     let a = mix(mix(key) ^ id.wrapping_mul(2));
@@ -178,6 +183,18 @@ impl TokenSampler {
             input: self.input.tokens(zi),
             output: self.output.tokens(zo),
         }
+    }
+
+    /// The mean input plus the mean output of a request.
+    pub fn mean_total(&self) -> f64 {
+        self.mean_total
+    }
+
+    /// The same draws, with service times scaled against a mean request of
+    /// `mean_total` tokens (a lane whose tenants' requests differ: the
+    /// mean over its tenants).
+    pub fn with_mean_total(self, mean_total: f64) -> TokenSampler {
+        TokenSampler { mean_total, ..self }
     }
 
     /// How much longer than the lane's mean request a request of

@@ -22,12 +22,18 @@ use lanes::{
     Core, GatewayConfig, Outcome, Refusal, Resolution, SaturationMeter, TenantSlot, Ticket, Verdict,
 };
 
+use crate::scenario::tenants::Tenants;
 use crate::scenario::tokens::TokenSampler;
 use crate::scenario::{ClientSpec, Scenario, Steps};
 
 #[path = "engine_tokens.rs"]
 mod tokens;
 
+#[path = "engine_tenants.rs"]
+mod tenants;
+
+use tenants::TenantOutcome;
+pub use tenants::TenantRun;
 pub use tokens::LaneTokens;
 use tokens::{Shape, TokenAttempt};
 
@@ -219,6 +225,8 @@ pub struct LaneRun {
     /// Its tokens, when they are in play (a lane with `tokens` in the
     /// scenario, under lanekeeper).
     pub tokens: Option<LaneTokens>,
+    /// Its tenants' outcomes (a lane with `tenants` in the scenario).
+    pub tenants: Vec<TenantRun>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -338,8 +346,28 @@ struct LaneSetup {
     failure: f64,
     clients: ClientSpec,
     backlog: u64,
-    /// The scenario's token distribution of its requests.
+    /// The scenario's token distribution of its requests (with tenants of
+    /// their own tokens: its service times are scaled against their mean
+    /// request).
     tokens: Option<TokenSampler>,
+    /// Who sends its requests (none: the default tenant).
+    tenants: Tenants,
+}
+
+/// A lane's token sampler: its own distribution, or (when only its tenants
+/// have one) the first tenant's, with service times scaled against the
+/// mean request over its tenants.
+fn lane_tokens(
+    lane: Option<&crate::scenario::TokenDistribution>,
+    tenants: &Tenants,
+) -> Option<TokenSampler> {
+    let own = lane.map(crate::scenario::TokenDistribution::sampler);
+    if tenants.is_empty() {
+        return own;
+    }
+    let fallback = own.or_else(|| (0..tenants.len()).find_map(|i| tenants.sampler(i).copied()))?;
+    let mean = tenants.mean_total(own.as_ref())?;
+    Some(fallback.with_mean_total(mean))
 }
 
 /// A baseline gateway's view of one lane (and, for lanekeeper, the rate of
@@ -594,11 +622,9 @@ fn lane_setup(
 ) -> LaneSetup {
     let lk = l.key();
     let s = &l.spec;
-    let tokens = inputs
-        .lanes
-        .get(&lk)
-        .and_then(|x| x.tokens.as_ref())
-        .map(crate::scenario::TokenDistribution::sampler);
+    let scenario = inputs.lanes.get(&lk);
+    let tenants = Tenants::new(scenario.map_or(&[][..], |x| x.tenants.as_slice()));
+    let tokens = lane_tokens(scenario.and_then(|x| x.tokens.as_ref()), &tenants);
     let (arrivals, service, failure, clients, backlog) = match inputs.lanes.get(&lk) {
         Some(x) => (
             Steps::new(
@@ -643,6 +669,7 @@ fn lane_setup(
         clients,
         backlog,
         tokens,
+        tenants,
     }
 }
 
@@ -686,6 +713,12 @@ fn lane_run(l: &LaneSetup, nsec: usize, dur: f64) -> LaneRun {
         deferred: vec![0; nsec + 1],
         limit: vec![f64::NAN; nsec],
         rate_end: l.arrivals.at(dur),
+        tenants: (0..l.tenants.len())
+            .map(|i| TenantRun {
+                name: l.tenants.name(i).to_owned(),
+                ..TenantRun::default()
+            })
+            .collect(),
         ..Default::default()
     }
 }
@@ -870,7 +903,7 @@ impl<'a> Sim<'a> {
 
     fn new_attempt(&mut self, lane: usize, at: f64, compliant: bool) -> Attempt {
         self.next_id += 1;
-        Attempt {
+        let a = Attempt {
             origin: at,
             enq: at,
             passed: f64::NAN,
@@ -881,7 +914,9 @@ impl<'a> Sim<'a> {
             returning: false,
             deferrals: 0,
             id_hint: lanes::IdHint::NONE,
-        }
+        };
+        self.count_tenant(&a, TenantOutcome::Offered);
+        a
     }
 
     fn run(mut self) -> Run {
@@ -1403,13 +1438,14 @@ impl<'a> Sim<'a> {
             Shape::Unsized => None,
             Shape::Sized(size) => Some(size),
         };
-        let core = self.cores[p].as_mut()?;
         // The request id as a client sends it, in decimal.
         let mut digits = [0u8; 20];
         let id = decimal(u64::from(a.id), &mut digits);
+        let tenant = tenants::tenant_name(&self.lanes[li], self.sc.seed, a);
+        let core = self.cores[p].as_mut()?;
         let req = lanes::Request {
             lane: &self.lanes[li].name,
-            tenant: None,
+            tenant,
             attempt: Some(u32::from(a.n)),
             request_id: Some(id),
         };
@@ -1522,6 +1558,7 @@ impl<'a> Sim<'a> {
         }
         if past_deadline {
             ln.deferred_past_deadline += 1;
+            self.count_tenant(&a, TenantOutcome::Lost);
             return;
         }
         let s = self.next_seq();
@@ -1593,6 +1630,7 @@ impl<'a> Sim<'a> {
             retry = false;
         }
         if !retry {
+            self.count_tenant(&a, TenantOutcome::Lost);
             let ln = &mut self.out.lanes[li];
             match why {
                 Fail::Rejected { .. } | Fail::TooLong => ln.rejected += 1,
@@ -1659,9 +1697,11 @@ impl<'a> Sim<'a> {
             // Only lanekeeper's controller reads the profile's latencies.
             self.lat[p][s].push(latency as f32);
         }
+        let in_time = latency <= self.lanes[li].deadline + 1e-9;
+        self.count_tenant(&a, TenantOutcome::Answered { in_time });
         let ln = &mut self.out.lanes[li];
         ln.latencies.push(latency as f32);
-        if latency <= self.lanes[li].deadline + 1e-9 {
+        if in_time {
             ln.within_deadline += 1;
         } else {
             ln.late += 1;

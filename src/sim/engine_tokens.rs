@@ -3,7 +3,8 @@
 //! pool does with its tokens.
 //!
 //! - **The request.** Each request's input and output tokens are drawn from
-//!   its lane's distribution (`scenario::tokens`). Its body carries
+//!   its tenant's distribution, or else its lane's (`scenario::tokens`,
+//!   `scenario::tenants`). Its body carries
 //!   [`DEFAULT_BYTES_PER_TOKEN`] bytes per input token and no `max_tokens`.
 //! - **Its shape**, as the gateway checks it before admission under an
 //!   enforced config (`lanes::request_shape`): more input tokens than the
@@ -78,7 +79,7 @@ impl Sim<'_> {
     /// The shape of attempt `a` of lane `li` at profile `p`'s gateway (its
     /// core exists), recorded for the pool and the settlement.
     pub(super) fn shape(&mut self, a: &Attempt, li: usize, p: usize) -> Shape {
-        let Some(sampler) = self.lanes[li].tokens else {
+        let Some(sampler) = self.sampler_of(a) else {
             return Shape::Unsized;
         };
         let Some(core) = self.cores[p].as_ref() else {

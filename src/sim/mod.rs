@@ -8,6 +8,7 @@ pub mod diff;
 pub mod engine;
 pub mod objectives;
 pub mod report;
+pub mod tenant_report;
 pub mod token_report;
 
 pub use crate::scenario::Scenario;

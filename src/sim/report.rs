@@ -155,6 +155,10 @@ pub struct LaneReport {
     /// `sim::token_report`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens: Option<super::token_report::TokenReport>,
+    /// Its tenants, for a lane whose scenario has them (see
+    /// `sim::tenant_report`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<super::tenant_report::TenantReport>,
 }
 
 /// One point of the profile's time series (averages over the interval).
@@ -300,6 +304,11 @@ fn lane_report(l: &LaneRun, tick: f64) -> LaneReport {
         drain_end_backlog_seconds: drain_end,
         objective: None,
         tokens: l.tokens.as_ref().map(super::token_report::token_report),
+        tenants: l
+            .tenants
+            .iter()
+            .map(super::tenant_report::tenant_report)
+            .collect(),
     }
 }
 
@@ -565,12 +574,18 @@ fn objective_lines(lanes: &[LaneReport]) -> Vec<String> {
         .collect()
 }
 
-/// One line per lane whose tokens were in play.
+/// One line per lane whose tokens were in play, then one per tenant of the
+/// lanes with tenants.
 fn token_lines(lanes: &[LaneReport]) -> Vec<String> {
-    lanes
+    let tokens = lanes
         .iter()
-        .filter_map(|l| Some(super::token_report::token_line(&l.name, l.tokens.as_ref()?)))
-        .collect()
+        .filter_map(|l| Some(super::token_report::token_line(&l.name, l.tokens.as_ref()?)));
+    let tenants = lanes.iter().flat_map(|l| {
+        l.tenants
+            .iter()
+            .map(|t| super::tenant_report::tenant_line(&l.name, t))
+    });
+    tokens.chain(tenants).collect()
 }
 
 /// Renders markdown (for a pull-request comment).

@@ -73,5 +73,6 @@ mod sim_inc47;
 mod sim_inc47_tokens;
 mod sim_long_context;
 mod sim_model;
+mod sim_tenant_tokens;
 mod sim_tokens;
 mod walkthrough;
