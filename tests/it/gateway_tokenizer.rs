@@ -10,11 +10,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::gateway::{
     Proc, client, config_file, control, gateway_to, inc47, lane_mut, metrics, model, ready,
 };
+use crate::gateway_tokens::send;
 
 const LANE: &str = "p1-agent-assist";
 const ROUTE: &str = "agent-large";
@@ -34,19 +35,6 @@ fn many_words() -> String {
 fn few_words() -> String {
     let content = format!("hello{}world", " ".repeat(400));
     json!({"model": "m", "messages": [{"role": "user", "content": content}]}).to_string()
-}
-
-async fn send(c: &reqwest::Client, gw: &Proc, body: String) -> (u16, Value) {
-    let r = c
-        .post(format!("http://{}/v1/chat/completions", gw.addr))
-        .header("content-type", "application/json")
-        .header("x-lanekeeper-lane", LANE)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 fn limited_config(name: &str) -> PathBuf {

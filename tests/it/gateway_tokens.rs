@@ -23,7 +23,8 @@ fn body_of(bytes: usize, extra: &str) -> String {
     )
 }
 
-async fn send(c: &reqwest::Client, gw: &Proc, body: String) -> (u16, Value) {
+/// A chat completion of lane p1-agent-assist: the status and the JSON body.
+pub(crate) async fn send(c: &reqwest::Client, gw: &Proc, body: String) -> (u16, Value) {
     let r = c
         .post(format!("http://{}/v1/chat/completions", gw.addr))
         .header("content-type", "application/json")
