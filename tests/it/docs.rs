@@ -57,3 +57,40 @@ fn reference_documents_every_schema_field() {
         "fields missing from docs/reference.md (write them as `path`): {missing:#?}"
     );
 }
+
+/// Every flag of `lanekeeper gateway --help` (and its environment
+/// variable) has a row in docs/gateway.md's table of flags.
+#[test]
+fn every_gateway_flag_is_documented() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .args(["gateway", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    let docs = read("docs/gateway.md");
+    let mut flags = 0;
+    for line in help.lines().map(str::trim_start) {
+        // A flag's own line: `--name <VALUE>` or `-s, --name`.
+        let def = line.strip_prefix("-h, ").unwrap_or(line);
+        if let Some(name) = def
+            .strip_prefix("--")
+            .and_then(|d| d.split([' ', '=']).next())
+        {
+            if name != "help" {
+                flags += 1;
+                assert!(
+                    docs.contains(&format!("`--{name}")),
+                    "docs/gateway.md has no row for --{name}"
+                );
+            }
+        }
+        if let Some(var) = line
+            .strip_prefix("[env: ")
+            .and_then(|v| v.split('=').next())
+        {
+            assert!(docs.contains(var), "docs/gateway.md does not name {var}");
+        }
+    }
+    assert!(flags >= 30, "read {flags} flags from --help:\n{help}");
+}
