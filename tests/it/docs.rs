@@ -76,14 +76,13 @@ fn every_gateway_flag_is_documented() {
         if let Some(name) = def
             .strip_prefix("--")
             .and_then(|d| d.split([' ', '=']).next())
+            && name != "help"
         {
-            if name != "help" {
-                flags += 1;
-                assert!(
-                    docs.contains(&format!("`--{name}")),
-                    "docs/gateway.md has no row for --{name}"
-                );
-            }
+            flags += 1;
+            assert!(
+                docs.contains(&format!("`--{name}")),
+                "docs/gateway.md has no row for --{name}"
+            );
         }
         if let Some(var) = line
             .strip_prefix("[env: ")
