@@ -76,4 +76,6 @@ mod tls_tests;
 pub use args::{GatewayArgs, GatewayError};
 pub use fleet_args::FleetArgs;
 pub use identity::IdentityArgs;
+pub use prompt_text::Uncountable;
 pub use run::run;
+pub use tokenizer::RouteTokenizer;

@@ -27,7 +27,7 @@ pub(super) struct Prompt<'a> {
 
 /// Why a prompt cannot be counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Uncountable {
+pub enum Uncountable {
     /// The body is not a JSON object.
     NotJson,
     /// A path whose body carries no prompt the gateway knows.
@@ -41,7 +41,7 @@ pub(super) enum Uncountable {
 
 impl Uncountable {
     /// The label value.
-    pub(super) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Uncountable::NotJson => "not_json",
             Uncountable::OtherPath => "other_path",
