@@ -18,9 +18,17 @@
 //! Tenants are interned to small integers while they have requests waiting
 //! (an id is reused once its tenant's queue empties), so the indexes hold no
 //! strings and a tenant name is hashed once per request.
+//!
+//! The requests themselves sit in one slab (a `Vec` with a free list); the
+//! indexes hold 4-byte positions in it. Each tenant's B-tree orders its own
+//! requests by first arrival; the lane-wide ends (oldest and newest first
+//! arrival) come from two small sets of the tenants' ends, one entry per
+//! waiting tenant, and the order in which TTLs run out from a queue in the
+//! order requests joined (see [`ByQueued`]). A push or a removal touches
+//! one large B-tree, not three.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 use crate::remembered::IdRef;
 use crate::tenants::{TenantGate, TenantSlot};
@@ -72,11 +80,135 @@ pub(crate) struct Waiting {
 /// A request found by one of the indexes: when, its key, its tenant.
 pub(crate) type Found = (f64, Key, TenantId);
 
+/// A position in the slab.
+type Slot = u32;
+
+/// A waiting request in the slab, with its key and tenant.
+#[derive(Debug)]
+struct Entry {
+    key: Key,
+    tenant: TenantId,
+    w: Waiting,
+}
+
+/// The waiting requests, each at a position that stays its own while it
+/// waits (freed positions are reused).
+#[derive(Debug, Default)]
+struct Slab {
+    entries: Vec<Option<Entry>>,
+    vacant: Vec<Slot>,
+}
+
+impl Slab {
+    fn insert(&mut self, e: Entry) -> Slot {
+        match self.vacant.pop() {
+            Some(s) => {
+                self.entries[s as usize] = Some(e);
+                s
+            }
+            None => {
+                self.entries.push(Some(e));
+                (self.entries.len() - 1) as Slot
+            }
+        }
+    }
+
+    fn take(&mut self, s: Slot) -> Entry {
+        let e = self.entries[s as usize].take().expect("a live slot");
+        self.vacant.push(s);
+        e
+    }
+
+    fn get(&self, s: Slot) -> &Entry {
+        self.entries[s as usize].as_ref().expect("a live slot")
+    }
+
+    /// Whether `s` holds the request of sequence `seq` (a freed or reused
+    /// position does not).
+    fn holds(&self, s: Slot, seq: u64) -> bool {
+        self.entries[s as usize]
+            .as_ref()
+            .is_some_and(|e| e.key.1 == seq)
+    }
+}
+
+/// The waiting requests by (queued at, sequence): the order in which TTLs
+/// run out. Requests join at the time of their arrival, so nearly always in
+/// that order: those go to the back of `fifo`, which stays sorted; one that
+/// would not (a clock that stepped back) goes to `late`, a B-tree. A
+/// removal from the middle of `fifo` is only counted (its slot no longer
+/// holds its sequence) and skipped when it reaches an end; the queue is
+/// compacted when the removed outnumber the live.
+#[derive(Debug, Default)]
+struct ByQueued {
+    /// (queued at, sequence, slot), sorted; both ends live.
+    fifo: VecDeque<(f64, u64, Slot)>,
+    late: BTreeMap<(OrdF64, u64), Slot>,
+    /// Entries of `fifo` whose request left.
+    dead: usize,
+}
+
+impl ByQueued {
+    fn push(&mut self, queued_at: f64, seq: u64, slot: Slot) {
+        let in_order = self
+            .fifo
+            .back()
+            .is_none_or(|b| (OrdF64(b.0), b.1) < (OrdF64(queued_at), seq));
+        if in_order {
+            self.fifo.push_back((queued_at, seq, slot));
+        } else {
+            self.late.insert((OrdF64(queued_at), seq), slot);
+        }
+    }
+
+    /// The request (queued at, sequence) left `slab`.
+    fn remove(&mut self, queued_at: f64, seq: u64, slab: &Slab) {
+        if !self.late.is_empty() && self.late.remove(&(OrdF64(queued_at), seq)).is_some() {
+            return;
+        }
+        self.dead += 1;
+        while let Some(&(_, s, slot)) = self.fifo.front()
+            && !slab.holds(slot, s)
+        {
+            self.fifo.pop_front();
+            self.dead -= 1;
+        }
+        while let Some(&(_, s, slot)) = self.fifo.back()
+            && !slab.holds(slot, s)
+        {
+            self.fifo.pop_back();
+            self.dead -= 1;
+        }
+        if self.dead > 64 && self.dead > self.fifo.len() / 2 {
+            self.fifo.retain(|&(_, s, slot)| slab.holds(slot, s));
+            self.dead = 0;
+        }
+    }
+
+    /// The first to run out: (queued at, sequence, slot).
+    fn first(&self) -> Option<(f64, u64, Slot)> {
+        let f = self.fifo.front().copied();
+        let l = self.late.first_key_value().map(|(k, s)| (k.0.0, k.1, *s));
+        match (f, l) {
+            (Some(f), Some(l)) => Some(if (OrdF64(l.0), l.1) < (OrdF64(f.0), f.1) {
+                l
+            } else {
+                f
+            }),
+            (f, l) => f.or(l),
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = ByQueued::default();
+    }
+}
+
 /// One tenant's waiting requests, earliest first arrival first.
 #[derive(Debug, Default)]
 struct TenantQueue {
     name: String,
-    waiting: BTreeMap<Key, Waiting>,
+    waiting: BTreeMap<Key, Slot>,
     /// Its weight (looked up once, when it is interned).
     weight: f64,
     /// Generation of its live heap entry (older entries are stale; 0: none).
@@ -87,10 +219,18 @@ struct TenantQueue {
 
 impl TenantQueue {
     /// What serving its head adds to its tag.
-    fn step(&self) -> f64 {
+    fn step(&self, slab: &Slab) -> f64 {
         self.waiting
             .first_key_value()
-            .map_or(1.0, |(_, w)| w.cost / self.weight)
+            .map_or(1.0, |(_, s)| slab.get(*s).w.cost / self.weight)
+    }
+
+    fn first_key(&self) -> Option<Key> {
+        self.waiting.first_key_value().map(|(k, _)| *k)
+    }
+
+    fn last_key(&self) -> Option<Key> {
+        self.waiting.last_key_value().map(|(k, _)| *k)
     }
 }
 
@@ -108,15 +248,18 @@ pub(crate) struct FairQueue {
     parked: usize,
     /// (finish tag, generation, tenant), smallest tag first.
     heap: BinaryHeap<Reverse<(OrdF64, u64, TenantId)>>,
-    /// Every waiting request by key: the newest (deferred when the queue is
-    /// full) and the oldest first arrival (the first deadline).
-    by_arrival: BTreeMap<Key, TenantId>,
-    /// By (queued at, seq): the order in which TTLs run out.
-    by_queued: BTreeMap<(OrdF64, u64), (OrdF64, TenantId)>,
-    /// The first and last of `by_arrival` and the first of `by_queued`,
-    /// kept at hand: `next_wake` asks for them on every arrival, and they
-    /// change only when a request joins or leaves at an end.
-    ends: Ends,
+    /// Every waiting request.
+    slab: Slab,
+    /// How many wait.
+    len: usize,
+    /// (key of its oldest first arrival, tenant) of every waiting tenant:
+    /// the first is the lane's oldest.
+    firsts: BTreeSet<(Key, TenantId)>,
+    /// (key of its newest first arrival, tenant) of every waiting tenant:
+    /// the last is the lane's newest (deferred when the queue is full).
+    lasts: BTreeSet<(Key, TenantId)>,
+    /// The order in which TTLs run out.
+    by_queued: ByQueued,
     /// The tag of the request served last (the virtual time V).
     virtual_time: f64,
     seq: u64,
@@ -125,11 +268,11 @@ pub(crate) struct FairQueue {
 
 impl FairQueue {
     pub(crate) fn len(&self) -> usize {
-        self.by_arrival.len()
+        self.len
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.by_arrival.is_empty()
+        self.len == 0
     }
 
     /// Whether a waiting tenant may be on the schedule (not parked). A
@@ -145,18 +288,32 @@ impl FairQueue {
         self.seq += 1;
         let key = (OrdF64(w.first_arrival), self.seq);
         let id = self.intern(tenant, gate);
-        self.by_arrival.insert(key, id);
-        self.by_queued
-            .insert((OrdF64(w.queued_at), self.seq), (key.0, id));
-        self.ends.pushed((key.0.0, key, id), w.queued_at);
+        let queued_at = w.queued_at;
+        let slot = self.slab.insert(Entry { key, tenant: id, w });
+        self.by_queued.push(queued_at, self.seq, slot);
+        self.len += 1;
         let tq = &mut self.tenants[id as usize];
-        let was_empty = tq.waiting.is_empty();
-        tq.waiting.insert(key, w);
-        if was_empty {
-            // F = max(V, F_prev) + cost / weight, and F_prev <= V for a
-            // tenant that had emptied.
-            let step = tq.step();
-            self.schedule(id, self.virtual_time + step);
+        let ends = (tq.first_key(), tq.last_key());
+        tq.waiting.insert(key, slot);
+        match ends {
+            (Some(first), Some(last)) => {
+                if key < first {
+                    self.firsts.remove(&(first, id));
+                    self.firsts.insert((key, id));
+                }
+                if key > last {
+                    self.lasts.remove(&(last, id));
+                    self.lasts.insert((key, id));
+                }
+            }
+            _ => {
+                self.firsts.insert((key, id));
+                self.lasts.insert((key, id));
+                // F = max(V, F_prev) + cost / weight, and F_prev <= V for
+                // a tenant that had emptied.
+                let step = tq.step(&self.slab);
+                self.schedule(id, self.virtual_time + step);
+            }
         }
         (id, key)
     }
@@ -203,18 +360,22 @@ impl FairQueue {
     /// Removes one waiting request by tenant and key, keeping the indexes.
     pub(crate) fn remove(&mut self, id: TenantId, key: Key) -> Option<Waiting> {
         let tq = self.tenants.get_mut(id as usize)?;
-        let w = tq.waiting.remove(&key)?;
-        self.by_arrival.remove(&key);
-        self.by_queued.remove(&(OrdF64(w.queued_at), key.1));
-        let is = |e: Option<Found>| e.is_some_and(|f| f.1.1 == key.1);
-        if is(self.ends.oldest) {
-            self.ends.oldest = first_arrival(&self.by_arrival);
+        let slot = tq.waiting.remove(&key)?;
+        let w = self.slab.take(slot).w;
+        self.len -= 1;
+        self.by_queued.remove(w.queued_at, key.1, &self.slab);
+        let (first, last) = (tq.first_key(), tq.last_key());
+        if first.is_none_or(|f| key < f) {
+            self.firsts.remove(&(key, id));
+            if let Some(f) = first {
+                self.firsts.insert((f, id));
+            }
         }
-        if is(self.ends.newest) {
-            self.ends.newest = last_arrival(&self.by_arrival);
-        }
-        if is(self.ends.first_queued) {
-            self.ends.first_queued = first_queued(&self.by_queued);
+        if last.is_none_or(|l| key > l) {
+            self.lasts.remove(&(key, id));
+            if let Some(l) = last {
+                self.lasts.insert((l, id));
+            }
         }
         if tq.waiting.is_empty() {
             let name = std::mem::take(&mut tq.name);
@@ -253,10 +414,10 @@ impl FairQueue {
     /// [`FairQueue::ready`] said there is one; else the head with the
     /// largest charge (a bound for when the next one can go).
     pub(crate) fn head(&self) -> Option<(TenantId, Key, &Waiting)> {
-        fn first((id, t): (usize, &TenantQueue)) -> Option<(TenantId, Key, &Waiting)> {
-            let (k, w) = t.waiting.first_key_value()?;
-            Some((id as TenantId, *k, w))
-        }
+        let first = |(id, t): (usize, &TenantQueue)| {
+            let (k, s) = t.waiting.first_key_value()?;
+            Some((id as TenantId, *k, &self.slab.get(*s).w))
+        };
         if let Some(&Reverse((_, generation, id))) = self.heap.peek() {
             let tq = &self.tenants[id as usize];
             if tq.heap_gen == generation {
@@ -283,13 +444,13 @@ impl FairQueue {
         }
         let Reverse((tag, _, id)) = self.heap.pop()?;
         let tq = &self.tenants[id as usize];
-        let (&key, _) = tq.waiting.first_key_value()?;
+        let key = tq.first_key()?;
         let slot = gate.take(&tq.name);
         self.virtual_time = self.virtual_time.max(tag.0);
         let w = self.remove(id, key).expect("the head exists");
         let tq = &self.tenants[id as usize];
         if !tq.waiting.is_empty() {
-            let step = tq.step();
+            let step = tq.step(&self.slab);
             self.schedule(id, tag.0 + step);
         }
         Some((w, slot))
@@ -308,7 +469,7 @@ impl FairQueue {
         }
         tq.parked = false;
         self.parked -= 1;
-        let step = tq.step();
+        let step = tq.step(&self.slab);
         self.schedule(id, self.virtual_time + step);
         true
     }
@@ -336,10 +497,7 @@ impl FairQueue {
         self.tenants
             .iter()
             .enumerate()
-            .filter_map(|(i, t)| {
-                let (key, _) = t.waiting.last_key_value()?;
-                Some((i as TenantId, t.waiting.len(), *key))
-            })
+            .filter_map(|(i, t)| Some((i as TenantId, t.waiting.len(), t.last_key()?)))
             .max_by_key(|(_, n, _)| *n)
     }
 
@@ -352,68 +510,54 @@ impl FairQueue {
 
     /// The request with the latest first arrival.
     pub(crate) fn newest(&self) -> Option<Found> {
-        self.ends.newest
+        self.lasts.last().map(|&(k, t)| (k.0.0, k, t))
     }
 
     /// The request that joined the queue first.
     pub(crate) fn oldest_queued(&self) -> Option<Found> {
-        self.ends.first_queued
+        let (queued_at, _, slot) = self.by_queued.first()?;
+        let e = self.slab.get(slot);
+        Some((queued_at, e.key, e.tenant))
     }
 
     /// The earliest deadline start among the waiting (the oldest first
     /// arrival).
     pub(crate) fn oldest_arrival(&self) -> Option<Found> {
-        self.ends.oldest
+        self.firsts.first().map(|&(k, t)| (k.0.0, k, t))
+    }
+
+    /// Every waiting request's tenant, key and slot, earliest first
+    /// arrival first (a sort: for a config swap or a drain only).
+    fn sorted(&self) -> Vec<(Key, TenantId, Slot)> {
+        let mut all: Vec<(Key, TenantId, Slot)> = self
+            .tenants
+            .iter()
+            .enumerate()
+            .flat_map(|(t, tq)| tq.waiting.iter().map(move |(k, s)| (*k, t as TenantId, *s)))
+            .collect();
+        all.sort_unstable_by_key(|e| e.0);
+        all
     }
 
     /// Every waiting request with its tenant id and key (for re-indexing
-    /// tickets after a config swap).
+    /// tickets after a config swap), earliest first arrival first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (TenantId, Key, &Waiting)> {
-        self.by_arrival.iter().map(|(k, t)| {
-            let w = &self.tenants[*t as usize].waiting[k];
-            (*t, *k, w)
-        })
+        self.sorted()
+            .into_iter()
+            .map(|(k, t, s)| (t, k, &self.slab.get(s).w))
     }
 
     /// Takes every waiting request out (parked tenants' too), earliest
     /// first arrival first.
     pub(crate) fn drain(&mut self) -> Vec<Waiting> {
-        let all: Vec<(TenantId, Key)> = self.by_arrival.iter().map(|(k, t)| (*t, *k)).collect();
-        let out = all
+        let out = self
+            .sorted()
             .into_iter()
-            .filter_map(|(t, k)| self.remove(t, k))
+            .filter_map(|(k, t, _)| self.remove(t, k))
             .collect();
         self.heap.clear();
+        self.by_queued.clear();
         out
-    }
-}
-
-/// The ends of a queue's indexes.
-#[derive(Debug, Default)]
-struct Ends {
-    oldest: Option<Found>,
-    newest: Option<Found>,
-    /// (queued at, key, tenant).
-    first_queued: Option<Found>,
-}
-
-impl Ends {
-    /// A request joined with first arrival `f` (its key and tenant) at
-    /// `queued_at`: it may be a new end.
-    fn pushed(&mut self, f: Found, queued_at: f64) {
-        if self.oldest.is_none_or(|o| f.1 < o.1) {
-            self.oldest = Some(f);
-        }
-        if self.newest.is_none_or(|n| f.1 > n.1) {
-            self.newest = Some(f);
-        }
-        let q = (queued_at, f.1, f.2);
-        if self
-            .first_queued
-            .is_none_or(|o| (OrdF64(q.0), q.1.1) < (OrdF64(o.0), o.1.1))
-        {
-            self.first_queued = Some(q);
-        }
     }
 }
 
@@ -421,20 +565,6 @@ impl Ends {
 /// and two empty names are told apart without a call to `memcmp`.
 fn same_name(a: &str, b: &str) -> bool {
     a.len() == b.len() && (a.is_empty() || a == b)
-}
-
-fn first_arrival(by_arrival: &BTreeMap<Key, TenantId>) -> Option<Found> {
-    by_arrival.first_key_value().map(|(k, t)| (k.0.0, *k, *t))
-}
-
-fn last_arrival(by_arrival: &BTreeMap<Key, TenantId>) -> Option<Found> {
-    by_arrival.last_key_value().map(|(k, t)| (k.0.0, *k, *t))
-}
-
-fn first_queued(by_queued: &BTreeMap<(OrdF64, u64), (OrdF64, TenantId)>) -> Option<Found> {
-    by_queued
-        .first_key_value()
-        .map(|(k, (fa, t))| (k.0.0, (*fa, k.1), *t))
 }
 
 #[cfg(test)]
@@ -592,38 +722,152 @@ mod tests {
         assert_eq!(q.oldest_queued().map(|f| f.0), Some(3.0));
     }
 
-    #[test]
-    fn the_ends_kept_at_hand_are_the_indexes_ends() {
-        let mut q = FairQueue::default();
-        let mut g = gate(&[]);
-        let mut live: Vec<(TenantId, Key)> = Vec::new();
-        // A fixed pseudo-random walk of pushes, removals and pops.
-        let mut x: u64 = 47;
-        for i in 0..5_000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let r = x >> 33;
-            match r % 4 {
-                0 | 1 => {
-                    let w = Waiting {
-                        queued_at: (i / 3) as f64,
-                        ..waiting(i, (r % 97) as f64)
-                    };
-                    live.push(q.push(["a", "b", "c"][(r % 3) as usize], w, &g));
-                }
-                2 if !live.is_empty() => {
-                    let (t, k) = live.swap_remove((r as usize) % live.len());
-                    assert!(q.remove(t, k).is_some());
-                }
-                _ => {
-                    pop(&mut q, &mut g);
-                    live.retain(|&(t, k)| q.tenants[t as usize].waiting.contains_key(&k));
-                }
+    /// A plain model of the fair queue: a list of the waiting requests,
+    /// scanned for every answer, and each tenant's finish tag.
+    #[derive(Default)]
+    struct Model {
+        /// (tenant, key, queued at, cost, ticket).
+        live: Vec<(usize, Key, f64, f64, u64)>,
+        /// Each tenant's (finish tag, generation) while it waits.
+        tags: Vec<Option<(f64, u64)>>,
+        weights: Vec<f64>,
+        virtual_time: f64,
+        seq: u64,
+        generation: u64,
+    }
+
+    impl Model {
+        fn head_of(&self, t: usize) -> Option<(usize, Key, f64, f64, u64)> {
+            self.live
+                .iter()
+                .copied()
+                .filter(|e| e.0 == t)
+                .min_by_key(|e| e.1)
+        }
+
+        fn schedule(&mut self, t: usize, tag: f64) {
+            self.generation += 1;
+            self.tags[t] = Some((tag, self.generation));
+        }
+
+        fn push(&mut self, t: usize, fa: f64, queued_at: f64, cost: f64, ticket: u64) -> Key {
+            self.seq += 1;
+            let key = (OrdF64(fa), self.seq);
+            let was_empty = self.head_of(t).is_none();
+            self.live.push((t, key, queued_at, cost, ticket));
+            if was_empty {
+                self.schedule(t, self.virtual_time + cost / self.weights[t]);
             }
-            assert_eq!(q.oldest_arrival(), first_arrival(&q.by_arrival));
-            assert_eq!(q.newest(), last_arrival(&q.by_arrival));
-            assert_eq!(q.oldest_queued(), first_queued(&q.by_queued));
+            key
+        }
+
+        fn remove(&mut self, key: Key) -> Option<u64> {
+            let i = self.live.iter().position(|e| e.1 == key)?;
+            let (t, _, _, _, ticket) = self.live.swap_remove(i);
+            if self.head_of(t).is_none() {
+                self.tags[t] = None;
+            }
+            Some(ticket)
+        }
+
+        fn pop(&mut self) -> Option<u64> {
+            let (t, (tag, _)) = self
+                .tags
+                .iter()
+                .enumerate()
+                .filter_map(|(t, g)| g.map(|g| (t, g)))
+                .min_by(|a, b| (OrdF64(a.1.0), a.1.1).cmp(&(OrdF64(b.1.0), b.1.1)))?;
+            let head = self.head_of(t)?;
+            self.virtual_time = self.virtual_time.max(tag);
+            let ticket = self.remove(head.1);
+            if let Some(next) = self.head_of(t) {
+                self.schedule(t, tag + next.3 / self.weights[t]);
+            }
+            ticket
+        }
+
+        fn newest(&self) -> Option<(usize, Key)> {
+            self.live.iter().max_by_key(|e| e.1).map(|e| (e.0, e.1))
+        }
+
+        fn oldest(&self) -> Option<(usize, Key)> {
+            self.live.iter().min_by_key(|e| e.1).map(|e| (e.0, e.1))
+        }
+
+        fn oldest_queued(&self) -> Option<(f64, usize, Key)> {
+            self.live
+                .iter()
+                .min_by_key(|e| (OrdF64(e.2), e.1.1))
+                .map(|e| (e.2, e.0, e.1))
+        }
+
+        fn most(&self) -> usize {
+            (0..self.tags.len())
+                .map(|t| self.live.iter().filter(|e| e.0 == t).count())
+                .max()
+                .unwrap_or(0)
+        }
+    }
+
+    const NAMES: [&str; 4] = ["t0", "t1", "t2", "t3"];
+
+    /// The queue's answers against the model's after every step.
+    fn agree(q: &FairQueue, m: &Model) -> Result<(), String> {
+        let named = |f: Option<Found>| f.map(|(_, k, t)| (q.tenant_name(t).to_owned(), k));
+        let model = |f: Option<(usize, Key)>| f.map(|(t, k)| (NAMES[t].to_owned(), k));
+        let checks = [
+            (q.len() == m.live.len(), "len"),
+            (named(q.newest()) == model(m.newest()), "newest"),
+            (
+                named(q.oldest_arrival()) == model(m.oldest()),
+                "oldest arrival",
+            ),
+            (
+                q.oldest_queued()
+                    .map(|(at, k, t)| (at, q.tenant_name(t).to_owned(), k))
+                    == m.oldest_queued()
+                        .map(|(at, t, k)| (at, NAMES[t].to_owned(), k)),
+                "oldest queued",
+            ),
+            (q.fattest().map_or(0, |f| f.1) == m.most(), "fattest"),
+            (q.iter().count() == m.live.len(), "iter"),
+        ];
+        match checks.iter().find(|c| !c.0) {
+            Some((_, what)) => Err(format!("{what} differs")),
+            None => Ok(()),
+        }
+    }
+
+    /// One random step on both: 0 push, 1 remove any, 2 pop, 3 take the
+    /// newest's place (a full `Defer` lane: evict the newest, push one
+    /// that arrived earlier).
+    fn step(q: &mut FairQueue, m: &mut Model, g: &mut TenantGate, op: (u8, usize, f64, f64, u64)) {
+        let (kind, pick, fa, cost, ticket) = op;
+        let queued_at = m.seq as f64 / 4.0 - if pick % 7 == 0 { 3.0 } else { 0.0 };
+        let t = pick % NAMES.len();
+        let w = Waiting {
+            queued_at,
+            cost,
+            ..waiting(ticket, fa)
+        };
+        match kind {
+            0 => {
+                let (_, key) = q.push(NAMES[t], w, g);
+                assert_eq!(key, m.push(t, fa, queued_at, cost, ticket));
+            }
+            1 if !m.live.is_empty() => {
+                let (mt, key, ..) = m.live[pick % m.live.len()];
+                let id = q.ids[NAMES[mt]];
+                assert_eq!(q.remove(id, key).map(|w| w.ticket.0), m.remove(key));
+            }
+            2 => assert_eq!(pop(q, g).map(|w| w.ticket.0), m.pop()),
+            _ => {
+                if let Some((_, key, id)) = q.newest() {
+                    assert_eq!(q.remove(id, key).map(|w| w.ticket.0), m.remove(key));
+                }
+                let (_, key) = q.push(NAMES[t], w, g);
+                assert_eq!(key, m.push(t, fa, queued_at, cost, ticket));
+            }
         }
     }
 
@@ -670,6 +914,39 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn the_queue_answers_as_a_plain_list_would(
+            weights in proptest::collection::vec(1i64..6, 4),
+            ops in proptest::collection::vec(
+                (0u8..4, 0usize..1000, 0.0f64..50.0, 0.25f64..4.0),
+                1..1500,
+            ),
+        ) {
+            let spec: Vec<(&str, i64, Option<i64>)> =
+                NAMES.iter().zip(&weights).map(|(n, w)| (*n, *w, None)).collect();
+            let mut g = gate(&spec);
+            let mut q = FairQueue::default();
+            let mut m = Model {
+                tags: vec![None; NAMES.len()],
+                weights: weights.iter().map(|w| *w as f64).collect(),
+                ..Model::default()
+            };
+            for (i, (kind, pick, fa, cost)) in ops.into_iter().enumerate() {
+                // Pushes outweigh the rest, so the queue grows long.
+                let kind = if kind == 1 && i % 3 == 0 { 0 } else { kind };
+                step(&mut q, &mut m, &mut g, (kind, pick, fa.floor(), cost, i as u64));
+                if let Err(e) = agree(&q, &m) {
+                    proptest::prop_assert!(false, "step {i}: {e}");
+                }
+            }
+            let drained: Vec<u64> = q.drain().iter().map(|w| w.ticket.0).collect();
+            let mut expected = m.live.clone();
+            expected.sort_by_key(|e| e.1);
+            let expected: Vec<u64> = expected.iter().map(|e| e.4).collect();
+            proptest::prop_assert_eq!(drained, expected);
+            proptest::prop_assert!(q.is_empty() && q.slab.entries.iter().all(Option::is_none));
+        }
+
         #[test]
         fn shares_follow_the_weights_within_one_request_each(
             weights in proptest::collection::vec(1i64..20, 2..6),
