@@ -116,17 +116,22 @@ mod tests {
 
     #[test]
     fn the_recorded_names_are_the_conventional_queries() {
-        let p: crate::api::CapacityProfile = serde_yaml::from_str(
-            "apiVersion: lanekeeper.dev/v1alpha1\nkind: CapacityProfile\nmetadata: {name: p, namespace: ns}\nspec:\n  pool:\n    scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: d}\n    podSelector: {matchLabels: {app: d}}\n  capacity: {safeUnitsPerSecond: \"1\"}\n  replicas: {min: 1, max: 1}\n",
-        )
-        .unwrap();
-        let q = super::super::prometheus::conventional_queries(&p);
+        let world = crate::manifest::load(&[
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/inc-47-tokens")
+        ])
+        .unwrap()
+        .world;
+        let p = &world.profiles[0];
+        let q = super::super::prometheus::conventional_queries(p);
         for (query, record) in [
             (q.lane_p95_input_tokens, P95_INPUT_TOKENS),
             (q.lane_p95_output_tokens, P95_OUTPUT_TOKENS),
             (q.lane_p95_cost_units_per_request, P95_COST_UNITS),
         ] {
-            assert_eq!(query.unwrap(), format!("{record}{{namespace=\"ns\"}}"));
+            assert_eq!(
+                query.unwrap(),
+                format!("{record}{{namespace=\"ai-platform\"}}")
+            );
         }
     }
 }
