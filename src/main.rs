@@ -336,14 +336,19 @@ fn run_rules(args: &RulesArgs, out: &mut dyn Write) -> Result<(), CliError> {
         eprintln!("note: {n}");
     }
     let mut file = lanekeeper::signals::rules::rules(&loaded.world, args.selector.as_deref());
+    let selector = args.selector.as_deref().filter(|s| !s.trim().is_empty());
     file.groups
         .extend(lanekeeper::signals::goodput_rule::groups(
             &loaded.world,
-            args.selector.as_deref().filter(|s| !s.trim().is_empty()),
+            selector,
         ));
+    file.groups.extend(lanekeeper::signals::token_rules::groups(
+        &loaded.world,
+        selector,
+    ));
     if file.groups.is_empty() {
         eprintln!(
-            "note: no lane has an objective and no profile reads the gateway's evidence: no rules"
+            "note: no lane has an objective or a cost and no profile reads the gateway's evidence: no rules"
         );
     }
     write_out(out, &lanekeeper::signals::rules::to_yaml(&file))

@@ -9,10 +9,9 @@
 use serde_json::json;
 
 use crate::gateway::{client, config_file, gateway_to, metrics, model, ready, sample};
-use crate::gateway_fleet_demand::documented_rules;
 use crate::gateway_tokens_settle::{LANE, body_of, priced, send};
 use crate::prometheus_support::{TempDir, promtool};
-use crate::rules_promtool::promtool_test;
+use crate::rules_promtool::{generated_rules, promtool_test};
 
 /// An unpriced lane of INC-47.
 const UNPRICED: &str = "p1-agent-assist";
@@ -146,42 +145,72 @@ async fn the_per_request_histograms_move_and_the_ttft_waits_for_the_prefill() {
 }
 
 /// The lane's per-request buckets as promtool input series of two
-/// replicas (`namespace="ai-platform"`): each grows by its count every 15 s.
+/// replicas of the profile's gateway (`gw-0`, `gw-1`, with the gateway's
+/// own `lanekeeper_gateway_config_info`), each growing by its count every
+/// 15 s; and of a third replica (`gw-2`) that serves another profile, where
+/// every request fell into the lowest bucket: read, it would pull the P95s
+/// down.
 fn as_series(text: &str) -> String {
     let mut out = String::new();
-    for line in text.lines() {
-        let Some((name, rest)) = line.split_once('{') else {
-            continue;
-        };
-        if ![INPUT, OUTPUT, COST]
-            .iter()
-            .any(|f| name == format!("{f}_bucket"))
-            || !rest.contains(LANE)
-        {
-            continue;
-        }
-        let (labels, value) = rest.rsplit_once("} ").unwrap();
-        for instance in ["gw-0", "gw-1"] {
+    let info = text
+        .lines()
+        .find(|l| l.starts_with("lanekeeper_gateway_config_info{"))
+        .expect("the gateway exports its config");
+    let (info_labels, _) = info
+        .strip_prefix("lanekeeper_gateway_config_info{")
+        .and_then(|r| r.rsplit_once("} "))
+        .unwrap();
+    for instance in ["gw-0", "gw-1"] {
+        out += &format!(
+            "      - series: 'lanekeeper_gateway_config_info{{{info_labels},instance=\"{instance}\"}}'\n        values: '1x20'\n"
+        );
+    }
+    out += "      - series: 'lanekeeper_gateway_config_info{profile=\"ai-platform/other\",mode=\"enforce\",hash=\"h\",instance=\"gw-2\"}'\n        values: '1x20'\n";
+    for family in [INPUT, OUTPUT, COST] {
+        let total = count(text, family, LANE);
+        for line in text.lines() {
+            let Some((name, rest)) = line.split_once('{') else {
+                continue;
+            };
+            if name != format!("{family}_bucket") || !rest.contains(LANE) {
+                continue;
+            }
+            let (labels, value) = rest.rsplit_once("} ").unwrap();
+            for instance in ["gw-0", "gw-1"] {
+                out += &format!(
+                    "      - series: '{name}{{{labels},namespace=\"ai-platform\",instance=\"{instance}\"}}'\n        values: '0+{value}x20'\n"
+                );
+            }
             out += &format!(
-                "      - series: '{name}{{{labels},namespace=\"ai-platform\",instance=\"{instance}\"}}'\n        values: '0+{value}x20'\n"
+                "      - series: '{name}{{{labels},namespace=\"ai-platform\",instance=\"gw-2\"}}'\n        values: '0+{total}x20'\n"
             );
         }
     }
     out
 }
 
-/// The recording rules docs/telemetry.md gives, run by the real `promtool
-/// test rules` on what the gateway exported: of ten requests (the 95th
-/// percentile is the 9.5th), four short (0.28 units, 100 input tokens) and
-/// six long (1.18 units, 1,000 tokens), all with 20 output tokens,
-/// interpolated within their buckets.
+/// The rules `lanekeeper rules` generates for examples/inc-47-tokens (its
+/// profile's token group), run by the real `promtool test rules` on what
+/// the gateway exported: of ten requests (the 95th percentile is the
+/// 9.5th), four short (0.28 units, 100 input tokens) and six long (1.18
+/// units, 1,000 tokens), all with 20 output tokens, interpolated within
+/// their buckets; the replica of another profile is not read.
 fn documented_rules_read_the_p95s(text: &str) {
     let test = "documented_rules_read_the_p95s";
     let Some(promtool) = promtool(test) else {
         return;
     };
     let dir = TempDir::new("tokens-p95");
-    std::fs::write(dir.0.join("rules.yaml"), documented_rules()).unwrap();
+    let manifests = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/inc-47-tokens/inc-47-tokens.yaml"),
+    )
+    .unwrap();
+    let rules = generated_rules(&dir.0, &manifests);
+    assert!(
+        rules.contains("- name: lanekeeper-tokens-ai-platform-agent-assist\n"),
+        "{rules}"
+    );
     let expect = |cost: f64| {
         let mut t = String::from(
             "rule_files: [rules.yaml]\nevaluation_interval: 15s\ntests:\n  - interval: 15s\n    input_series:\n",
@@ -197,7 +226,7 @@ fn documented_rules_read_the_p95s(text: &str) {
             ("lane:p95_output_tokens", 10.0 + 10.0 * 9.5 / 10.0),
         ] {
             t += &format!(
-                "      - expr: '{rule}'\n        eval_time: 3m\n        exp_samples:\n          - labels: '{rule}{{namespace=\"ai-platform\",lane=\"{LANE}\"}}'\n            value: {v}\n"
+                "      - expr: '{rule}'\n        eval_time: 3m\n        exp_samples:\n          - labels: '{rule}{{namespace=\"ai-platform\",profile=\"agent-assist\",lane=\"{LANE}\"}}'\n            value: {v}\n"
             );
         }
         t

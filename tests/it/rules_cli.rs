@@ -140,3 +140,99 @@ fn the_rule_quoted_in_the_telemetry_doc_is_in_the_rule_file() {
         );
     }
 }
+
+/// The block docs/telemetry.md shows after `lanekeeper rules -f
+/// examples/inc-47-tokens`.
+fn documented_token_rules() -> String {
+    let doc = std::fs::read_to_string(root().join("docs/telemetry.md")).unwrap();
+    let head = "```sh\nlanekeeper rules -f examples/inc-47-tokens\n```\n\n```yaml\n";
+    let from = doc
+        .find(head)
+        .expect("the token rules in docs/telemetry.md")
+        + head.len();
+    let len = doc[from..].find("```").unwrap();
+    doc[from..from + len].to_owned()
+}
+
+#[test]
+fn the_token_rules_in_the_telemetry_doc_are_the_commands_output() {
+    let out = lanekeeper(&["rules", "-f", "examples/inc-47-tokens"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        documented_token_rules(),
+        text,
+        "docs/telemetry.md is out of date"
+    );
+    // No lane has an objective: the profile's token group only, reading
+    // every replica of its gateway and nothing else.
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let groups = doc["groups"].as_sequence().unwrap();
+    assert_eq!(groups.len(), 1);
+    assert_eq!(
+        groups[0]["name"],
+        "lanekeeper-tokens-ai-platform-agent-assist"
+    );
+    let records: Vec<&str> = groups[0]["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| r["record"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        records,
+        [
+            "lane:p95_input_tokens",
+            "lane:p95_output_tokens",
+            "lane:p95_cost_units_per_request"
+        ]
+    );
+    assert_eq!(
+        text.matches("lanekeeper_gateway_config_info{profile=\"ai-platform/agent-assist\"}")
+            .count(),
+        3
+    );
+}
+
+#[test]
+fn a_lane_without_a_cost_gets_no_token_rules_and_the_selector_reaches_them() {
+    let dir = std::env::temp_dir().join(format!("lanekeeper-rules-tokens-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src =
+        std::fs::read_to_string(root().join("examples/inc-47-tokens/inc-47-tokens.yaml")).unwrap();
+    // Without any cost: no group at all, said on stderr.
+    let unpriced: String = src
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("cost:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let f = dir.join("unpriced.yaml");
+    std::fs::write(&f, unpriced).unwrap();
+    let out = lanekeeper(&["rules", "-f", f.to_str().unwrap()]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "groups: []\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no lane has an objective or a cost"));
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let out = lanekeeper(&[
+        "rules",
+        "-f",
+        "examples/inc-47-tokens",
+        "--selector",
+        "job=\"lanekeeper-gateway\"",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let gateway_series = text.matches("lanekeeper_gateway_").count();
+    assert_eq!(gateway_series, 6, "{text}");
+    assert_eq!(
+        text.matches("{job=\"lanekeeper-gateway\"}[5m]").count()
+            + text.matches("{job=\"lanekeeper-gateway\",profile=").count(),
+        gateway_series,
+        "{text}"
+    );
+}

@@ -5,7 +5,8 @@
 //! request of a lane costs its `workUnitsPerRequest`. The simulate output
 //! is a golden (tests/golden/inc47-tokens-simulate.txt; `UPDATE_GOLDEN=1`
 //! regenerates it) and docs/simulate.md quotes its P1 token line and the
-//! comparison.
+//! comparison, and says what P4 (paused in both) got: its queue held
+//! through the pause, the work units of its release at 1 % and 10 %.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -187,4 +188,65 @@ fn the_golden_is_the_simulate_output_and_the_docs_quote_it() {
             "docs/simulate.md should quote:\n{line}"
         );
     }
+}
+
+/// P4's series in `r`: the work units sent to the pool from `from` to
+/// `to` seconds, and the least and most it had queued meanwhile.
+fn p4_between(r: &SimReport, from: u64, to: u64) -> (f64, u32, u32) {
+    let p = &r.profiles[0];
+    let i = p
+        .lanes
+        .iter()
+        .position(|l| l.name == "p4-eval-backfill")
+        .unwrap();
+    let step = r.profiles[0].series[1].at - r.profiles[0].series[0].at;
+    let pts: Vec<_> = p
+        .series
+        .iter()
+        .filter(|s| (from..to).contains(&s.at))
+        .map(|s| &s.lanes[i])
+        .collect();
+    let units = pts.iter().map(|l| l.served).sum::<f64>() * step as f64;
+    let least = pts.iter().map(|l| l.queued).min().unwrap();
+    let most = pts.iter().map(|l| l.queued).max().unwrap();
+    (units, least, most)
+}
+
+/// `1606.8` as the docs write it: `1,606.8`.
+fn thousands(v: f64) -> String {
+    let s = format!("{v:.1}");
+    let (int, frac) = s.split_once('.').unwrap();
+    let mut out = String::new();
+    for (k, c) in int.chars().enumerate() {
+        if k > 0 && (int.len() - k) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    format!("{out}.{frac}")
+}
+
+#[test]
+fn p4_is_held_in_the_pause_alike_and_the_docs_say_what_its_release_got() {
+    let docs = std::fs::read_to_string(root().join("docs/simulate.md")).unwrap();
+    for r in [fixed_run(), tokens_run()] {
+        // Paused from 210 s to 1,875 s: nothing is sent, the queue holds.
+        let (units, least, most) = p4_between(r, 210, 1875);
+        assert_eq!((units, least, most), (0.0, 896, 896));
+        // At 10 % of its rate its queue is full (5,000; one less at the
+        // instant a pass took one out).
+        let (_, least, most) = p4_between(r, 2175, 2475);
+        assert!(least >= 4999 && most == 5000, "{least}..{most}");
+    }
+    let (fixed, _, _) = p4_between(fixed_run(), 1875, 2475);
+    let (priced, _, _) = p4_between(tokens_run(), 1875, 2475);
+    assert!(priced < fixed, "{priced} vs {fixed}");
+    assert!(fixed - priced < 0.004 * fixed, "{priced} vs {fixed}");
+    let said = format!(
+        "P4 is sent {} work units\nin the two stages against {} under fixed costs ({:.1} units",
+        thousands(priced),
+        thousands(fixed),
+        fixed - priced
+    );
+    assert!(docs.contains(&said), "docs/simulate.md should say:\n{said}");
 }

@@ -173,10 +173,14 @@ impl Lane {
 
 /// Takes `tokens` from `bucket` if it holds them, or if it is full when the
 /// request is larger than the bucket (which then goes into debt). One token
-/// is the plain rule of [`Bucket::take`].
+/// is the plain rule of [`Bucket::take`]. A paused lane's bucket (size 0)
+/// is never "full": it gives nothing.
 pub(crate) fn take(bucket: &mut Bucket, tokens: f64) -> bool {
     if tokens == 1.0 {
         return bucket.take();
+    }
+    if bucket.paused {
+        return false;
     }
     if bucket.tokens + 1e-9 >= tokens.min(bucket.cap()) {
         bucket.tokens -= tokens;
@@ -237,10 +241,16 @@ impl Core {
             let mut next = b.tokens + delta;
             if delta > 0.0 {
                 // A credit fills the bucket up to its size (or what the
-                // waiting requests keep), never past what it held.
-                let cap = b.cap().max(lane.queue.len() as f64);
+                // waiting requests keep), never past what it held. A paused
+                // lane's bucket has no size: a credit pays its debt and no
+                // more, so nothing passes while it is paused.
+                let cap = if b.paused {
+                    b.cap()
+                } else {
+                    b.cap().max(lane.queue.len() as f64)
+                };
                 next = next.min(cap.max(b.tokens));
-                wake |= !lane.queue.is_empty();
+                wake |= !b.paused && !lane.queue.is_empty();
             }
             b.tokens = next;
         }

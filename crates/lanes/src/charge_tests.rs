@@ -213,6 +213,83 @@ fn a_config_swap_keeps_what_the_lane_learned() {
 }
 
 #[test]
+fn a_credit_never_lets_a_paused_lane_admit() {
+    // Five requests reserve 2 units each and empty the bucket; a sixth
+    // waits. The lane is paused while they run; they settle at 0.14 units
+    // each: 9.3 units of credit, which must not pass the waiting one (nor
+    // a newcomer) while the lane is paused.
+    let mut l = priced(10.0, 10);
+    l.queue.ttl_seconds = 1000;
+    l.deadline_seconds = 10_000;
+    let mut c = core(l.clone());
+    let charges: Vec<_> = (0..5)
+        .map(|_| {
+            pass(c.admit_sized(&req("a"), size(4000, 250), 0.0))
+                .charge
+                .unwrap()
+        })
+        .collect();
+    let v = c.admit_sized(&req("a"), size(4000, 250), 0.0);
+    assert!(matches!(v, Verdict::Queued { .. }), "{v:?}");
+    let mut paused = l;
+    paused.state = crate::LaneState::Paused;
+    let mut next = config(vec![paused]);
+    next.level = 2;
+    assert!(c.swap(next, 1.0, 0.1, 1_000_000.1).unwrap().is_empty());
+    let small = Usage {
+        prompt_tokens: 100,
+        completion_tokens: 10,
+    };
+    for (i, ch) in charges.iter().enumerate() {
+        let at = 0.2 + 0.1 * i as f64;
+        let s = c.settle(ch, Some(small), at).unwrap();
+        assert!((s.charged_units - 0.14).abs() < 1e-9);
+        assert!(
+            c.poll(at)
+                .iter()
+                .all(|(_, r)| !matches!(r, Resolution::Pass(_))),
+            "a paused lane passed a waiting request after a credit"
+        );
+        assert!(!s.wake, "nothing may go in a paused lane");
+    }
+    assert!(tokens(&c) <= 0.0, "{}", tokens(&c));
+    assert!(!matches!(
+        c.admit_sized(&req("a"), size(40, 1), 1.0),
+        Verdict::Pass(_)
+    ));
+}
+
+#[test]
+fn a_credit_pays_a_paused_lanes_debt_and_no_more() {
+    // Two requests reserve 2 units each; the first costs 20: the bucket
+    // owes 12 tokens, a debt the pause carries.
+    let mut l = priced(10.0, 10);
+    let mut c = core(l.clone());
+    let a = pass(c.admit_sized(&req("a"), size(4000, 250), 0.0))
+        .charge
+        .unwrap();
+    let b = pass(c.admit_sized(&req("a"), size(4000, 250), 0.0))
+        .charge
+        .unwrap();
+    let big = Usage {
+        prompt_tokens: 10_000,
+        completion_tokens: 2_500,
+    };
+    c.settle(&a, Some(big), 0.0).unwrap();
+    assert!((tokens(&c) + 12.0).abs() < 1e-9, "{}", tokens(&c));
+    l.state = crate::LaneState::Paused;
+    c.swap(config(vec![l]), 1.0, 0.0, 1_000_000.0).unwrap();
+    assert!((tokens(&c) + 12.0).abs() < 1e-9, "{}", tokens(&c));
+    // The second settles at 0.14: its credit of 1.86 pays part of the debt.
+    let small = Usage {
+        prompt_tokens: 100,
+        completion_tokens: 10,
+    };
+    c.settle(&b, Some(small), 0.2).unwrap();
+    assert!((tokens(&c) + 10.14).abs() < 1e-9, "{}", tokens(&c));
+}
+
+#[test]
 fn the_fair_queue_charges_each_tenant_by_cost() {
     // Two tenants keep the queue full: one sends prompts 10x the other's.
     // Each is served about the same work units, not the same requests.
