@@ -14,12 +14,10 @@
 //! records nothing: no evidence, which the engine reads as "capacity as
 //! measured", never as Unknown.
 
-use std::collections::BTreeMap;
-
 use crate::api::{CapacityProfile, ObjectKey};
 use crate::policy::World;
 
-use super::rules::{Rule, RuleGroup, quoted};
+use super::rules::{Rule, RuleGroup, leading_matchers, profile_gateway, profile_labels, quoted};
 
 /// The recorded series.
 pub const GOODPUT_WHILE_SATURATED: &str =
@@ -42,11 +40,8 @@ pub fn query(namespace: &str, profile: &str) -> String {
 /// The rule's expression for the gateway of `namespace/profile`;
 /// `selector` adds matchers to every gateway series.
 pub fn expr(namespace: &str, profile: &str, selector: Option<&str>) -> String {
-    let sel = selector.map(|s| format!("{s},")).unwrap_or_default();
-    let mine = format!(
-        "lanekeeper_gateway_config_info{{{sel}profile={}}}",
-        quoted(&format!("{namespace}/{profile}"))
-    );
+    let sel = leading_matchers(selector);
+    let mine = profile_gateway(namespace, profile, selector);
     let of = |series: &str| format!("{series}{{{}}}", sel.trim_end_matches(','));
     format!(
         "avg(increase({units}[1m]) / (increase({secs}[1m]) >= 1) * on (instance) group_left () {mine}) * scalar(max(lanekeeper_gateway_replicas{{{s}}} * on (instance) group_left () {mine}))",
@@ -80,10 +75,7 @@ pub fn groups(world: &World, selector: Option<&str>) -> Vec<RuleGroup> {
                 rules: vec![Rule::Record {
                     record: GOODPUT_WHILE_SATURATED.to_owned(),
                     expr: expr(ns, name, selector),
-                    labels: BTreeMap::from([
-                        ("namespace".to_owned(), ns.to_owned()),
-                        ("profile".to_owned(), name.to_owned()),
-                    ]),
+                    labels: profile_labels(ns, name),
                 }],
             }
         })

@@ -111,6 +111,31 @@ pub(super) fn quoted(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
+/// `selector`'s matchers followed by a comma, to go before more matchers
+/// (empty without a selector).
+pub(super) fn leading_matchers(selector: Option<&str>) -> String {
+    selector.map(|s| format!("{s},")).unwrap_or_default()
+}
+
+/// The config-info series (value 1) of every replica of the gateway of
+/// `namespace/profile`, to join a gateway series `on (instance)` with so
+/// that only that profile's replicas count.
+pub(super) fn profile_gateway(namespace: &str, profile: &str, selector: Option<&str>) -> String {
+    format!(
+        "lanekeeper_gateway_config_info{{{}profile={}}}",
+        leading_matchers(selector),
+        quoted(&format!("{namespace}/{profile}"))
+    )
+}
+
+/// The labels of a series recorded for a profile.
+pub(super) fn profile_labels(namespace: &str, profile: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("namespace".to_owned(), namespace.to_owned()),
+        ("profile".to_owned(), profile.to_owned()),
+    ])
+}
+
 /// The budget fraction as PromQL writes it: 12 decimals at most, no float
 /// noise (`0.001` for 99.9 %).
 fn budget_literal(b: f64) -> String {

@@ -13,12 +13,12 @@
 //! (`lane:p95_input_tokens{namespace="NS"}` by `lane`, see
 //! [`conventional_queries`](super::prometheus::conventional_queries)).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use crate::api::ObjectKey;
 use crate::policy::World;
 
-use super::rules::{Rule, RuleGroup, quoted};
+use super::rules::{Rule, RuleGroup, leading_matchers, profile_gateway, profile_labels};
 
 /// The recorded P95 of the input tokens of a request.
 pub const P95_INPUT_TOKENS: &str = "lane:p95_input_tokens";
@@ -48,7 +48,7 @@ pub const SERIES: [(&str, &str); 3] = [
 /// gateway of `namespace/profile`; `selector` adds matchers to every
 /// gateway series.
 pub fn expr(buckets: &str, namespace: &str, profile: &str, selector: Option<&str>) -> String {
-    let sel = selector.map(|s| format!("{s},")).unwrap_or_default();
+    let sel = leading_matchers(selector);
     let own = sel.trim_end_matches(',');
     let of = if own.is_empty() {
         buckets.to_owned()
@@ -56,8 +56,8 @@ pub fn expr(buckets: &str, namespace: &str, profile: &str, selector: Option<&str
         format!("{buckets}{{{own}}}")
     };
     format!(
-        "histogram_quantile(0.95, sum by (lane, le) (rate({of}[5m]) * on (instance) group_left () lanekeeper_gateway_config_info{{{sel}profile={}}}))",
-        quoted(&format!("{namespace}/{profile}"))
+        "histogram_quantile(0.95, sum by (lane, le) (rate({of}[5m]) * on (instance) group_left () {}))",
+        profile_gateway(namespace, profile, selector)
     )
 }
 
@@ -80,10 +80,7 @@ pub fn groups(world: &World, selector: Option<&str>) -> Vec<RuleGroup> {
                 .map(|(record, buckets)| Rule::Record {
                     record: (*record).to_owned(),
                     expr: expr(buckets, ns, name, selector),
-                    labels: BTreeMap::from([
-                        ("namespace".to_owned(), ns.to_owned()),
-                        ("profile".to_owned(), name.to_owned()),
-                    ]),
+                    labels: profile_labels(ns, name),
                 })
                 .collect(),
         })
