@@ -125,13 +125,12 @@ impl Tenants {
         self.names.is_empty()
     }
 
-    /// The tenant of request `id` of a run seeded `seed`.
-    pub fn pick(&self, seed: u64, id: u64) -> usize {
+    /// The tenant of request `id` of a run seeded `seed` (None: the lane
+    /// has no tenants).
+    pub fn pick(&self, seed: u64, id: u64) -> Option<usize> {
+        let last = self.upto.len().checked_sub(1)?;
         let u = unit_of(seed ^ TENANT_KEY, id);
-        self.upto
-            .iter()
-            .position(|&x| u <= x)
-            .unwrap_or(self.upto.len().saturating_sub(1))
+        Some(self.upto.iter().position(|&x| u <= x).unwrap_or(last))
     }
 
     /// Tenant `i`'s name.
@@ -246,12 +245,13 @@ mod tests {
     fn a_requests_tenant_is_fixed_by_its_id_and_shares_hold() {
         let t = Tenants::new(&[tenant("a", 0.2, None), tenant("b", 0.8, None)]);
         let n = 100_000u64;
-        let a = (0..n).filter(|id| t.pick(7, *id) == 0).count() as f64 / n as f64;
+        let a = (0..n).filter(|id| t.pick(7, *id) == Some(0)).count() as f64 / n as f64;
         assert!((a - 0.2).abs() < 0.01, "{a}");
         // The same request, the same tenant; another seed, another draw.
         assert_eq!(t.pick(7, 42), t.pick(7, 42));
         assert!((0..64).any(|id| t.pick(7, id) != t.pick(8, id)));
         assert_eq!((t.name(1), t.len()), ("b", 2));
+        assert_eq!(Tenants::new(&[]).pick(7, 42), None);
     }
 
     #[test]

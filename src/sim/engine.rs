@@ -625,7 +625,7 @@ fn lane_setup(
     let scenario = inputs.lanes.get(&lk);
     let tenants = Tenants::new(scenario.map_or(&[][..], |x| x.tenants.as_slice()));
     let tokens = lane_tokens(scenario.and_then(|x| x.tokens.as_ref()), &tenants);
-    let (arrivals, service, failure, clients, backlog) = match inputs.lanes.get(&lk) {
+    let (arrivals, service, failure, clients, backlog) = match scenario {
         Some(x) => (
             Steps::new(
                 x.arrivals

@@ -40,14 +40,15 @@ pub(super) enum TenantOutcome {
 /// the lane has no tenants) in a run seeded `seed`.
 pub(super) fn tenant_name<'l>(lane: &'l LaneSetup, seed: u64, a: &Attempt) -> Option<&'l str> {
     let t = &lane.tenants;
-    (!t.is_empty()).then(|| t.name(t.pick(seed, u64::from(a.id))))
+    Some(t.name(t.pick(seed, u64::from(a.id))?))
 }
 
 impl Sim<'_> {
     /// The tenant of attempt `a`'s request (None: its lane has none).
     fn tenant_of(&self, a: &Attempt) -> Option<usize> {
-        let t = &self.lanes[usize::from(a.lane)].tenants;
-        (!t.is_empty()).then(|| t.pick(self.sc.seed, u64::from(a.id)))
+        self.lanes[usize::from(a.lane)]
+            .tenants
+            .pick(self.sc.seed, u64::from(a.id))
     }
 
     /// The sampler attempt `a`'s tokens are drawn from: its tenant's own,
