@@ -3,12 +3,17 @@
 # under load"): lanekeeper-fake-model on loopback with no service time, and
 # the same load sent to it directly, through `lanekeeper gateway` (with the
 # system allocator it ships with, and built with mimalloc for comparison),
+# through `bare` (benches/bare_proxy.rs: the same HTTP stack, hyper's server
+# and client, forwarding with no policy: the floor lanekeeper is built on),
 # through nginx (Debian's package, limit_req keyed by the lane header) and
 # through the LiteLLM proxy (PyPI, a per-lane rpm limit), all in one run:
 #
 #   (a) open loop at RATE requests/s over CONNECTIONS keep-alive connections:
 #       p50/p99 latency and the latency added over going direct;
-#   (b) closed loop with CONNECTIONS clients: the highest sustained rate;
+#   (b) closed loop with CONNECTIONS clients: the highest sustained rate, and
+#       each proxy's CPU (user and system, from /proc, all its processes)
+#       per answered request, which other load on the machine moves far
+#       less than it moves rates and latencies;
 #   (c) the resident memory of `lanekeeper gateway` with 100 lanes, 10,000
 #       tenants and 2,000 requests queued.
 #
@@ -135,19 +140,28 @@ if [ -z "${SKIP_BUILD:-}" ]; then
 		cp "$TARGET_DIR/release/lanekeeper" "$TARGET_DIR/release/lanekeeper-mimalloc"
 	fi
 	cargo build --release --bins --quiet
-	GEN=$(cargo bench --bench gateway_load --no-run --message-format=json --quiet |
-		jq -r 'select(.reason == "compiler-artifact" and .target.name == "gateway_load" and .executable != null) | .executable' |
-		tail -n 1)
+	benches=$(cargo bench --bench gateway_load --bench bare_proxy --no-run --message-format=json --quiet)
+	bench_binary() {
+		jq -r --arg n "$1" 'select(.reason == "compiler-artifact" and .target.name == $n and .executable != null) | .executable' <<<"$benches" | tail -n 1
+	}
 else
-	GEN=
-	for f in "$TARGET_DIR"/release/deps/gateway_load-*; do
-		[ -x "$f" ] && [ "${f%.d}" = "$f" ] && { [ -z "$GEN" ] || [ "$f" -nt "$GEN" ]; } && GEN=$f
-	done
+	# The newest build of the bench NAME.
+	bench_binary() {
+		local f found=
+		for f in "$TARGET_DIR"/release/deps/"$1"-*; do
+			[ -x "$f" ] && [ "${f%.d}" = "$f" ] && { [ -z "$found" ] || [ "$f" -nt "$found" ]; } && found=$f
+		done
+		echo "$found"
+	}
 fi
-[ -x "$GEN" ] || {
-	echo "could not find the gateway_load bench binary" >&2
-	exit 1
-}
+GEN=$(bench_binary gateway_load)
+BARE=$(bench_binary bare_proxy)
+for f in "$GEN" "$BARE"; do
+	[ -x "$f" ] || {
+		echo "could not find the gateway_load and bare_proxy bench binaries" >&2
+		exit 1
+	}
+done
 LANEKEEPER=$TARGET_DIR/release/lanekeeper
 LANEKEEPER_MIMALLOC=$TARGET_DIR/release/lanekeeper-mimalloc
 if [ "$MIMALLOC" = 1 ] && [ "$WHAT" != memory ] && [ ! -x "$LANEKEEPER_MIMALLOC" ]; then
@@ -252,6 +266,19 @@ free_port() {
 }
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+# The CPU a process group has used: "USER SYS" in clock ticks, summed over
+# its live processes (nginx's and LiteLLM's workers are in their master's
+# group). /proc/PID/stat after the ")" that ends the name: the group is the
+# 3rd field, utime and stime the 12th and 13th.
+group_cpu() {
+	local f
+	for f in /proc/[0-9]*/stat; do
+		sed 's/.*) //' "$f" 2>/dev/null || true
+	done | awk -v g="$1" '$3 == g { u += $12; s += $13 } END { print u + 0, s + 0 }'
+}
+CLK_TCK=$(getconf CLK_TCK)
+# The process group of each target's proxy (set where it starts).
+declare -A GROUP=()
 hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status"; }
 
 # Many connections at once (the memory step holds 2,000).
@@ -279,6 +306,7 @@ start_gateway() {
 	start "$name" "${ON_PROXY[@]}" "$binary" gateway --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
 		--worker-threads "$PROXY_THREADS" --config "$config" "${auth[@]}" "${ROUTES[@]//FAKE/$FAKE}" "$@"
 	GW_PID=$LAST_PID
+	GROUP[$name]=$GW_PID
 	GW=$(listening_on "$name")
 	GW_METRICS=$(sed -n 's/.*listening on [^ ]* metrics on \([^ ]*\).*/\1/p' "$WORK/$name.log" | head -n 1)
 	wait_http "$name" "http://$GW_METRICS/readyz"
@@ -374,6 +402,10 @@ latency() {
 		examples/inc-47/lanes-420.json >"$WORK/lanes.json"
 	start_gateway lanekeeper "$WORK/lanes.json"
 	local lk_pid=$GW_PID lk_url=$GW
+	# The floor: the same HTTP stack forwarding with no policy.
+	start bare "${ON_PROXY[@]}" "$BARE" --listen 127.0.0.1:0 --upstream "http://$FAKE" --worker-threads "$PROXY_THREADS"
+	GROUP[bare]=$LAST_PID
+	BARE_URL=http://$(listening_on bare)/v1/chat/completions
 	if [ "$MIMALLOC" = 1 ]; then
 		start_gateway lanekeeper-mimalloc "$WORK/lanes.json" "$LANEKEEPER_MIMALLOC"
 		MIMALLOC_URL=http://$GW/v1/chat/completions
@@ -492,6 +524,7 @@ http {
 }
 EOF
 	start nginx "${ON_PROXY[@]}" "$NGINX" -e "$WORK/nginx/error.log" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;'
+	GROUP[nginx]=$LAST_PID GROUP[nginx-tls]=$LAST_PID GROUP[nginx-apikey]=$LAST_PID
 	wait_port nginx "$nginx_port"
 	NGINX_URL=http://127.0.0.1:$nginx_port
 	NGINX_TLS_URL=https://127.0.0.1:$nginx_tls_port
@@ -544,6 +577,7 @@ EOF
 		"$LITELLM_VENV/bin/litellm" --config "$WORK/litellm.yaml" \
 		--host 127.0.0.1 --port "$litellm_port" --num_workers "$PROXY_THREADS" \
 		--timeout_worker_healthcheck 600 --telemetry False
+	GROUP[litellm]=$LAST_PID GROUP[litellm-own]=$LAST_PID
 	wait_http litellm "http://127.0.0.1:$litellm_port/health/liveliness" 1500
 	LITELLM_URL=http://127.0.0.1:$litellm_port
 	latency_run
@@ -556,7 +590,8 @@ latency_run() {
 		[lanekeeper]="http://$GW/v1/chat/completions"
 		[nginx]="$NGINX_URL/v1/chat/completions"
 	)
-	local targets=(direct lanekeeper) target
+	URLS[bare]=$BARE_URL
+	local targets=(direct bare lanekeeper) target
 	if [ "$MIMALLOC" = 1 ]; then
 		URLS[lanekeeper-mimalloc]=$MIMALLOC_URL
 		targets+=(lanekeeper-mimalloc)
@@ -661,9 +696,20 @@ key_for() {
 load() {
 	local mode=$1 url=$2 target=$3 round=$4
 	shift 4
+	local group=${GROUP[$target]:-} before=(0 0) after=(0 0)
+	[ -n "$group" ] && read -r -a before <<<"$(group_cpu "$group")"
 	"${ON_LOAD[@]}" "$GEN" "$mode" --url "$url" --header "authorization: Bearer $(key_for "$target")" "${TLS_ARGS[@]}" \
-		--tenants "$TENANTS" --connections "$CONNECTIONS" --duration "$DURATION" --warmup "$WARMUP" "$@" |
-		jq -c --arg t "$target" --argjson r "$round" '. + {target: $t, round: $r}' | tee -a "$results" >&2
+		--tenants "$TENANTS" --connections "$CONNECTIONS" --duration "$DURATION" --warmup "$WARMUP" "$@" >"$WORK/load.json"
+	[ -n "$group" ] && read -r -a after <<<"$(group_cpu "$group")"
+	# The proxy's CPU per answer, warm-up included (the ticks cover it):
+	# every answer of the run, whatever its status, less failed connections.
+	jq -c --arg t "$target" --argjson r "$round" --arg g "$group" --argjson hz "$CLK_TCK" \
+		--argjson u "$((after[0] - before[0]))" --argjson s "$((after[1] - before[1]))" '
+		([.results | to_entries[] | select(.key != "connect-error") | .value] | add // 0) as $n
+		| . + {target: $t, round: $r}
+		+ (if $g == "" or $n == 0 then {} else
+			{cpu_user_us: ($u / $hz * 1e6 / $n), cpu_sys_us: ($s / $hz * 1e6 / $n)} end)' \
+		"$WORK/load.json" | tee -a "$results" >&2
 }
 
 # The medians over the rounds, and the added latency (a percentile through a
@@ -679,7 +725,7 @@ table() {
 		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
 		. as $all
 		| ($all | map(.target) | unique) as $present
-		| ["direct", "lanekeeper", "lanekeeper-priced", "lanekeeper-shared", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "lanekeeper-apikey", "nginx-apikey", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
+		| ["direct", "bare", "lanekeeper", "lanekeeper-priced", "lanekeeper-shared", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "lanekeeper-apikey", "nginx-apikey", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
 		| ($all | map(select(.mode == "rate" and .target == "direct")) | map({key: (.round | tostring), value: .}) | from_entries) as $direct
 		| def added($x; f): minus($x | f; $direct[$x.round | tostring] | f);
 		def row($t):
@@ -697,7 +743,10 @@ table() {
 				connect: ($r + $m | map(.connect_errors // 0) | add),
 				errors: ($r + $m | map(.errors) | add),
 				max: ($m | map(.rate) | median),
-				maxp99: ($m | map(.p99_ms) | median)
+				maxp99: ($m | map(.p99_ms) | median),
+				cpu: ($m | map(if .cpu_user_us == null then null else .cpu_user_us + .cpu_sys_us end) | median),
+				cpuu: ($m | map(.cpu_user_us) | median),
+				cpus: ($m | map(.cpu_sys_us) | median)
 			};
 		def in_round($t; $n; $mode): $all | map(select(.target == $t and .round == $n and .mode == $mode)) | .[0];
 		($targets | map(row(.))) as $rows
@@ -706,9 +755,9 @@ table() {
 		| "",
 		"At \($rate) req/s open loop over \($conns) connections, and closed loop with \($conns) clients (medians of \($rounds | length) rounds; LiteLLM \($litellm)); \($threads) thread(s) or worker(s) per proxy, \($placement); every request with a unique x-request-id and one of \($tenants) tenants:",
 		"",
-		"| path | achieved req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | p99 ms at max | unsent (rate) | late (rate) | connect errors | non-2xx or errors |",
-		"|---|---|---|---|---|---|---|---|---|---|---|---|",
-		($rows[] | "| \(.target) | \(.achieved | r(1)) | \(.p50 | r(1000)) | \(.p99 | r(1000)) | \(if .target == "direct" then "-" else (.add50 | r(1000)) end) | \(if .target == "direct" then "-" else (.add99 | r(1000)) end) | \(.max | r(1)) | \(.maxp99 | r(100)) | \(.unsent) | \(.late) | \(.connect) | \(.errors) |"),
+		"| path | achieved req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | max req/s | p99 ms at max | proxy CPU µs per request at max, user + sys | unsent (rate) | late (rate) | connect errors | non-2xx or errors |",
+		"|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+		($rows[] | "| \(.target) | \(.achieved | r(1)) | \(.p50 | r(1000)) | \(.p99 | r(1000)) | \(if .target == "direct" then "-" else (.add50 | r(1000)) end) | \(if .target == "direct" then "-" else (.add99 | r(1000)) end) | \(.max | r(1)) | \(.maxp99 | r(100)) | \(if .cpu == null then "-" else "\(.cpu | r(10)) (\(.cpuu | r(10)) + \(.cpus | r(10)))" end) | \(.unsent) | \(.late) | \(.connect) | \(.errors) |"),
 		"",
 		"Each round (added p50 / added p99 ms at \($rate) req/s; max req/s closed loop):",
 		"",
@@ -723,6 +772,7 @@ table() {
 			+ " | \(ratio(in_round("lanekeeper"; $n; "rate") | added(.; .p99_ms); in_round("nginx"; $n; "rate") | added(.; .p99_ms)) | r(100)) | \(ratio(in_round("lanekeeper"; $n; "max") | .rate; in_round("nginx"; $n; "max") | .rate) | r(100)) |"),
 		"",
 		"medians, lanekeeper / nginx: added p99 \(ratio($by.lanekeeper.add99; $by.nginx.add99) | r(100))× (aim: at most 1), max rate \(ratio($by.lanekeeper.max; $by.nginx.max) | r(100))× (aim: at least 1); lanekeeper / litellm max rate \(ratio($by.lanekeeper.max; $by.litellm.max) | r(100))×",
+		"CPU per request at max (user + sys), medians: lanekeeper / nginx \(ratio($by.lanekeeper.cpu; $by.nginx.cpu) | r(100))×, bare (the HTTP stack, no policy) / nginx \(ratio($by.bare.cpu; $by.nginx.cpu) | r(100))×, lanekeeper / bare \(ratio($by.lanekeeper.cpu; $by.bare.cpu) | r(100))×; user CPU alone: lanekeeper / nginx \(ratio($by.lanekeeper.cpuu; $by.nginx.cpuu) | r(100))×, lanekeeper / bare \(ratio($by.lanekeeper.cpuu; $by.bare.cpuu) | r(100))×",
 		(if $by["lanekeeper-tls"] and $by["nginx-tls"] then
 			"TLS, each terminating it, lanekeeper-tls / nginx-tls: added p99 \(ratio($by["lanekeeper-tls"].add99; $by["nginx-tls"].add99) | r(100))× (aim: at most 1), max rate \(ratio($by["lanekeeper-tls"].max; $by["nginx-tls"].max) | r(100))×; what TLS adds to p99 (TLS minus plain, ms): lanekeeper \(minus($by["lanekeeper-tls"].add99; $by.lanekeeper.add99) | r(1000)), nginx \(minus($by["nginx-tls"].add99; $by.nginx.add99) | r(1000))"
 		  else empty end),
@@ -750,6 +800,7 @@ table() {
 		"| lanekeeper | HTTP/1 parse (hyper, axum), the body read; the lane, tenant, attempt and x-request-id headers read; under the core'"'"'s lock once: the lane looked up, its token bucket refilled and taken, the request id hashed into the lane'"'"'s memory of recent ids (retry detection) and that memory swept, the retry budget checked, the route and flags, the request counted in flight (the tenant'"'"'s fair queue is used only when the lane must queue, which these limits never make it); forwarded over a pooled keep-alive upstream connection and the answer streamed back; the lock again when it finishes; Prometheus counters and histograms by lane and tenant class |",
 		"| lanekeeper-shared | as lanekeeper, and before the lock one call to the shared store for the request id (one Lua script: first sighting, retry or deferred); the lane'"'"'s tokens come from leases a background task tops up every 0.1 s, not from a call per request |",
 		"| lanekeeper-priced | as lanekeeper, and the request sized (the body'"'"'s bytes, the lane'"'"'s P95 of output tokens) and reserved at admission; the JSON answer kept whole to read its usage, then the lock once more to settle the difference into the lane'"'"'s bucket and teach the estimator |",
+		"| bare | the floor (benches/bare_proxy.rs): hyper'"'"'s HTTP/1 server and hyper-util'"'"'s pooled client on tokio, the stack lanekeeper is built on, forwarding every request to the model with no policy: hop-by-hop headers dropped, nothing else read, no metrics, no log |",
 		"| nginx | HTTP/1 parse; a map of the lane header (400 to an unknown lane); limit_req, a token bucket per lane header in shared memory; proxy_pass over a keep-alive upstream connection; no access log |",
 		"| lanekeeper-apikey | as lanekeeper, without --trust-lane-header: the Authorization key hashed (SHA-256) and looked up among the credentials file'"'"'s hashes (constant-time compare), the tenant and lanes taken from it, the client'"'"'s Authorization removed before forwarding |",
 		"| nginx-apikey | as nginx, and a map of the whole Authorization header against the keys in clear (a hash lookup; 401 for an unknown key) |",
