@@ -11,6 +11,11 @@
 //! connection waits for its next request, so one clock would serve as both
 //! the header and the idle timeout; hence the connection's [`Activity`]:
 //! its reads say when a request head starts, its requests when they end.
+//! Neither wakes the watchdog (that would cost every request a wake-up of
+//! its connection's task and a new timer): it looks at the clocks at the
+//! deadline in force and at least once per the shorter of the header and
+//! idle clocks, which is soon enough to see each deadline exactly (see
+//! [`Activity::next_look`]).
 
 use std::convert::Infallible;
 use std::io;
@@ -101,13 +106,13 @@ impl Activity {
     }
 
     fn bytes_read(&self) {
-        if self.is_idle()
-            && self
-                .head_since
-                .compare_exchange(NO_HEAD, self.millis(), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            self.changed.notify_one();
+        if self.is_idle() && self.head_since.load(Ordering::Acquire) == NO_HEAD {
+            let _ = self.head_since.compare_exchange(
+                NO_HEAD,
+                self.millis(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
     }
 
@@ -131,6 +136,17 @@ impl Activity {
             head => Some(at(head) + c.header_read),
         }
     }
+
+    /// When the watchdog looks next: at the deadline in force, and never
+    /// later than the shorter clock from `now`. A head starting at `h` after
+    /// a look at `l <= h` is seen by `l + min(header, idle) <= h + header`,
+    /// its deadline; a request ending at `e` after a look at `l <= e`, by
+    /// `l + min(header, idle) <= e + idle`, the idle deadline. So no
+    /// deadline is missed though nothing wakes the watchdog when they start.
+    fn next_look(&self, c: &Clocks, now: Instant) -> Instant {
+        let cadence = now + c.header_read.min(c.idle);
+        self.deadline(c).map_or(cadence, |d| d.min(cadence))
+    }
 }
 
 /// A request being served: from its complete head until its response body
@@ -142,7 +158,11 @@ impl Drop for InFlight {
         let a = &self.0;
         a.idle_since.store(a.millis(), Ordering::Release);
         a.in_flight.fetch_sub(1, Ordering::AcqRel);
-        a.changed.notify_one();
+        // An eviction that raced with this request closes the connection
+        // now that it is idle.
+        if a.is_evicted() {
+            a.changed.notify_one();
+        }
     }
 }
 
@@ -303,8 +323,9 @@ pub(super) async fn serve<T>(
     let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
     tokio::pin!(conn);
     let mut draining = false;
+    let look = tokio::time::sleep_until(activity.next_look(&clocks, Instant::now()).into());
+    tokio::pin!(look);
     loop {
-        let deadline = activity.deadline(&clocks);
         tokio::select! {
             done = conn.as_mut() => {
                 if let Err(e) = done {
@@ -312,11 +333,13 @@ pub(super) async fn serve<T>(
                 }
                 return;
             }
-            () = sleep_until(deadline) => {
-                if activity.deadline(&clocks).is_some_and(|d| d <= Instant::now()) {
+            () = &mut look => {
+                let now = Instant::now();
+                if activity.deadline(&clocks).is_some_and(|d| d <= now) {
                     tracing::debug!("closing a client connection at its header or idle deadline");
                     return;
                 }
+                look.as_mut().reset(activity.next_look(&clocks, now).into());
             }
             () = activity.changed.notified() => {
                 if activity.is_evicted() && activity.is_idle() {
@@ -332,9 +355,85 @@ pub(super) async fn serve<T>(
     }
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clocks(header: u64, idle: u64) -> Clocks {
+        Clocks {
+            header_read: Duration::from_secs(header),
+            idle: Duration::from_secs(idle),
+            body_read: Duration::from_secs(30),
+            max_body_bytes: 1024,
+        }
+    }
+
+    #[test]
+    fn a_new_connection_is_looked_at_by_its_header_deadline() {
+        let a = Activity::new();
+        let c = clocks(10, 75);
+        let now = Instant::now();
+        let look = a.next_look(&c, now);
+        assert!(look <= a.start + c.header_read, "{look:?}");
+        assert!(look <= now + c.header_read);
+    }
+
+    #[test]
+    fn while_a_request_is_served_the_watchdog_still_looks_once_per_the_shorter_clock() {
+        // Nothing wakes the watchdog when the request ends: its next look
+        // must come by the end plus the idle clock whenever the end comes.
+        let a = Arc::new(Activity::new());
+        for c in [clocks(10, 75), clocks(75, 10)] {
+            let in_flight = a.begin();
+            let looked = Instant::now();
+            assert_eq!(a.deadline(&c), None);
+            let next = a.next_look(&c, looked);
+            assert_eq!(next, looked + c.header_read.min(c.idle));
+            drop(in_flight);
+            let ended = a.start + Duration::from_millis(a.idle_since.load(Ordering::Acquire));
+            assert!(next <= ended + c.idle + Duration::from_millis(1));
+            // Idle now: the look is by the idle deadline.
+            let idle_deadline = a.deadline(&c).expect("idle");
+            assert!(a.next_look(&c, Instant::now()) <= idle_deadline);
+        }
+    }
+
+    #[test]
+    fn a_head_starting_after_a_look_is_seen_by_its_header_deadline() {
+        // Idle keep-alive with a long idle clock: a head starting just after
+        // a look must not wait for the idle deadline.
+        let a = Arc::new(Activity::new());
+        let c = clocks(2, 600);
+        drop(a.begin());
+        let looked = Instant::now();
+        let next = a.next_look(&c, looked);
+        a.bytes_read();
+        let head = a.start + Duration::from_millis(a.head_since.load(Ordering::Acquire));
+        assert!(head + Duration::from_millis(1) >= looked);
+        assert!(
+            next <= head + c.header_read + Duration::from_millis(1),
+            "{next:?}"
+        );
+        assert_eq!(a.deadline(&c), Some(head + c.header_read));
+    }
+
+    #[test]
+    fn the_end_of_a_request_wakes_the_watchdog_only_for_an_eviction() {
+        let a = Arc::new(Activity::new());
+        drop(a.begin());
+        // No permit stored: a waiter would not wake.
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut n = std::pin::pin!(a.changed.notified());
+        assert!(n.as_mut().poll(&mut cx).is_pending());
+        // An eviction that arrives while a request is served: the end of
+        // the request wakes the watchdog (again) to close the connection.
+        let in_flight = a.begin();
+        a.evict();
+        assert!(n.as_mut().poll(&mut cx).is_ready());
+        let mut again = std::pin::pin!(a.changed.notified());
+        assert!(again.as_mut().poll(&mut cx).is_pending());
+        drop(in_flight);
+        assert!(again.as_mut().poll(&mut cx).is_ready());
     }
 }

@@ -5,15 +5,14 @@
 //! aborted; any other body is aborted at once, so the client sees an
 //! incomplete transfer instead of a truncated answer that looks whole.
 
+use std::future::Future;
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::Response;
-use futures::StreamExt;
-use futures::stream::{BoxStream, unfold};
-use http_body_util::BodyExt;
+use hyper::body::{Frame, Incoming};
 use serde_json::json;
 use tokio::time::Sleep;
 
@@ -46,31 +45,34 @@ pub(super) struct CutError(Cut);
 enum Relay {
     /// Passing chunks on.
     Open,
-    /// The error event went out; abort next.
-    Abort(Cut),
+    /// The error event went out; abort after one pending poll (so the
+    /// server flushes the event first), then end.
+    Abort { cut: Cut, yielded: bool },
     /// Done.
     Ended,
 }
 
-/// Everything the relay holds: the upstream body, the deadline, and the
-/// in-flight slot (released when the relay is dropped).
+/// The answer on its way back, a body the client's connection polls
+/// directly: the upstream body, the deadline, and the in-flight slot
+/// (released when the body is dropped).
 struct Stream {
-    body: BoxStream<'static, Result<Bytes, hyper::Error>>,
-    until: Pin<Box<Sleep>>,
+    body: Incoming,
+    until: Option<Pin<Box<Sleep>>>,
     sse: bool,
     relay: Relay,
     d: Dispatch,
 }
 
 /// The upstream's answer (its hop-by-hop headers already removed),
-/// streamed through unbuffered until it ends, the deadline passes or the
+/// streamed through unbuffered until it ends, the deadline passes (`until`,
+/// the timer that already ran while the answer's head was awaited) or the
 /// upstream fails (the request stays in flight until then).
 pub(super) fn stream_back(
-    response: axum::http::Response<hyper::body::Incoming>,
+    response: axum::http::Response<Incoming>,
     mut d: Dispatch,
-    deadline: Option<Instant>,
+    until: Option<Pin<Box<Sleep>>>,
 ) -> Response {
-    let (mut head, incoming) = response.into_parts();
+    let (mut head, body) = response.into_parts();
     let sse = head
         .headers
         .get(header::CONTENT_TYPE)
@@ -82,60 +84,83 @@ pub(super) fn stream_back(
         // usage chunk may be taken out of it).
         head.headers.remove(header::CONTENT_LENGTH);
     }
-    let until = tokio::time::sleep_until(tokio::time::Instant::from_std(
-        deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 7)),
-    ));
     let state = Stream {
-        body: incoming.into_data_stream().boxed(),
-        until: Box::pin(until),
+        body,
+        until,
         sse,
         relay: Relay::Open,
         d,
     };
-    Response::from_parts(head, Body::from_stream(unfold(state, next)))
+    Response::from_parts(head, Body::new(state))
 }
 
-/// The next item for the client.
-async fn next(mut s: Stream) -> Option<(Result<Bytes, CutError>, Stream)> {
-    match s.relay {
-        Relay::Ended => return None,
-        Relay::Abort(cut) => {
-            // Pending once, so the server flushes the error event before
-            // the abort drops the connection.
-            tokio::task::yield_now().await;
-            s.relay = Relay::Ended;
-            return Some((Err(CutError(cut)), s));
+impl hyper::body::Body for Stream {
+    type Data = Bytes;
+    type Error = CutError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, CutError>>> {
+        let s = self.get_mut();
+        match s.relay {
+            Relay::Ended => return Poll::Ready(None),
+            Relay::Abort {
+                yielded: false,
+                cut,
+            } => {
+                s.relay = Relay::Abort { cut, yielded: true };
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Relay::Abort { yielded: true, cut } => {
+                s.relay = Relay::Ended;
+                return Poll::Ready(Some(Err(CutError(cut))));
+            }
+            Relay::Open => {}
         }
-        Relay::Open => {}
-    }
-    let cut = loop {
-        tokio::select! {
-            chunk = s.body.next() => match chunk {
-                Some(Ok(b)) => {
-                    // The usage tap may hold back part of an event.
+        loop {
+            match Pin::new(&mut s.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    // Trailers are not passed on; the usage tap may hold
+                    // back part of an event.
+                    let Ok(b) = frame.into_data() else { continue };
                     let b = s.d.tapped(b);
-                    if b.is_empty() {
-                        continue;
+                    if !b.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(b))));
                     }
-                    return Some((Ok(b), s));
                 }
-                None => {
+                Poll::Ready(None) => {
                     s.relay = Relay::Ended;
-                    return s.d.tap_end().map(|rest| (Ok(rest), s));
+                    return Poll::Ready(s.d.tap_end().map(|rest| Ok(Frame::data(rest))));
                 }
-                Some(Err(_)) => break Cut::UpstreamError,
-            },
-            () = &mut s.until => break Cut::Deadline,
+                Poll::Ready(Some(Err(_))) => return Poll::Ready(s.cut(Cut::UpstreamError)),
+                Poll::Pending => break,
+            }
         }
-    };
-    s.d.meter().cut(cut);
-    s.d.failed();
-    if s.sse {
-        s.relay = Relay::Abort(cut);
-        Some((Ok(error_event(cut)), s))
-    } else {
-        s.relay = Relay::Ended;
-        Some((Err(CutError(cut)), s))
+        match s.until.as_mut().map(|u| u.as_mut().poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(s.cut(Cut::Deadline)),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+impl Stream {
+    /// The answer is cut: counted, and what the client gets next (an
+    /// event stream's error event, then the abort; any other body's abort).
+    fn cut(&mut self, cut: Cut) -> Option<Result<Frame<Bytes>, CutError>> {
+        self.d.meter().cut(cut);
+        self.d.failed();
+        if self.sse {
+            self.relay = Relay::Abort {
+                cut,
+                yielded: false,
+            };
+            Some(Ok(Frame::data(error_event(cut))))
+        } else {
+            self.relay = Relay::Ended;
+            Some(Err(CutError(cut)))
+        }
     }
 }
 

@@ -66,14 +66,14 @@ impl Verdict {
 
 /// A client's request id when it is short, visible ASCII; `Err` when the
 /// client sent one that is not.
-pub(super) fn client_request_id(h: &HeaderMap) -> Result<Option<&str>, ()> {
+pub(super) fn client_request_id(h: &HeaderMap) -> Result<Option<&HeaderValue>, ()> {
     let Some(v) = h.get(REQUEST_ID) else {
         return Ok(None);
     };
     let ok = !v.is_empty()
         && v.len() <= MAX_REQUEST_ID
         && v.as_bytes().iter().all(|b| b.is_ascii_graphic());
-    if ok { Ok(v.to_str().ok()) } else { Err(()) }
+    if ok { Ok(Some(v)) } else { Err(()) }
 }
 
 /// Makes request ids unique to this process: a random start, then a count.
@@ -94,17 +94,18 @@ impl IdMaker {
     }
 
     /// A new id: 32 hex digits.
-    pub(super) fn make(&self) -> String {
+    pub(super) fn make(&self) -> HeaderValue {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:016x}{n:016x}", self.seed)
+        HeaderValue::try_from(format!("{:016x}{n:016x}", self.seed)).expect("hex digits")
     }
 }
 
 /// What the record says about one request.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Record {
-    /// The request id on the answer.
-    pub(super) request_id: String,
+    /// The request id on the answer and upstream (visible ASCII: the
+    /// client's, checked, or one the gateway made), shared, not copied.
+    pub(super) request_id: HeaderValue,
     /// The lane of the config the request was decided in (never a client's
     /// unknown value).
     pub(super) lane: Option<String>,
@@ -118,7 +119,24 @@ pub(super) struct Record {
     pub(super) waited_seconds: f64,
 }
 
+impl Default for Record {
+    fn default() -> Record {
+        Record {
+            request_id: HeaderValue::from_static(""),
+            lane: None,
+            tenant: None,
+            identity: "",
+            waited_seconds: 0.0,
+        }
+    }
+}
+
 impl Record {
+    /// The request id as text.
+    pub(super) fn request_id(&self) -> &str {
+        self.request_id.to_str().unwrap_or("-")
+    }
+
     /// The decision header: `lane=…; verdict=…; reason=…`.
     pub(super) fn header(&self, verdict: Verdict, reason: &str) -> String {
         format!(
@@ -142,9 +160,7 @@ impl Record {
             |r| r.0,
         );
         let headers = response.headers_mut();
-        if let Ok(v) = HeaderValue::from_str(&self.request_id) {
-            headers.insert(REQUEST_ID, v);
-        }
+        headers.insert(REQUEST_ID, self.request_id.clone());
         if let Ok(v) = HeaderValue::from_str(&self.header(verdict, why)) {
             headers.insert(DECISION, v);
         }
@@ -229,7 +245,7 @@ pub(super) fn log(record: &Record, verdict: Verdict, reason: &str, line: Line) {
     };
     tracing::info!(
         target: "lanekeeper::decision",
-        request_id = %record.request_id,
+        request_id = record.request_id(),
         lane = record.lane.as_deref().unwrap_or("-"),
         tenant = record.tenant.as_deref().unwrap_or("-"),
         identity = if record.identity.is_empty() { "-" } else { record.identity },
@@ -267,7 +283,10 @@ mod tests {
         let mut h = HeaderMap::new();
         assert_eq!(client_request_id(&h), Ok(None));
         h.insert(REQUEST_ID, HeaderValue::from_static("abc-123"));
-        assert_eq!(client_request_id(&h), Ok(Some("abc-123")));
+        assert_eq!(
+            client_request_id(&h),
+            Ok(Some(&HeaderValue::from_static("abc-123")))
+        );
         for bad in [
             "a b".to_owned(),
             "x".repeat(MAX_REQUEST_ID + 1),
@@ -282,6 +301,7 @@ mod tests {
         let (a, b) = (ids.make(), ids.make());
         assert_ne!(a, b);
         assert_eq!(a.len(), 32);
+        assert!(a.to_str().unwrap().bytes().all(|b| b.is_ascii_hexdigit()));
     }
 
     #[test]
@@ -312,7 +332,7 @@ mod tests {
     #[test]
     fn the_header_names_a_config_lane_or_none() {
         let mut r = Record {
-            request_id: "r1".to_owned(),
+            request_id: HeaderValue::from_static("r1"),
             ..Record::default()
         };
         assert_eq!(

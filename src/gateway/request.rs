@@ -126,7 +126,7 @@ pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> 
 /// request is on the forwarded surface.
 fn admissible(gw: &Gateway, parts: &Parts, record: &mut Record) -> Result<(), Response> {
     match client_request_id(&parts.headers) {
-        Ok(Some(id)) => record.request_id = id.to_owned(),
+        Ok(Some(id)) => record.request_id = id.clone(),
         Ok(None) => record.request_id = gw.ids.make(),
         Err(()) => {
             record.request_id = gw.ids.make();

@@ -3,17 +3,20 @@
 //! answer back unbuffered.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::http::{HeaderName, HeaderValue, Uri, header, request::Parts};
+use axum::http::uri::{Authority, Scheme};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Uri, header, request::Parts};
 use axum::response::Response;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use lanes::trim_chat_history;
 use serde_json::Value;
+use tokio::time::Sleep;
 
 use super::args::{GatewayArgs, GatewayError};
 use super::credential::RouteCredentials;
@@ -41,7 +44,7 @@ const HOP_BY_HOP: [&str; 9] = [
 /// The HTTP client, the routes' base URLs and their credentials.
 pub(super) struct Upstream {
     client: Client<Connector, Full<Bytes>>,
-    routes: HashMap<String, String>,
+    routes: HashMap<String, Base>,
     /// Client headers never forwarded besides the fixed ones (the lane and
     /// tenant headers' configured names).
     private: Vec<HeaderName>,
@@ -77,7 +80,11 @@ impl Upstream {
             .build(upstream_tls::connector(tls));
         Upstream {
             client,
-            routes: args.routes.iter().cloned().collect(),
+            routes: args
+                .routes
+                .iter()
+                .map(|(name, url)| (name.clone(), Base::new(url)))
+                .collect(),
             credentials: Arc::new(credentials),
             health: Arc::new(health),
             private,
@@ -98,6 +105,53 @@ impl Upstream {
     }
 }
 
+/// A route's base URL; a base that is only a scheme and an authority (the
+/// usual `http://host:port`) is kept parsed, so a request's URL is put
+/// together from parts instead of formatted and parsed again.
+struct Base {
+    url: String,
+    parsed: Option<(Scheme, Authority)>,
+}
+
+impl Base {
+    fn new(url: &str) -> Base {
+        let parsed = url.parse::<Uri>().ok().and_then(|u| {
+            let (scheme, authority) = (u.scheme()?.clone(), u.authority()?.clone());
+            (format!("{scheme}://{authority}") == url).then_some((scheme, authority))
+        });
+        Base {
+            url: url.to_owned(),
+            parsed,
+        }
+    }
+
+    /// The base followed by the client's path and query.
+    fn join(&self, parts: &Parts) -> Result<Uri, String> {
+        let path = parts.uri.path_and_query();
+        match (&self.parsed, path) {
+            (Some((scheme, authority)), Some(path)) => Uri::builder()
+                .scheme(scheme.clone())
+                .authority(authority.clone())
+                .path_and_query(path.clone())
+                .build()
+                .map_err(|e| e.to_string()),
+            _ => {
+                let path = path.map_or("/", |p| p.as_str());
+                format!("{}{path}", self.url)
+                    .parse()
+                    .map_err(|e| format!("{e}"))
+            }
+        }
+    }
+}
+
+/// The headers the gateway sets on every request it forwards.
+const LANE: HeaderName = HeaderName::from_static("x-lanekeeper-lane");
+const REQUEST_ID_NAME: HeaderName = HeaderName::from_static(REQUEST_ID);
+const ATTEMPT_KIND: HeaderName = HeaderName::from_static("x-lanekeeper-attempt-kind");
+const READ_ONLY: HeaderName = HeaderName::from_static("x-lanekeeper-read-only");
+const STATIC_FALLBACK: HeaderName = HeaderName::from_static("x-lanekeeper-static-fallback");
+
 /// Whether a client's header goes upstream: not a hop-by-hop one, not the
 /// length (recomputed), not the client's credential, not the gateway's own
 /// (`x-lanekeeper-*`, `lanekeeper-*` and the lane and tenant headers, which
@@ -114,44 +168,51 @@ fn from_client(name: &HeaderName, private: &[HeaderName]) -> bool {
 }
 
 /// The upstream request: the client's method, path, headers (less those
-/// [`from_client`] drops) and body, on the route's base URL, with the lane,
-/// the request id and the config's flags set by the gateway.
+/// [`from_client`] drops, taken out of `out`) and body, on the route's base
+/// URL, with the lane, the request id and the config's flags set by the
+/// gateway.
 fn upstream_request(
     upstream: &Upstream,
-    base: &str,
-    out: &Outgoing<'_>,
+    base: &Base,
+    out: &mut Outgoing<'_>,
     body: Bytes,
     d: &Dispatch,
 ) -> Result<axum::http::Request<Full<Bytes>>, String> {
-    let parts = &out.parts;
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri: Uri = format!("{base}{path}")
-        .parse()
-        .map_err(|e| format!("{e}"))?;
-    let mut req = axum::http::Request::builder()
-        .method(parts.method.clone())
-        .uri(uri);
-    let headers = req.headers_mut().expect("builder is fine");
-    for (k, v) in &parts.headers {
-        if from_client(k, &upstream.private) {
-            headers.append(k.clone(), v.clone());
-        }
+    let uri = base.join(&out.parts)?;
+    let mut headers = std::mem::take(&mut out.parts.headers);
+    keep_from_client(&mut headers, &upstream.private);
+    if let Ok(v) = HeaderValue::from_str(out.lane) {
+        headers.insert(LANE, v);
     }
-    let set = |headers: &mut axum::http::HeaderMap, name: &'static str, v: &str| {
-        if let Ok(v) = HeaderValue::from_str(v) {
-            headers.insert(name, v);
-        }
-    };
-    set(headers, "x-lanekeeper-lane", out.lane);
-    set(headers, REQUEST_ID, out.request_id);
-    set(headers, "x-lanekeeper-attempt-kind", d.attempt.as_str());
+    headers.insert(REQUEST_ID_NAME, out.request_id.clone());
+    headers.insert(ATTEMPT_KIND, HeaderValue::from_static(d.attempt.as_str()));
+    let yes = HeaderValue::from_static("true");
     if d.read_only {
-        set(headers, "x-lanekeeper-read-only", "true");
+        headers.insert(READ_ONLY, yes.clone());
     }
     if d.static_fallback {
-        set(headers, "x-lanekeeper-static-fallback", "true");
+        headers.insert(STATIC_FALLBACK, yes);
     }
-    req.body(Full::new(body)).map_err(|e| e.to_string())
+    let mut req = axum::http::Request::builder()
+        .method(out.parts.method.clone())
+        .uri(uri)
+        .body(Full::new(body))
+        .map_err(|e| e.to_string())?;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// Takes out of the client's headers those [`from_client`] does not let
+/// upstream (every value of each).
+fn keep_from_client(headers: &mut HeaderMap, private: &[HeaderName]) {
+    let dropped: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| !from_client(k, private))
+        .cloned()
+        .collect();
+    for name in dropped {
+        headers.remove(name);
+    }
 }
 
 /// Optional context: the chat history trimmed to the turns in force, and
@@ -178,7 +239,7 @@ pub(super) struct Outgoing<'a> {
     pub(super) class: TenantClass,
     /// The lane (a lane of the config).
     pub(super) lane: &'a str,
-    pub(super) request_id: &'a str,
+    pub(super) request_id: &'a HeaderValue,
 }
 
 /// Sends a passed request upstream within its remaining deadline and
@@ -208,7 +269,8 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
         return respond::unknown_route(lane, &route);
     };
     let (body, trimmed) = trimmed(&out.parts, out.body.clone(), d.history_turns);
-    let mut req = match upstream_request(upstream, base, &out, body, &d) {
+    let mut out = out;
+    let mut req = match upstream_request(upstream, base, &mut out, body, &d) {
         Ok(r) => r,
         Err(e) => return respond::bad_route(lane, &route, &e),
     };
@@ -216,13 +278,17 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
     let remaining = Duration::from_secs_f64(
         (d.remaining_seconds - d.passed_at().elapsed().as_secs_f64()).clamp(0.001, 86_400.0 * 7.0),
     );
-    let deadline = d
-        .remaining_seconds
-        .is_finite()
-        .then(|| Instant::now() + remaining);
-    d.set_deadline(deadline);
     let sent = Instant::now();
-    let response = match tokio::time::timeout(remaining, upstream.client.request(req)).await {
+    let deadline = d.remaining_seconds.is_finite().then(|| sent + remaining);
+    d.set_deadline(deadline);
+    // One timer for the answer's head and, with a deadline, its body.
+    let mut until = Box::pin(tokio::time::sleep_until((sent + remaining).into()));
+    let answer = tokio::select! {
+        biased;
+        r = upstream.client.request(req) => Ok(r),
+        () = &mut until => Err(()),
+    };
+    let response = match answer {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             taken.end(Ending::Failed);
@@ -247,7 +313,8 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
                 .and_then(|v| v.to_str().ok()),
         )),
     );
-    answered(response, d, sent, deadline, trimmed, out.class)
+    let until = deadline.map(|_| until);
+    answered(response, d, sent, until, trimmed, out.class)
 }
 
 /// An upstream answer on its way back: counted, cleaned of hop-by-hop
@@ -256,7 +323,7 @@ fn answered(
     response: axum::http::Response<hyper::body::Incoming>,
     mut d: Dispatch,
     sent: Instant,
-    deadline: Option<Instant>,
+    until: Option<Pin<Box<Sleep>>>,
     trimmed: bool,
     class: TenantClass,
 ) -> Response {
@@ -278,7 +345,7 @@ fn answered(
     for h in HOP_BY_HOP {
         response.headers_mut().remove(h);
     }
-    let mut response = stream_back(response, d, deadline);
+    let mut response = stream_back(response, d, until);
     if let Some(v) = degraded {
         response.headers_mut().insert(DEGRADED, v);
     }
@@ -299,4 +366,83 @@ fn degraded(d: &Dispatch, trimmed: bool) -> Option<HeaderValue> {
     ];
     let on: Vec<&str> = all.iter().filter(|(b, _)| *b).map(|(_, n)| *n).collect();
     (!on.is_empty()).then(|| HeaderValue::from_str(&on.join(", ")).expect("ASCII"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut b = axum::http::Request::builder().uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn a_request_url_is_the_base_and_the_clients_path_and_query() {
+        let p = parts("/v1/chat/completions?x=1", &[]);
+        for (base, want) in [
+            (
+                "http://127.0.0.1:8000",
+                "http://127.0.0.1:8000/v1/chat/completions?x=1",
+            ),
+            (
+                "https://model.ns.svc",
+                "https://model.ns.svc/v1/chat/completions?x=1",
+            ),
+            // A base with a path (or a trailing slash) is joined as text,
+            // as it always was.
+            (
+                "http://h:1/prefix",
+                "http://h:1/prefix/v1/chat/completions?x=1",
+            ),
+            ("http://h:1/", "http://h:1//v1/chat/completions?x=1"),
+        ] {
+            let b = Base::new(base);
+            assert_eq!(
+                b.parsed.is_some(),
+                !base
+                    .trim_start_matches("http://")
+                    .trim_start_matches("https://")
+                    .contains('/'),
+                "{base}"
+            );
+            assert_eq!(b.join(&p).unwrap().to_string(), want, "{base}");
+        }
+        assert!(Base::new("not a url").join(&p).is_err());
+    }
+
+    #[test]
+    fn only_what_the_client_may_send_upstream_is_kept() {
+        let private = vec![
+            HeaderName::from_static("x-team-lane"),
+            HeaderName::from_static("x-team-tenant"),
+        ];
+        let mut p = parts(
+            "/v1/chat/completions",
+            &[
+                ("content-type", "application/json"),
+                ("accept", "a"),
+                ("accept", "b"),
+                ("authorization", "Bearer sk-client"),
+                ("proxy-authorization", "Basic x"),
+                ("connection", "keep-alive"),
+                ("content-length", "12"),
+                ("x-request-id", "client-id"),
+                ("x-lanekeeper-lane", "p0-claimed"),
+                ("x-lanekeeper-tenant", "someone-else"),
+                ("lanekeeper-anything", "1"),
+                ("x-team-lane", "p0"),
+                ("x-team-tenant", "t"),
+                ("x-custom", "kept"),
+            ],
+        );
+        keep_from_client(&mut p.headers, &private);
+        let mut names: Vec<&str> = p.headers.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["accept", "content-type", "x-custom"]);
+        assert_eq!(p.headers.get_all("accept").iter().count(), 2);
+    }
 }
