@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
@@ -133,12 +133,17 @@ pub(super) struct Tokenizers {
 }
 
 impl Tokenizers {
-    /// None loaded yet, metrics registered.
+    /// None loaded yet, metrics registered; one long prompt counted at a
+    /// time per CPU.
     pub(super) fn new(registry: &Registry) -> Tokenizers {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        Tokenizers::with_permits(registry, cpus)
+    }
+
+    fn with_permits(registry: &Registry, permits: usize) -> Tokenizers {
         Tokenizers {
             by_route: HashMap::new(),
-            permits: Arc::new(Semaphore::new(cpus)),
+            permits: Arc::new(Semaphore::new(permits)),
             metrics: TokenizerMetrics::new(registry),
         }
     }
@@ -198,11 +203,11 @@ impl Tokenizers {
         path: &str,
         body: Bytes,
     ) -> Result<u64, Uncountable> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| Uncountable::TokenizerFailed)?;
+        let waiting = Raised::new(&self.metrics.waiting);
+        let permit = self.permits.acquire().await;
+        drop(waiting);
+        let _permit = permit.map_err(|_| Uncountable::TokenizerFailed)?;
+        let _counting = Raised::new(&self.metrics.counting);
         let path = path.to_owned();
         tokio::task::spawn_blocking(move || t.count_body(&path, &body))
             .await
@@ -210,10 +215,30 @@ impl Tokenizers {
     }
 }
 
-/// Requests counted with a tokenizer, and those that could not be.
+/// A gauge raised by one while this lives (a request that goes away while
+/// it waits or counts lowers it again).
+struct Raised<'a>(&'a IntGauge);
+
+impl<'a> Raised<'a> {
+    fn new(g: &'a IntGauge) -> Raised<'a> {
+        g.inc();
+        Raised(g)
+    }
+}
+
+impl Drop for Raised<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Requests counted with a tokenizer, and those that could not be; long
+/// prompts being counted and waiting for their turn.
 struct TokenizerMetrics {
     counted: IntCounterVec,
     uncounted: IntCounterVec,
+    counting: IntGauge,
+    waiting: IntGauge,
 }
 
 impl TokenizerMetrics {
@@ -234,11 +259,30 @@ impl TokenizerMetrics {
             &["route", "reason"],
         )
         .expect("valid metric");
-        r.register(Box::new(counted.clone()))
-            .expect("registered once");
-        r.register(Box::new(uncounted.clone()))
-            .expect("registered once");
-        TokenizerMetrics { counted, uncounted }
+        let counting = IntGauge::new(
+            "lanekeeper_gateway_long_prompts_counting",
+            "Long prompts (bodies over 8 KiB) being counted on a blocking thread now: at most one per CPU.",
+        )
+        .expect("valid metric");
+        let waiting = IntGauge::new(
+            "lanekeeper_gateway_long_prompts_waiting",
+            "Long prompts waiting for a CPU to be counted on (their requests wait with them).",
+        )
+        .expect("valid metric");
+        for m in [
+            Box::new(counted.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(uncounted.clone()),
+            Box::new(counting.clone()),
+            Box::new(waiting.clone()),
+        ] {
+            r.register(m).expect("registered once");
+        }
+        TokenizerMetrics {
+            counted,
+            uncounted,
+            counting,
+            waiting,
+        }
     }
 
     fn counted(&self, route: &str) {
@@ -363,6 +407,51 @@ mod tests {
         assert!(
             text.contains(r#"lanekeeper_gateway_input_tokens_uncounted_total{reason="not_json",route="vllm"} 1"#),
             "{text}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_more_long_prompts_are_counted_at_once_than_there_are_permits() {
+        // Twelve long prompts at once against two permits: a sampler
+        // watches the gauges the whole time. Without the permits all twelve
+        // would count at once on the blocking pool.
+        let registry = Registry::new();
+        let mut ts = Tokenizers::with_permits(&registry, 2);
+        let routes = vec![("vllm".to_owned(), "http://127.0.0.1:1".to_owned())];
+        ts.install(load(&[("vllm".to_owned(), fixture())], &routes).unwrap());
+        let ts = Arc::new(ts);
+        let t = ts.for_routes(&["vllm".to_owned()]).unwrap();
+        let words = "hello ".repeat(20_000);
+        let body = Bytes::from(format!(r#"{{"prompt": "{words}"}}"#));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = {
+            let (ts, done) = (Arc::clone(&ts), Arc::clone(&done));
+            tokio::spawn(async move {
+                let (mut counting, mut waiting) = (0, 0);
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    counting = counting.max(ts.metrics.counting.get());
+                    waiting = waiting.max(ts.metrics.waiting.get());
+                    tokio::task::yield_now().await;
+                }
+                (counting, waiting)
+            })
+        };
+        let counts: Vec<_> = (0..12)
+            .map(|_| {
+                let (ts, t, body) = (Arc::clone(&ts), Arc::clone(&t), body.clone());
+                tokio::spawn(async move { ts.count(t, "/v1/completions", &body).await })
+            })
+            .collect();
+        for c in counts {
+            assert_eq!(c.await.unwrap(), Some(20_001));
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+        let (counting, waiting) = sampler.await.unwrap();
+        assert!((1..=2).contains(&counting), "{counting} counted at once");
+        assert!(waiting >= 1, "none was seen waiting for a permit");
+        assert_eq!(
+            (ts.metrics.counting.get(), ts.metrics.waiting.get()),
+            (0, 0)
         );
     }
 
