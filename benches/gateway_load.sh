@@ -27,7 +27,9 @@
 # threads = nginx's worker processes = LiteLLM's workers), PIN [1] (with 2
 # or more cores: the proxy under test on PROXY_CPUS [1], the load generator
 # and the fake model on LOAD_CPUS [0], with taskset; 0 leaves placement to
-# the kernel), MIMALLOC [1] (also measure lanekeeper built with
+# the kernel), BASELINE (the path of another build of `lanekeeper`, e.g.
+# main's before a change: also measured, as `lanekeeper-baseline`, on the
+# same config and flags), MIMALLOC [1] (also measure lanekeeper built with
 # mimalloc, `--features mimalloc`), TLS [1] (also measure lanekeeper and
 # nginx each terminating TLS, `lanekeeper-tls` and `nginx-tls`, with a test
 # CA and certificate made here with openssl), APIKEY [1] (also measure
@@ -164,6 +166,11 @@ for f in "$GEN" "$BARE"; do
 done
 LANEKEEPER=$TARGET_DIR/release/lanekeeper
 LANEKEEPER_MIMALLOC=$TARGET_DIR/release/lanekeeper-mimalloc
+BASELINE=${BASELINE:-}
+if [ -n "$BASELINE" ] && [ ! -x "$BASELINE" ]; then
+	echo "BASELINE=$BASELINE is not an executable" >&2
+	exit 1
+fi
 if [ "$MIMALLOC" = 1 ] && [ "$WHAT" != memory ] && [ ! -x "$LANEKEEPER_MIMALLOC" ]; then
 	echo "no $LANEKEEPER_MIMALLOC: build without SKIP_BUILD, or MIMALLOC=0" >&2
 	exit 1
@@ -410,6 +417,10 @@ latency() {
 		start_gateway lanekeeper-mimalloc "$WORK/lanes.json" "$LANEKEEPER_MIMALLOC"
 		MIMALLOC_URL=http://$GW/v1/chat/completions
 	fi
+	if [ -n "$BASELINE" ]; then
+		start_gateway lanekeeper-baseline "$WORK/lanes.json" "$BASELINE"
+		BASELINE_URL=http://$GW/v1/chat/completions
+	fi
 	if [ "$TLS" = 1 ]; then
 		make_certs
 		start_gateway lanekeeper-tls "$WORK/lanes.json" "$LANEKEEPER" \
@@ -592,6 +603,10 @@ latency_run() {
 	)
 	URLS[bare]=$BARE_URL
 	local targets=(direct bare lanekeeper) target
+	if [ -n "$BASELINE" ]; then
+		URLS[lanekeeper-baseline]=$BASELINE_URL
+		targets+=(lanekeeper-baseline)
+	fi
 	if [ "$MIMALLOC" = 1 ]; then
 		URLS[lanekeeper-mimalloc]=$MIMALLOC_URL
 		targets+=(lanekeeper-mimalloc)
@@ -725,7 +740,7 @@ table() {
 		def r(n): if . == null then "-" else (. * n | round) / n | tostring end;
 		. as $all
 		| ($all | map(.target) | unique) as $present
-		| ["direct", "bare", "lanekeeper", "lanekeeper-priced", "lanekeeper-shared", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "lanekeeper-apikey", "nginx-apikey", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
+		| ["direct", "bare", "lanekeeper", "lanekeeper-baseline", "lanekeeper-priced", "lanekeeper-shared", "lanekeeper-mimalloc", "nginx", "lanekeeper-tls", "nginx-tls", "lanekeeper-apikey", "nginx-apikey", "litellm"] | map(select(. as $t | $present | index($t))) as $targets
 		| ($all | map(select(.mode == "rate" and .target == "direct")) | map({key: (.round | tostring), value: .}) | from_entries) as $direct
 		| def added($x; f): minus($x | f; $direct[$x.round | tostring] | f);
 		def row($t):
@@ -785,6 +800,9 @@ table() {
 		(if $by["lanekeeper-priced"] then
 			"tokens as the cost (every lane priced per token: each answer read for its usage and settled), lanekeeper-priced / lanekeeper: added p50 \($by["lanekeeper-priced"].add50 | r(1000)) against \($by.lanekeeper.add50 | r(1000)) ms, added p99 \($by["lanekeeper-priced"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms, max rate \(ratio($by["lanekeeper-priced"].max; $by.lanekeeper.max) | r(100))×"
 		  else empty end),
+		(if $by["lanekeeper-baseline"] then
+			"this build / the baseline (BASELINE): CPU per request at max \(ratio($by.lanekeeper.cpu; $by["lanekeeper-baseline"].cpu) | r(100))× (user \(ratio($by.lanekeeper.cpuu; $by["lanekeeper-baseline"].cpuu) | r(100))×), max rate \(ratio($by.lanekeeper.max; $by["lanekeeper-baseline"].max) | r(100))×, added p99 \($by.lanekeeper.add99 | r(1000)) against \($by["lanekeeper-baseline"].add99 | r(1000)) ms"
+		  else empty end),
 		(if $by["lanekeeper-mimalloc"] then
 			"allocator, mimalloc / the system allocator (shipped): max rate \(ratio($by["lanekeeper-mimalloc"].max; $by.lanekeeper.max) | r(100))×, added p99 \($by["lanekeeper-mimalloc"].add99 | r(1000)) against \($by.lanekeeper.add99 | r(1000)) ms"
 		  else empty end),
@@ -798,6 +816,7 @@ table() {
 		"| proxy | per request |",
 		"|---|---|",
 		"| lanekeeper | HTTP/1 parse (hyper, axum), the body read; the lane, tenant, attempt and x-request-id headers read; under the core'"'"'s lock once: the lane looked up, its token bucket refilled and taken, the request id hashed into the lane'"'"'s memory of recent ids (retry detection) and that memory swept, the retry budget checked, the route and flags, the request counted in flight (the tenant'"'"'s fair queue is used only when the lane must queue, which these limits never make it); forwarded over a pooled keep-alive upstream connection and the answer streamed back; the lock again when it finishes; Prometheus counters and histograms by lane and tenant class |",
+		"| lanekeeper-baseline | as lanekeeper, another build (BASELINE) |",
 		"| lanekeeper-shared | as lanekeeper, and before the lock one call to the shared store for the request id (one Lua script: first sighting, retry or deferred); the lane'"'"'s tokens come from leases a background task tops up every 0.1 s, not from a call per request |",
 		"| lanekeeper-priced | as lanekeeper, and the request sized (the body'"'"'s bytes, the lane'"'"'s P95 of output tokens) and reserved at admission; the JSON answer kept whole to read its usage, then the lock once more to settle the difference into the lane'"'"'s bucket and teach the estimator |",
 		"| bare | the floor (benches/bare_proxy.rs): hyper'"'"'s HTTP/1 server and hyper-util'"'"'s pooled client on tokio, the stack lanekeeper is built on, forwarding every request to the model with no policy: hop-by-hop headers dropped, nothing else read, no metrics, no log |",
