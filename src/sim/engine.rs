@@ -19,7 +19,8 @@ use crate::api::ObjectKey;
 use crate::policy::{self, Approvals, EngineState, Evaluation, World, key};
 use crate::snapshot::{LaneSignals, ProfileSignals, Snapshot};
 use lanes::{
-    Core, GatewayConfig, Outcome, Refusal, Resolution, SaturationMeter, TenantSlot, Ticket, Verdict,
+    Core, GatewayConfig, Outcome, Refusal, Resolution, SaturationMeter, TenantSlot, TicketMap,
+    Verdict,
 };
 
 use crate::scenario::tenants::Tenants;
@@ -532,7 +533,7 @@ struct Sim<'a> {
     /// Per lane: attempts in the pool's queue, not started yet (counted
     /// with the gateway's queue as the lane's queued work).
     pool_waiting: Vec<u64>,
-    waiting: FxHashMap<(usize, Ticket), Attempt>,
+    waiting: Vec<TicketMap<Attempt>>,
     /// The tenant slots of passed attempts in lanes with a maximum per
     /// tenant, by (request id, attempt), given back when they finish.
     tenant_slots: FxHashMap<(u32, u16), TenantSlot>,
@@ -846,7 +847,7 @@ impl<'a> Sim<'a> {
             published: vec![None; np],
             pool_queue: vec![VecDeque::new(); np],
             pool_waiting: vec![0; nl],
-            waiting: FxHashMap::default(),
+            waiting: (0..np).map(|_| TicketMap::new()).collect(),
             tenant_slots: FxHashMap::default(),
             token_attempts: FxHashMap::default(),
             next_id: 0,
@@ -1307,8 +1308,7 @@ impl<'a> Sim<'a> {
         let loaded = match self.cores[p].as_mut() {
             Some(core) => core.swap(cfg.clone(), 1.0, now, unix_now).map(|gone| {
                 for (ticket, r) in gone {
-                    if let (Some(a), Resolution::Refuse(r)) = (self.waiting.remove(&(p, ticket)), r)
-                    {
+                    if let (Some(a), Resolution::Refuse(r)) = (self.waiting[p].remove(ticket), r) {
                         self.pending_refusals.push((a, r));
                     }
                 }
@@ -1390,10 +1390,10 @@ impl<'a> Sim<'a> {
             );
             return;
         }
-        let Some((verdict, enforcing)) = self.decide(&mut a, li, p, now) else {
+        let Some(verdict) = self.decide(&mut a, li, p, now) else {
             return;
         };
-        if !enforcing {
+        if !self.cores[p].as_ref().is_some_and(Core::enforcing) {
             // Observe mode: nothing is enforced.
             if let (Verdict::Queued { ticket, .. }, Some(core)) = (&verdict, self.cores[p].as_mut())
             {
@@ -1405,7 +1405,7 @@ impl<'a> Sim<'a> {
         match verdict {
             Verdict::Pass(_) => self.send_to_pool(a, now),
             Verdict::Queued { ticket, .. } => {
-                self.waiting.insert((p, ticket), a);
+                self.waiting[p].insert(ticket, a);
                 self.queued[li] += 1;
             }
             Verdict::Refuse(r) => self.refused(a, now, &r),
@@ -1423,13 +1423,9 @@ impl<'a> Sim<'a> {
     /// Profile `p`'s core (it has a config) decides on attempt `a` at
     /// `now`, sized when its lane has tokens; a pass keeps its tenant slot
     /// and its charge. None when its shape was refused before admission.
-    fn decide(
-        &mut self,
-        a: &mut Attempt,
-        li: usize,
-        p: usize,
-        now: f64,
-    ) -> Option<(Verdict, bool)> {
+    /// (The verdict alone, not in a tuple: moving the core's fresh verdict
+    /// into one read it back before its stores had landed, a stall.)
+    fn decide(&mut self, a: &mut Attempt, li: usize, p: usize, now: f64) -> Option<Verdict> {
         let size = match self.shape(a, li, p) {
             Shape::TooLong => {
                 self.fail(*a, now, Fail::TooLong);
@@ -1453,14 +1449,13 @@ impl<'a> Sim<'a> {
             Some(size) => core.admit_sized_hinted(&req, size, &mut a.id_hint, now),
             None => core.admit_hinted(&req, &mut a.id_hint, now),
         };
-        let enforcing = core.enforcing();
         if let Verdict::Pass(pass) = &verdict {
             if let Some(s) = &pass.tenant_slot {
                 self.tenant_slots.insert((a.id, a.n), s.clone());
             }
             self.charged(a, pass.charge.as_ref());
         }
-        Some((verdict, enforcing))
+        Some(verdict)
     }
 
     /// What the client of a refused attempt does: a deferred request comes
@@ -1501,7 +1496,7 @@ impl<'a> Sim<'a> {
             return;
         }
         for (ticket, r) in core.poll(now) {
-            let Some(a) = self.waiting.remove(&(p, ticket)) else {
+            let Some(a) = self.waiting[p].remove(ticket) else {
                 continue;
             };
             self.queued[usize::from(a.lane)] -= 1;

@@ -10,12 +10,13 @@ use std::collections::HashMap;
 use rustc_hash::FxBuildHasher;
 
 use crate::config::{GatewayConfig, LaneConfig, Mode};
-use crate::fair_queue::{Key, TenantId};
+use crate::fair_queue::Slot;
 use crate::lane::{Lane, effective_rate};
 use crate::pool_limits::PoolGate;
 use crate::pressure::{Pressure, PressureGauge};
 use crate::slots::{priority_order, reserve};
 use crate::spare::Spare;
+use crate::ticket_map::TicketMap;
 use crate::validate::{ConfigError, validate};
 use crate::verdict::{Attempt, Limit, Outcome, Refusal, Resolution, Ticket};
 
@@ -38,9 +39,10 @@ pub struct Core {
     by_name: HashMap<String, usize, FxBuildHasher>,
     pub(crate) pressure: PressureGauge,
     pub(crate) next_ticket: u64,
-    /// Ticket → (lane, tenant, key) of every waiting request. Tickets are
-    /// the core's own counter (no client chooses one): a cheap hash will do.
-    pub(crate) tickets: HashMap<Ticket, (usize, TenantId, Key), FxBuildHasher>,
+    /// Ticket → (lane, position in its queue) of every waiting request.
+    /// Tickets are the core's own counter, handed out in order: a window
+    /// over them, not a hash map (see [`TicketMap`]).
+    pub(crate) tickets: TicketMap<Place>,
     /// Resolutions produced inside `admit` (a queued request deferred to
     /// make room for an earlier arrival), handed out by the next `poll`.
     pub(crate) pending: Vec<(Ticket, Resolution)>,
@@ -97,7 +99,7 @@ impl Core {
             lanes,
             by_name,
             next_ticket: 0,
-            tickets: HashMap::default(),
+            tickets: TicketMap::new(),
             pending: Vec::new(),
             pool,
         })
@@ -131,7 +133,7 @@ impl Core {
                 Some(i) => carry_lane(old, &mut next.lanes[i], now),
                 None => {
                     for w in old.queue.drain() {
-                        self.tickets.remove(&w.ticket);
+                        self.tickets.remove(w.ticket);
                         refused.push((
                             w.ticket,
                             Resolution::Refuse(lane_removed(old_idx, w.attempt)),
@@ -157,13 +159,19 @@ impl Core {
         Ok(refused)
     }
 
-    /// Every waiting request's ticket at its lane's new position.
-    fn index_tickets(&self) -> HashMap<Ticket, (usize, TenantId, Key), FxBuildHasher> {
-        let mut tickets = HashMap::default();
+    /// Every waiting request's ticket at its lane's new position (in
+    /// ticket order, as the map is fastest filled).
+    fn index_tickets(&self) -> TicketMap<Place> {
+        let mut all: Vec<(Ticket, Place)> = Vec::new();
         for (i, lane) in self.lanes.iter().enumerate() {
-            for (tenant, key, w) in lane.queue.iter() {
-                tickets.insert(w.ticket, (i, tenant, key));
+            for (slot, w) in lane.queue.places() {
+                all.push((w.ticket, Place::new(i, slot)));
             }
+        }
+        all.sort_unstable_by_key(|e| e.0);
+        let mut tickets = TicketMap::new();
+        for (t, place) in all {
+            tickets.insert(t, place);
         }
         tickets
     }
@@ -247,10 +255,13 @@ impl Core {
     /// Gives up a waiting request (its client went away). Returns whether it
     /// was waiting.
     pub fn cancel(&mut self, ticket: Ticket) -> bool {
-        let Some((li, tenant, key)) = self.tickets.remove(&ticket) else {
+        let Some(place) = self.tickets.remove(ticket) else {
             return false;
         };
-        self.lanes[li].queue.remove(tenant, key).is_some()
+        self.lanes[place.lane as usize]
+            .queue
+            .remove_at(place.slot)
+            .is_some()
     }
 
     /// A passed request went upstream.
@@ -291,6 +302,23 @@ impl Core {
     /// The p95 latency over the last window, as measured.
     pub fn latency_p95(&self, now: f64) -> Option<f64> {
         self.pressure.latency_p95(now)
+    }
+}
+
+/// Where a waiting request is: its lane and its position in the lane's
+/// queue (8 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    lane: u32,
+    slot: Slot,
+}
+
+impl Place {
+    pub(crate) fn new(lane: usize, slot: Slot) -> Place {
+        Place {
+            lane: lane as u32,
+            slot,
+        }
     }
 }
 
