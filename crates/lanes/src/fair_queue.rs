@@ -760,7 +760,7 @@ mod tests {
         generation: u64,
         /// Where the queue put each key (the test's bookkeeping, to remove
         /// by position): not part of the model's answers.
-        slots: HashMap<Key, Slot>,
+        slots: BTreeMap<Key, Slot>,
     }
 
     impl Model {

@@ -256,7 +256,12 @@ mod tests {
                 }
             };
             if got != want || m.len() != model.len() {
-                return Err(format!("step {i} {:?}: {got:?} != {want:?}", ops[i]));
+                return Err(format!(
+                    "step {i} {:?}: {got:?} against {want:?}, {} values against {}",
+                    ops[i],
+                    m.len(),
+                    model.len()
+                ));
             }
             if !m.ring.is_empty() && m.ring.front().is_some_and(Option::is_none) {
                 return Err(format!("step {i}: the window's front is a gap"));
