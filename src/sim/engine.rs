@@ -19,8 +19,7 @@ use crate::api::ObjectKey;
 use crate::policy::{self, Approvals, EngineState, Evaluation, World, key};
 use crate::snapshot::{LaneSignals, ProfileSignals, Snapshot};
 use lanes::{
-    Core, GatewayConfig, Outcome, Refusal, Resolution, SaturationMeter, TenantSlot, TicketMap,
-    Verdict,
+    Core, GatewayConfig, Outcome, Refusal, Resolution, SaturationMeter, TenantSlot, Ticket, Verdict,
 };
 
 use crate::scenario::tenants::Tenants;
@@ -533,7 +532,7 @@ struct Sim<'a> {
     /// Per lane: attempts in the pool's queue, not started yet (counted
     /// with the gateway's queue as the lane's queued work).
     pool_waiting: Vec<u64>,
-    waiting: Vec<TicketMap<Attempt>>,
+    waiting: Vec<FxHashMap<Ticket, Attempt>>,
     /// The tenant slots of passed attempts in lanes with a maximum per
     /// tenant, by (request id, attempt), given back when they finish.
     tenant_slots: FxHashMap<(u32, u16), TenantSlot>,
@@ -847,7 +846,7 @@ impl<'a> Sim<'a> {
             published: vec![None; np],
             pool_queue: vec![VecDeque::new(); np],
             pool_waiting: vec![0; nl],
-            waiting: (0..np).map(|_| TicketMap::new()).collect(),
+            waiting: (0..np).map(|_| FxHashMap::default()).collect(),
             tenant_slots: FxHashMap::default(),
             token_attempts: FxHashMap::default(),
             next_id: 0,
@@ -1308,7 +1307,7 @@ impl<'a> Sim<'a> {
         let loaded = match self.cores[p].as_mut() {
             Some(core) => core.swap(cfg.clone(), 1.0, now, unix_now).map(|gone| {
                 for (ticket, r) in gone {
-                    if let (Some(a), Resolution::Refuse(r)) = (self.waiting[p].remove(ticket), r) {
+                    if let (Some(a), Resolution::Refuse(r)) = (self.waiting[p].remove(&ticket), r) {
                         self.pending_refusals.push((a, r));
                     }
                 }
@@ -1501,7 +1500,7 @@ impl<'a> Sim<'a> {
             return;
         }
         for (ticket, r) in core.poll(now) {
-            let Some(a) = self.waiting[p].remove(ticket) else {
+            let Some(a) = self.waiting[p].remove(&ticket) else {
                 continue;
             };
             self.queued[usize::from(a.lane)] -= 1;

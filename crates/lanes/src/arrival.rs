@@ -218,7 +218,7 @@ impl Core {
         let Some(w) = lane.queue.remove(id, key) else {
             return;
         };
-        self.tickets.remove(w.ticket);
+        self.tickets.remove(&w.ticket);
         let refusal = Refusal {
             lane: a.lane,
             attempt: w.attempt,
@@ -243,7 +243,7 @@ impl Core {
             return false;
         }
         if let Some(w) = lane.queue.remove(tenant, key) {
-            self.tickets.remove(w.ticket);
+            self.tickets.remove(&w.ticket);
             lane.seen.mark_deferred(w.request_key);
             let refusal = Refusal {
                 lane: a.lane,

@@ -16,7 +16,6 @@ use crate::pool_limits::PoolGate;
 use crate::pressure::{Pressure, PressureGauge};
 use crate::slots::{priority_order, reserve};
 use crate::spare::Spare;
-use crate::ticket_map::TicketMap;
 use crate::validate::{ConfigError, validate};
 use crate::verdict::{Attempt, Limit, Outcome, Refusal, Resolution, Ticket};
 
@@ -39,10 +38,10 @@ pub struct Core {
     by_name: HashMap<String, usize, FxBuildHasher>,
     pub(crate) pressure: PressureGauge,
     pub(crate) next_ticket: u64,
-    /// Ticket → (lane, position in its queue) of every waiting request.
-    /// Tickets are the core's own counter, handed out in order: a window
-    /// over them, not a hash map (see [`TicketMap`]).
-    pub(crate) tickets: TicketMap<Place>,
+    /// Ticket → (lane, position in its queue) of every waiting request:
+    /// 16 bytes a bucket. Tickets are the core's own counter (no client
+    /// chooses one): a cheap hash will do.
+    pub(crate) tickets: HashMap<Ticket, Place, FxBuildHasher>,
     /// Resolutions produced inside `admit` (a queued request deferred to
     /// make room for an earlier arrival), handed out by the next `poll`.
     pub(crate) pending: Vec<(Ticket, Resolution)>,
@@ -99,7 +98,7 @@ impl Core {
             lanes,
             by_name,
             next_ticket: 0,
-            tickets: TicketMap::new(),
+            tickets: HashMap::default(),
             pending: Vec::new(),
             pool,
         })
@@ -133,7 +132,7 @@ impl Core {
                 Some(i) => carry_lane(old, &mut next.lanes[i], now),
                 None => {
                     for w in old.queue.drain() {
-                        self.tickets.remove(w.ticket);
+                        self.tickets.remove(&w.ticket);
                         refused.push((
                             w.ticket,
                             Resolution::Refuse(lane_removed(old_idx, w.attempt)),
@@ -159,19 +158,13 @@ impl Core {
         Ok(refused)
     }
 
-    /// Every waiting request's ticket at its lane's new position (in
-    /// ticket order, as the map is fastest filled).
-    fn index_tickets(&self) -> TicketMap<Place> {
-        let mut all: Vec<(Ticket, Place)> = Vec::new();
+    /// Every waiting request's ticket at its lane's new position.
+    fn index_tickets(&self) -> HashMap<Ticket, Place, FxBuildHasher> {
+        let mut tickets = HashMap::default();
         for (i, lane) in self.lanes.iter().enumerate() {
             for (slot, w) in lane.queue.places() {
-                all.push((w.ticket, Place::new(i, slot)));
+                tickets.insert(w.ticket, Place::new(i, slot));
             }
-        }
-        all.sort_unstable_by_key(|e| e.0);
-        let mut tickets = TicketMap::new();
-        for (t, place) in all {
-            tickets.insert(t, place);
         }
         tickets
     }
@@ -255,7 +248,7 @@ impl Core {
     /// Gives up a waiting request (its client went away). Returns whether it
     /// was waiting.
     pub fn cancel(&mut self, ticket: Ticket) -> bool {
-        let Some(place) = self.tickets.remove(ticket) else {
+        let Some(place) = self.tickets.remove(&ticket) else {
             return false;
         };
         self.lanes[place.lane as usize]

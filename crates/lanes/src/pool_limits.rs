@@ -164,7 +164,7 @@ impl Core {
         let retry_after = self.pool_wait(Limit::LongContext, li, now);
         let lane = &mut self.lanes[li];
         let w = lane.queue.remove(tenant, key).expect("the front exists");
-        self.tickets.remove(w.ticket);
+        self.tickets.remove(&w.ticket);
         let refusal = Refusal {
             lane: li,
             attempt: w.attempt,

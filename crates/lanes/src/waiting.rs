@@ -54,7 +54,7 @@ impl Core {
             };
             let blocked = lane.tenants.at_max(lane.queue.tenant_name(tenant));
             let w = lane.queue.remove(tenant, key).expect("indexed");
-            self.tickets.remove(w.ticket);
+            self.tickets.remove(&w.ticket);
             let past_deadline = w.first_arrival + deadline - now < svc;
             out.push((
                 w.ticket,
@@ -92,7 +92,7 @@ impl Core {
             *taken += 1;
             lane.bucket.used.add_n(now, sized.tokens);
             self.pool.took(sized.long_context());
-            self.tickets.remove(w.ticket);
+            self.tickets.remove(&w.ticket);
             let pass = Pass {
                 lane: li,
                 attempt: w.attempt,
