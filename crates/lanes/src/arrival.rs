@@ -5,7 +5,7 @@
 
 use crate::charge;
 use crate::charge::{RequestSize, Sized};
-use crate::core::{Core, DEFAULT_TENANT};
+use crate::core::{Core, DEFAULT_TENANT, Place};
 use crate::expected_wait::whole;
 use crate::fair_queue::{Key, TenantId, Waiting};
 use crate::history::history_turns;
@@ -271,8 +271,8 @@ impl Core {
             sized: a.sized,
         };
         let lane = &mut self.lanes[a.lane];
-        let (tenant, key): (_, Key) = lane.queue.push(tenant, waiting, &lane.tenants);
-        self.tickets.insert(ticket, (a.lane, tenant, key));
+        let (_, _, slot) = lane.queue.push(tenant, waiting, &lane.tenants);
+        self.tickets.insert(ticket, Place::new(a.lane, slot));
         ticket
     }
 
@@ -335,7 +335,7 @@ fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, hint: IdHint, no
         Seen::new(c.1, deadline, c.2, c.0 == Attempt::Returning)
     };
     let key = match key {
-        Some(k) => Some(lane.seen.record(k, hint, classify).1),
+        Some(k) => Some(lane.seen.write(k, hint, classify)),
         None => {
             classify(None);
             None

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use rustc_hash::FxBuildHasher;
 
 use crate::config::{GatewayConfig, LaneConfig, Mode};
-use crate::fair_queue::{Key, TenantId};
+use crate::fair_queue::Slot;
 use crate::lane::{Lane, effective_rate};
 use crate::pool_limits::PoolGate;
 use crate::pressure::{Pressure, PressureGauge};
@@ -38,9 +38,10 @@ pub struct Core {
     by_name: HashMap<String, usize, FxBuildHasher>,
     pub(crate) pressure: PressureGauge,
     pub(crate) next_ticket: u64,
-    /// Ticket → (lane, tenant, key) of every waiting request. Tickets are
-    /// the core's own counter (no client chooses one): a cheap hash will do.
-    pub(crate) tickets: HashMap<Ticket, (usize, TenantId, Key), FxBuildHasher>,
+    /// Ticket → (lane, position in its queue) of every waiting request:
+    /// 16 bytes a bucket. Tickets are the core's own counter (no client
+    /// chooses one): a cheap hash will do.
+    pub(crate) tickets: HashMap<Ticket, Place, FxBuildHasher>,
     /// Resolutions produced inside `admit` (a queued request deferred to
     /// make room for an earlier arrival), handed out by the next `poll`.
     pub(crate) pending: Vec<(Ticket, Resolution)>,
@@ -158,11 +159,11 @@ impl Core {
     }
 
     /// Every waiting request's ticket at its lane's new position.
-    fn index_tickets(&self) -> HashMap<Ticket, (usize, TenantId, Key), FxBuildHasher> {
+    fn index_tickets(&self) -> HashMap<Ticket, Place, FxBuildHasher> {
         let mut tickets = HashMap::default();
         for (i, lane) in self.lanes.iter().enumerate() {
-            for (tenant, key, w) in lane.queue.iter() {
-                tickets.insert(w.ticket, (i, tenant, key));
+            for (slot, w) in lane.queue.places() {
+                tickets.insert(w.ticket, Place::new(i, slot));
             }
         }
         tickets
@@ -247,10 +248,13 @@ impl Core {
     /// Gives up a waiting request (its client went away). Returns whether it
     /// was waiting.
     pub fn cancel(&mut self, ticket: Ticket) -> bool {
-        let Some((li, tenant, key)) = self.tickets.remove(&ticket) else {
+        let Some(place) = self.tickets.remove(&ticket) else {
             return false;
         };
-        self.lanes[li].queue.remove(tenant, key).is_some()
+        self.lanes[place.lane as usize]
+            .queue
+            .remove_at(place.slot)
+            .is_some()
     }
 
     /// A passed request went upstream.
@@ -291,6 +295,23 @@ impl Core {
     /// The p95 latency over the last window, as measured.
     pub fn latency_p95(&self, now: f64) -> Option<f64> {
         self.pressure.latency_p95(now)
+    }
+}
+
+/// Where a waiting request is: its lane and its position in the lane's
+/// queue (8 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    lane: u32,
+    slot: Slot,
+}
+
+impl Place {
+    pub(crate) fn new(lane: usize, slot: Slot) -> Place {
+        Place {
+            lane: lane as u32,
+            slot,
+        }
     }
 }
 

@@ -80,8 +80,9 @@ pub(crate) struct Waiting {
 /// A request found by one of the indexes: when, its key, its tenant.
 pub(crate) type Found = (f64, Key, TenantId);
 
-/// A position in the slab.
-type Slot = u32;
+/// A waiting request's position in the slab: its own while it waits (the
+/// core's tickets point here).
+pub(crate) type Slot = u32;
 
 /// A waiting request in the slab, with its key and tenant.
 #[derive(Debug)]
@@ -283,8 +284,13 @@ impl FairQueue {
     }
 
     /// Queues a request of `tenant` (its weight from `gate`); returns its
-    /// tenant's id and its key.
-    pub(crate) fn push(&mut self, tenant: &str, w: Waiting, gate: &TenantGate) -> (TenantId, Key) {
+    /// tenant's id, its key and its position (its own while it waits).
+    pub(crate) fn push(
+        &mut self,
+        tenant: &str,
+        w: Waiting,
+        gate: &TenantGate,
+    ) -> (TenantId, Key, Slot) {
         self.seq += 1;
         let key = (OrdF64(w.first_arrival), self.seq);
         let id = self.intern(tenant, gate);
@@ -315,7 +321,7 @@ impl FairQueue {
                 self.schedule(id, self.virtual_time + step);
             }
         }
-        (id, key)
+        (id, key, slot)
     }
 
     fn intern(&mut self, tenant: &str, gate: &TenantGate) -> TenantId {
@@ -355,6 +361,14 @@ impl FairQueue {
     /// The name of a tenant with requests waiting.
     pub(crate) fn tenant_name(&self, id: TenantId) -> &str {
         &self.tenants[id as usize].name
+    }
+
+    /// Removes the waiting request at `slot` (as [`FairQueue::push`] gave
+    /// it), keeping the indexes; None when no request is there.
+    pub(crate) fn remove_at(&mut self, slot: Slot) -> Option<Waiting> {
+        let e = self.slab.entries.get(slot as usize)?.as_ref()?;
+        let (tenant, key) = (e.tenant, e.key);
+        self.remove(tenant, key)
     }
 
     /// Removes one waiting request by tenant and key, keeping the indexes.
@@ -539,12 +553,22 @@ impl FairQueue {
         all
     }
 
-    /// Every waiting request with its tenant id and key (for re-indexing
-    /// tickets after a config swap), earliest first arrival first.
+    /// Every waiting request with its tenant id and key, earliest first
+    /// arrival first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (TenantId, Key, &Waiting)> {
         self.sorted()
             .into_iter()
             .map(|(k, t, s)| (t, k, &self.slab.get(s).w))
+    }
+
+    /// Every waiting request with its position (for re-indexing tickets
+    /// after a config swap), in no particular order.
+    pub(crate) fn places(&self) -> impl Iterator<Item = (Slot, &Waiting)> {
+        self.slab
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(s, e)| Some((s as Slot, &e.as_ref()?.w)))
     }
 
     /// Takes every waiting request out (parked tenants' too), earliest
@@ -698,9 +722,9 @@ mod tests {
     fn an_emptied_tenant_gives_its_id_back() {
         let mut q = FairQueue::default();
         let mut g = gate(&[]);
-        let (a, ka) = q.push("a", waiting(1, 0.0), &g);
+        let (a, ka, _) = q.push("a", waiting(1, 0.0), &g);
         assert!(q.remove(a, ka).is_some());
-        let (b, _) = q.push("b", waiting(2, 1.0), &g);
+        let (b, _, _) = q.push("b", waiting(2, 1.0), &g);
         assert_eq!(a, b, "the id is reused");
         assert_eq!(q.tenants.len(), 1);
         assert_eq!(q.ids.len(), 1);
@@ -734,6 +758,9 @@ mod tests {
         virtual_time: f64,
         seq: u64,
         generation: u64,
+        /// Where the queue put each key (the test's bookkeeping, to remove
+        /// by position): not part of the model's answers.
+        slots: BTreeMap<Key, Slot>,
     }
 
     impl Model {
@@ -852,20 +879,28 @@ mod tests {
         };
         match kind {
             0 => {
-                let (_, key) = q.push(NAMES[t], w, g);
+                let (_, key, slot) = q.push(NAMES[t], w, g);
+                m.slots.insert(key, slot);
                 assert_eq!(key, m.push(t, fa, queued_at, cost, ticket));
             }
+            // By tenant and key, or by position (as the core's tickets do).
             1 if !m.live.is_empty() => {
                 let (mt, key, ..) = m.live[pick % m.live.len()];
                 let id = q.ids[NAMES[mt]];
-                assert_eq!(q.remove(id, key).map(|w| w.ticket.0), m.remove(key));
+                let removed = if pick % 2 == 0 {
+                    q.remove_at(m.slots[&key])
+                } else {
+                    q.remove(id, key)
+                };
+                assert_eq!(removed.map(|w| w.ticket.0), m.remove(key));
             }
             2 => assert_eq!(pop(q, g).map(|w| w.ticket.0), m.pop()),
             _ => {
                 if let Some((_, key, id)) = q.newest() {
                     assert_eq!(q.remove(id, key).map(|w| w.ticket.0), m.remove(key));
                 }
-                let (_, key) = q.push(NAMES[t], w, g);
+                let (_, key, slot) = q.push(NAMES[t], w, g);
+                m.slots.insert(key, slot);
                 assert_eq!(key, m.push(t, fa, queued_at, cost, ticket));
             }
         }

@@ -136,7 +136,7 @@ impl Core {
         let lane = &mut self.lanes[li];
         let key = lane.seen.key(id);
         let deadline = lane.cfg.deadline_seconds as f64;
-        lane.seen.record(key, IdHint::NONE, |seen| match seen {
+        lane.seen.write(key, IdHint::NONE, |seen| match seen {
             Some(s) if s.deferred => *s,
             Some(s) => Seen::new(
                 s.first_arrival.min(first_arrival),
