@@ -119,6 +119,13 @@ impl hyper::body::Body for Stream {
             }
             Relay::Open => {}
         }
+        // The deadline first: an upstream whose chunks are always ready
+        // would otherwise never let it be seen.
+        if let Some(until) = s.until.as_mut()
+            && until.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(s.cut(Cut::Deadline));
+        }
         loop {
             match Pin::new(&mut s.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
@@ -135,12 +142,8 @@ impl hyper::body::Body for Stream {
                     return Poll::Ready(s.d.tap_end().map(|rest| Ok(Frame::data(rest))));
                 }
                 Poll::Ready(Some(Err(_))) => return Poll::Ready(s.cut(Cut::UpstreamError)),
-                Poll::Pending => break,
+                Poll::Pending => return Poll::Pending,
             }
-        }
-        match s.until.as_mut().map(|u| u.as_mut().poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(s.cut(Cut::Deadline)),
-            _ => Poll::Pending,
         }
     }
 }

@@ -806,6 +806,59 @@ async fn a_stream_cut_by_its_deadline_ends_with_an_error_event_and_an_aborted_bo
 }
 
 #[tokio::test]
+async fn a_stream_whose_chunks_never_stop_coming_is_still_cut_at_its_deadline() {
+    // The fake model streams as fast as it can, far longer than the lane's
+    // deadline of 1 s: the gateway must not keep relaying past it because
+    // a chunk is always ready.
+    let mut cfg = inc47();
+    let p1 = lane_mut(&mut cfg, "p1-agent-assist");
+    p1["deadlineSeconds"] = json!(1);
+    p1["expectedServiceSeconds"] = Value::Null;
+    let endless = [
+        "--service-millis",
+        "0",
+        "--token-millis",
+        "0",
+        "--completion-tokens",
+        "100000000",
+    ];
+    let Up {
+        m: _m,
+        gw,
+        path: _path,
+        c,
+    } = up("cut-endless", &cfg, &endless, &[]).await;
+    let started = Instant::now();
+    let mut r = stream(&c, &gw, "p1-agent-assist").await;
+    assert_eq!(r.status(), 200);
+    let (mut bytes, mut tail) = (0usize, String::new());
+    let read = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match r.chunk().await {
+                Ok(Some(b)) => {
+                    bytes += b.len();
+                    tail = String::from_utf8_lossy(&b).into_owned();
+                }
+                Ok(None) => break "a clean end",
+                Err(_) => break "an aborted body",
+            }
+        }
+    })
+    .await;
+    let end = read
+        .unwrap_or_else(|_| panic!("still streaming 30 s after a 1 s deadline ({bytes} bytes)"));
+    assert_eq!(end, "an aborted body");
+    assert!(tail.contains(r#""code":"deadline""#), "{tail}");
+    // The issue's bound with margin: cut at the deadline, not at the end
+    // of the answer.
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn a_body_over_the_limit_is_refused() {
     let Up {
         m,
