@@ -763,12 +763,19 @@ async fn spoofed_control_headers_and_credentials_stop_at_the_gateway_and_only_th
     assert_eq!(after["chatRequests"], before["chatRequests"]);
 }
 
-#[tokio::test]
-async fn a_stream_cut_by_its_deadline_ends_with_an_error_event_and_an_aborted_body() {
+/// INC-47 with P1's deadline at 1 s (and no expected service time to
+/// refuse it beforehand).
+fn p1_with_a_one_second_deadline() -> Value {
     let mut cfg = inc47();
     let p1 = lane_mut(&mut cfg, "p1-agent-assist");
     p1["deadlineSeconds"] = json!(1);
     p1["expectedServiceSeconds"] = Value::Null;
+    cfg
+}
+
+#[tokio::test]
+async fn a_stream_cut_by_its_deadline_ends_with_an_error_event_and_an_aborted_body() {
+    let cfg = p1_with_a_one_second_deadline();
     let Up {
         m: _m,
         gw,
@@ -810,10 +817,7 @@ async fn a_stream_whose_chunks_never_stop_coming_is_still_cut_at_its_deadline() 
     // The fake model streams as fast as it can, far longer than the lane's
     // deadline of 1 s: the gateway must not keep relaying past it because
     // a chunk is always ready.
-    let mut cfg = inc47();
-    let p1 = lane_mut(&mut cfg, "p1-agent-assist");
-    p1["deadlineSeconds"] = json!(1);
-    p1["expectedServiceSeconds"] = Value::Null;
+    let cfg = p1_with_a_one_second_deadline();
     let endless = [
         "--service-millis",
         "0",
