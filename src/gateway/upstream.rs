@@ -248,7 +248,11 @@ pub(super) struct Outgoing<'a> {
 /// route is the first of the lane's whose breaker and pace let it through
 /// (else an approved fallback the config allows, else the answer says when
 /// the route may be tried again).
-pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispatch) -> Response {
+pub(super) async fn forward(
+    upstream: &Upstream,
+    mut out: Outgoing<'_>,
+    mut d: Dispatch,
+) -> Response {
     let lane = out.lane;
     if d.routes.is_empty() {
         return respond::no_route(lane);
@@ -269,7 +273,6 @@ pub(super) async fn forward(upstream: &Upstream, out: Outgoing<'_>, mut d: Dispa
         return respond::unknown_route(lane, &route);
     };
     let (body, trimmed) = trimmed(&out.parts, out.body.clone(), d.history_turns);
-    let mut out = out;
     let mut req = match upstream_request(upstream, base, &mut out, body, &d) {
         Ok(r) => r,
         Err(e) => return respond::bad_route(lane, &route, &e),

@@ -70,17 +70,27 @@ fn only_lanes_with_an_objective_get_rules_each_with_its_labels() {
     assert!(text.contains("[7d]"));
 }
 
-#[test]
-fn the_selector_is_added_to_every_gateway_series() {
+/// `lanekeeper rules -f DIR --selector job="lanekeeper-gateway"`, which
+/// must succeed: its output.
+fn rules_for_one_job(dir: &str) -> String {
     let out = lanekeeper(&[
         "rules",
         "-f",
-        "examples/objectives",
+        dir,
         "--selector",
         "job=\"lanekeeper-gateway\"",
     ]);
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_selector_is_added_to_every_gateway_series() {
+    let text = rules_for_one_job("examples/objectives");
     let gateway_series = text.matches("lanekeeper_gateway_").count();
     assert!(gateway_series > 0);
     assert_eq!(
@@ -218,15 +228,7 @@ fn a_lane_without_a_cost_gets_no_token_rules_and_the_selector_reaches_them() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no lane has an objective or a cost"));
     std::fs::remove_dir_all(&dir).unwrap();
 
-    let out = lanekeeper(&[
-        "rules",
-        "-f",
-        "examples/inc-47-tokens",
-        "--selector",
-        "job=\"lanekeeper-gateway\"",
-    ]);
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = rules_for_one_job("examples/inc-47-tokens");
     let gateway_series = text.matches("lanekeeper_gateway_").count();
     assert_eq!(gateway_series, 6, "{text}");
     assert_eq!(
