@@ -231,6 +231,7 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
             .as_ref()
             .map(|f| f.value())
             .filter(|f| *f > 0.0 && !paused),
+        ceiling_units_per_second: spec.ceiling_units_per_second.as_ref().map(|c| c.value()),
         expected_service_seconds: spec.expected_service_seconds.as_ref().map(|s| s.value()),
         spare_capacity: matches!(d.state, LaneState::Admitted | LaneState::Throttled),
         clients: clients(contract),

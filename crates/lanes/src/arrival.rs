@@ -107,10 +107,13 @@ impl Core {
         }
         let lane = &mut self.lanes[a.lane];
         if !(charge::take(&mut lane.bucket, a.sized.tokens)
-            || lane.draws_on_spare() && self.spare.take(now, a.sized.units))
+            || lane.draws_on_spare()
+                && lane.below_ceiling(a.sized.units, now)
+                && self.spare.take(now, a.sized.units))
         {
             return None;
         }
+        lane.passed(a.sized.units, now);
         lane.bucket.used.add_n(now, a.sized.tokens);
         self.pool.took(a.sized.long_context());
         Some(Pass {

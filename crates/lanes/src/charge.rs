@@ -236,6 +236,9 @@ impl Core {
         if let (true, Some(cost), Some(u)) = (charge.priced, lane.cfg.cost.as_ref(), usage) {
             charged = cost.of(u.prompt_tokens, u.completion_tokens);
             lane.refill(now, rate);
+            if let Some(c) = lane.ceiling.as_mut() {
+                c.settle(charge.units - charged, now);
+            }
             let delta = (charge.units - charged) / lane.cfg.work_units_per_request;
             let b = &mut lane.bucket;
             let mut next = b.tokens + delta;

@@ -221,6 +221,10 @@ pub struct LaneConfig {
     /// gateway even when the admitted rate is lower (absent: no floor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor_units_per_second: Option<f64>,
+    /// The contract's ceiling in work units/s: the most the lane passes,
+    /// also when it draws on spare capacity (absent: no ceiling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling_units_per_second: Option<f64>,
     /// The contract's expected service time in seconds: a request whose
     /// wait plus this would pass its deadline is refused at once (absent: 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -323,6 +323,9 @@ fn carry_lane(mut old: Lane, new: &mut Lane, now: f64) {
     new.bucket.used = std::mem::take(&mut old.bucket.used);
     new.bucket.demand = std::mem::take(&mut old.bucket.demand);
     new.bucket.last_refill = now;
+    if let (Some(old), Some(c)) = (&old.ceiling, &mut new.ceiling) {
+        c.carry(old, now);
+    }
     new.queue = std::mem::take(&mut old.queue);
     new.tenants.carry(&mut old.tenants);
     new.queue.reweigh(&new.tenants);

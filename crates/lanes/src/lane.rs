@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::bucket::{Bucket, Grant};
+use crate::ceiling::Ceiling;
 use crate::config::{LaneConfig, LaneState};
 use crate::expected_wait::{LaneWait, retry_after_seconds};
 use crate::fair_queue::FairQueue;
@@ -20,6 +21,9 @@ pub(crate) struct Lane {
     /// flight).
     pub(crate) name: Arc<str>,
     pub(crate) bucket: Bucket,
+    /// What holds its draws on spare capacity to its ceiling (None: no
+    /// ceiling).
+    pub(crate) ceiling: Option<Ceiling>,
     /// Most waiting requests (the replica's share of `queue.maxDepth`).
     pub(crate) max_depth: usize,
     pub(crate) queue: FairQueue,
@@ -41,6 +45,12 @@ impl Lane {
         Lane {
             name: Arc::from(cfg.name.as_str()),
             bucket: Bucket::new(&cfg, paused, share, now),
+            ceiling: Ceiling::new(
+                cfg.ceiling_units_per_second,
+                cfg.work_units_per_request,
+                share,
+                now,
+            ),
             max_depth: (cfg.queue.max_depth as f64 * share).ceil() as usize,
             queue: FairQueue::default(),
             seen: Remembered::default(),
@@ -107,6 +117,19 @@ impl Lane {
     /// May draw on the pool's spare capacity once its own bucket is empty.
     pub(crate) fn draws_on_spare(&self) -> bool {
         self.cfg.spare_capacity && !self.bucket.paused
+    }
+
+    /// Its ceiling leaves room for a draw of `units` on spare capacity
+    /// (always, without a ceiling).
+    pub(crate) fn below_ceiling(&mut self, units: f64, now: f64) -> bool {
+        self.ceiling.as_mut().is_none_or(|c| c.holds(units, now))
+    }
+
+    /// A request of `units` passed, from its own bucket or spare capacity.
+    pub(crate) fn passed(&mut self, units: f64, now: f64) {
+        if let Some(c) = self.ceiling.as_mut() {
+            c.charge(units, now);
+        }
     }
 
     /// Admitted less than its floor over the last second (as of the last

@@ -57,6 +57,7 @@
 mod arrival;
 pub mod breaker;
 mod bucket;
+mod ceiling;
 mod charge;
 pub mod clients;
 pub mod config;

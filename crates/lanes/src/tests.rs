@@ -37,6 +37,7 @@ pub(crate) fn lane(name: &str, rps: f64, burst: u64) -> LaneConfig {
         optional_context: None,
         borrowing: vec![],
         floor_units_per_second: None,
+        ceiling_units_per_second: None,
         expected_service_seconds: None,
         spare_capacity: false,
         clients: Vec::new(),
@@ -737,6 +738,85 @@ fn spare_capacity_goes_to_lanes_that_may_use_it_in_priority_order() {
     // Rates plus each bucket's one-second burst (the spare's is 65).
     assert!((745..=830).contains(&passed[0]), "a passed {}", passed[0]);
     assert!((199..=222).contains(&passed[1]), "b passed {}", passed[1]);
+}
+
+/// Passes of each lane over `seconds` of steady overload (every lane
+/// offered 200 requests/s, polled as often), and the passes of the last
+/// `tail` seconds.
+fn overload(c: &mut Core, names: &[&str], seconds: f64, tail: f64) -> (Vec<usize>, Vec<usize>) {
+    let (mut all, mut late) = (vec![0; names.len()], vec![0; names.len()]);
+    let mut t = 0.0;
+    while t < seconds {
+        let mut count = |li: usize| {
+            all[li] += 1;
+            if t >= seconds - tail {
+                late[li] += 1;
+            }
+        };
+        for (i, name) in names.iter().enumerate() {
+            if matches!(c.admit(&req(name), t), Verdict::Pass(_)) {
+                count(i);
+            }
+        }
+        for (_, r) in c.poll(t) {
+            if let Resolution::Pass(p) = r {
+                count(p.lane);
+            }
+        }
+        t += 0.005;
+    }
+    (all, late)
+}
+
+#[test]
+fn spare_capacity_never_takes_a_lane_past_its_ceiling() {
+    // 65 units/s spare, as above; a's ceiling is 30 units/s (its own rate
+    // 10): spare may add 20/s and no more.
+    let mut a = lane("a", 10.0, 1);
+    a.spare_capacity = true;
+    a.queue.max_depth = 1000;
+    a.ceiling_units_per_second = Some(30.0);
+    let mut c = core(vec![a.clone()]);
+    let (all, late) = overload(&mut c, &["a"], 10.0, 5.0);
+    // The ceiling over 10 s, plus its one second deep meter at the start.
+    assert!((295..=331).contains(&all[0]), "a passed {}", all[0]);
+    assert!((145..=151).contains(&late[0]), "the last 5 s: {}", late[0]);
+    // What the meter holds, a new config keeps: a raised ceiling does not
+    // hand the lane a fresh second of it.
+    let mut raised = a.clone();
+    raised.ceiling_units_per_second = Some(60.0);
+    c.swap(config(vec![raised]), 1.0, 10.0, 0.0).unwrap();
+    let at_once = c
+        .poll(10.0)
+        .into_iter()
+        .filter(|(_, r)| matches!(r, Resolution::Pass(_)))
+        .count();
+    assert!(
+        at_once <= 1,
+        "{at_once} of its queue passed at once after the swap"
+    );
+    // Without the ceiling the same lane takes its rate plus the spare.
+    a.ceiling_units_per_second = None;
+    let (all, _) = overload(&mut core(vec![a]), &["a"], 10.0, 5.0);
+    assert!(all[0] > 700, "without a ceiling: {}", all[0]);
+}
+
+#[test]
+fn a_lane_held_at_its_ceiling_wakes_when_the_ceiling_refills() {
+    let mut a = lane("a", 1.0, 1);
+    a.spare_capacity = true;
+    a.queue.max_depth = 10;
+    a.queue.ttl_seconds = 60;
+    a.ceiling_units_per_second = Some(2.0);
+    let mut c = core(vec![a]);
+    // Its own token and its ceiling's two units: two pass, the third
+    // waits for the ceiling (spare alone would let it go at once).
+    let passed = (0..3)
+        .filter(|_| matches!(c.admit(&req("a"), 0.0), Verdict::Pass(_)))
+        .count();
+    assert_eq!(passed, 2);
+    let wake = c.next_wake(0.0).expect("a request waits");
+    assert!((wake - 0.5).abs() < 1e-6, "woken at {wake}");
 }
 
 #[test]

@@ -151,6 +151,9 @@ fn check_numbers(l: &LaneConfig) -> Result<(), ConfigError> {
     if let Some(f) = l.floor_units_per_second {
         non_negative("floorUnitsPerSecond", f)?;
     }
+    if let Some(c) = l.ceiling_units_per_second {
+        non_negative("ceilingUnitsPerSecond", c)?;
+    }
     if let Some(s) = l.expected_service_seconds {
         non_negative("expectedServiceSeconds", s)?;
     }

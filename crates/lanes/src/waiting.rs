@@ -82,10 +82,13 @@ impl Core {
             }
             let lane = &mut self.lanes[li];
             if !(charge::take(&mut lane.bucket, sized.tokens)
-                || lane.draws_on_spare() && self.spare.take(now, sized.units))
+                || lane.draws_on_spare()
+                    && lane.below_ceiling(sized.units, now)
+                    && self.spare.take(now, sized.units))
             {
                 return;
             }
+            lane.passed(sized.units, now);
             let Some((w, tenant_slot)) = lane.queue.pop_ready(&mut lane.tenants) else {
                 return;
             };
@@ -143,7 +146,11 @@ impl Core {
             .then(|| now + ((need - lane.bucket.tokens_at(now, rate)).max(0.0) / rate));
         let spare = if ready && lane.draws_on_spare() {
             let units = next.map_or(lane.cfg.work_units_per_request, |s| s.units);
-            self.spare.ready_at(now, units)
+            let spare = self.spare.ready_at(now, units);
+            match &lane.ceiling {
+                None => spare,
+                Some(c) => spare.zip(c.ready_at(units, now)).map(|(s, c)| s.max(c)),
+            }
         } else {
             None
         };
