@@ -30,6 +30,17 @@ pub struct SimReport {
     pub warnings: Vec<String>,
 }
 
+impl SimReport {
+    /// The lane named `name` (the first, in profile order, when two
+    /// profiles have one), None when no profile has it.
+    pub fn lane(&self, name: &str) -> Option<&LaneReport> {
+        self.profiles
+            .iter()
+            .flat_map(|p| &p.lanes)
+            .find(|l| l.name == name)
+    }
+}
+
 /// One profile.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -1,41 +1,17 @@
 //! `lanekeeper calibration-hash` end to end, and `plan` on
 //! examples/calibration (rules 9 and 10 of issue 12).
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::cli::{lanekeeper as run, lanekeeper_with_stdin, root, stdout_of as stdout};
+use std::process::Output;
 
+/// `lanekeeper ARGS`, with `stdin` on its standard input when given.
 fn lanekeeper(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(args)
-        .current_dir(root())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("runs lanekeeper");
-    {
-        let mut input = child.stdin.take().unwrap();
-        if let Some(text) = stdin {
-            input.write_all(text.as_bytes()).unwrap();
-        }
+    match stdin {
+        Some(text) => lanekeeper_with_stdin(args, text),
+        None => run(args),
     }
-    child.wait_with_output().unwrap()
-}
-
-fn stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 const DEPLOYMENT: &str = "examples/calibration/deployment.yaml";

@@ -68,21 +68,11 @@ fn example_manifests_carry_the_inc47_objects() {
 #[test]
 fn the_example_calibration_hashes_the_shipped_deployment() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args([
-            "calibration-hash",
-            "-f",
-            "manifests/examples/vllm-agent-assist.yaml",
-        ])
-        .current_dir(root)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let hash = String::from_utf8(out.stdout).unwrap();
+    let hash = crate::cli::lanekeeper_ok([
+        "calibration-hash",
+        "-f",
+        "manifests/examples/vllm-agent-assist.yaml",
+    ]);
     let hash = hash.trim();
     assert!(hash.starts_with("sha256:") && hash.len() == 71, "{hash}");
     let example = std::fs::read_to_string(root.join("examples/inc-47/inc-47.yaml")).unwrap();

@@ -5,12 +5,9 @@
 //! `LANEKEEPER_LOG_FORMAT=json`) makes every log line a JSON object.
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::cli::root;
 
 /// Runs lanekeeper with a stdout whose read end is closed before it starts,
 /// so its first write fails with EPIPE whatever the output's size.

@@ -62,12 +62,7 @@ fn reference_documents_every_schema_field() {
 /// variable) has a row in docs/gateway.md's table of flags.
 #[test]
 fn every_gateway_flag_is_documented() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(["gateway", "--help"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let help = String::from_utf8(out.stdout).unwrap();
+    let help = crate::cli::lanekeeper_ok(["gateway", "--help"]);
     let docs = read("docs/gateway.md");
     let mut flags = 0;
     for line in help.lines().map(str::trim_start) {

@@ -113,7 +113,6 @@ fn resume_at_or_above_conserve_is_a_warning() {
 /// the 1,206 a full pool of 560 units/s holds at the expected demand.
 #[test]
 fn plan_warns_in_text_and_json() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::temp_dir().join(format!("lanekeeper-in-flight-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let from = "inFlight: {conserveAt: 1350, stopAt: 1500, resumeBelow: 1200}";
@@ -128,13 +127,7 @@ fn plan_warns_in_text_and_json() {
     )
     .unwrap();
     let plan = |output: &str| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-            .current_dir(root)
-            .args(["plan", "-f", low.to_str().unwrap(), "-o", output])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap()
+        crate::cli::lanekeeper_ok(["plan", "-f", low.to_str().unwrap(), "-o", output])
     };
     let want = "StopAtBelowFullPool: inFlight.stopAt 1000 is below the 1200 requests a full pool holds in flight";
     let text = plan("table");

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-pub(crate) fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+pub(crate) use crate::cli::root;
 
 /// A child process killed when dropped, with the address it printed.
 pub(crate) struct Proc {

@@ -3,7 +3,6 @@
 //! `policy::gateway_config::build` produces today.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 
 use lanekeeper::policy::gateway_config;
 use lanekeeper::policy::{self, Binding, ProfileState, World};
@@ -15,9 +14,7 @@ const PROFILE: &str = "ai-platform/agent-assist";
 /// The fixed clock of the example (2026-08-01T00:00:00Z).
 const NOW: i64 = 1_785_542_400;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::cli::root;
 
 /// The INC-47 objects, each at generation 1 as on a cluster after `kubectl
 /// apply`.

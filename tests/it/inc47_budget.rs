@@ -8,37 +8,17 @@
 //! `UPDATE_GOLDEN=1` regenerates it), and the figures quoted in
 //! docs/concepts.md and examples/inc-47/README.md are checked against it.
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use lanekeeper::plan;
 use lanekeeper::policy::{Approvals, World};
 use lanekeeper::snapshot::{BurnRates, SignalsFile};
 use serde_json::Value;
 
+use crate::cli::{lanekeeper_ok as run, root};
 use crate::objectives_plan::lane;
 
 const MANIFESTS: &str = "examples/inc-47-budget/inc-47-budget.yaml";
 const SIGNALS: &str = "examples/inc-47-budget/signals.yaml";
 const P0: &str = "p0-disruption-assist";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn run(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("runs lanekeeper");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn plan_text() -> String {
     run(&["plan", "-f", MANIFESTS, "--signals", SIGNALS])

@@ -17,6 +17,7 @@ mod apiserver_double;
 mod architecture;
 mod calibration_cli;
 mod chart;
+mod cli;
 mod cli_output;
 mod controller;
 mod controller_approval;

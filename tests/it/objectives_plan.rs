@@ -5,35 +5,24 @@
 //! (tests/golden/objectives-plan.json; `UPDATE_GOLDEN=1` regenerates it),
 //! which docs/concepts.md quotes.
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+use crate::cli::{lanekeeper_ok, root};
+
+/// `plan` of examples/objectives with its signals, and `EXTRA` arguments.
+fn plan(extra: &[&str]) -> String {
+    let args = [
+        "plan",
+        "-f",
+        "examples/objectives/manifests.yaml",
+        "--signals",
+        "examples/objectives/signals.yaml",
+    ];
+    lanekeeper_ok(args.iter().chain(extra))
 }
 
 fn plan_json() -> (String, Value) {
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args([
-            "plan",
-            "-f",
-            "examples/objectives/manifests.yaml",
-            "--signals",
-            "examples/objectives/signals.yaml",
-            "-o",
-            "json",
-        ])
-        .current_dir(root())
-        .output()
-        .expect("runs lanekeeper");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = plan(&["-o", "json"]);
     let v = serde_json::from_str(&text).unwrap();
     (text, v)
 }
@@ -204,18 +193,7 @@ fn the_plan_sums_up_each_objective_over_the_timeline() {
 
 #[test]
 fn the_table_ends_with_each_objective() {
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args([
-            "plan",
-            "-f",
-            "examples/objectives/manifests.yaml",
-            "--signals",
-            "examples/objectives/signals.yaml",
-        ])
-        .current_dir(root())
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = plan(&[]);
     let tail: String = text
         .lines()
         .filter(|l| l.starts_with("objective "))

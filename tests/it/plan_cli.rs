@@ -5,29 +5,14 @@
 //! them with `UPDATE_GOLDEN=1 cargo test --test it -- plan_cli::` and review the diff.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn lanekeeper(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("runs lanekeeper")
-}
+use crate::cli::{lanekeeper, root, stdout_of};
 
 fn json_of(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("plan -o json prints JSON")
+    serde_json::from_str(&stdout_of(out)).expect("plan -o json prints JSON")
 }
 
 /// Goldens are rewritten only when `UPDATE_GOLDEN` is exactly `1`

@@ -5,9 +5,10 @@
 //! all (`.nan`: Unknown, no warning).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use serde_json::Value;
+
+use crate::cli::{lanekeeper_ok, root};
 
 const SIGNALS: &str = "steps:
 - at: 0
@@ -23,10 +24,9 @@ const SIGNALS: &str = "steps:
 
 /// The INC-47 manifests with P2 priced, and the signals, in a fresh dir.
 fn inputs() -> (PathBuf, PathBuf) {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::temp_dir().join(format!("lanekeeper-plan-cost-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let text = std::fs::read_to_string(root.join("examples/inc-47/inc-47.yaml")).unwrap();
+    let text = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
     let wpr = "  workUnitsPerRequest: \"0.70\"\n";
     assert_eq!(text.matches(wpr).count(), 1, "P2's line");
     let priced = text.replace(
@@ -49,16 +49,7 @@ fn plan(extra: &[&str]) -> String {
         signals.display().to_string(),
     ];
     args.extend(extra.iter().map(|s| (*s).to_owned()));
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(&args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    lanekeeper_ok(&args)
 }
 
 #[test]

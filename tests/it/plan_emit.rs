@@ -3,42 +3,31 @@
 //! the controller's ConfigMap is shown in `src/plan/gateway_configs.rs`),
 //! and a gateway that runs on the emitted file.
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use serde_json::Value;
 
+use crate::cli::lanekeeper_ok;
 use crate::gateway::{client, gateway_to, model, ready, status_of};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_emitted_config_is_canonical_and_a_gateway_runs_on_it() {
     let dir = std::env::temp_dir().join(format!("lanekeeper-emit-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args([
+    let emit = |to: &std::path::Path, json: bool| {
+        let mut args = vec![
             "plan",
             "-f",
             "examples/inc-47/inc-47.yaml",
             "--signals",
             "examples/inc-47/signals.yaml",
-            "-o",
-            "json",
             "--emit-gateway-config",
-        ])
-        .arg(&dir)
-        .current_dir(root())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+            to.to_str().unwrap(),
+        ];
+        if json {
+            args.extend(["-o", "json"]);
+        }
+        lanekeeper_ok(args)
+    };
+    let plan: Value = serde_json::from_str(&emit(&dir, true)).unwrap();
     let path = dir.join("ai-platform/agent-assist-lanes/lanes.json");
     let text = std::fs::read_to_string(&path).unwrap();
     let cfg = lanes::GatewayConfig::from_json(text.as_bytes()).unwrap();
@@ -51,20 +40,7 @@ async fn the_emitted_config_is_canonical_and_a_gateway_runs_on_it() {
     );
     assert_eq!(cfg.profile, "ai-platform/agent-assist");
     // The same plan emits the same bytes.
-    let again = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args([
-            "plan",
-            "-f",
-            "examples/inc-47/inc-47.yaml",
-            "--signals",
-            "examples/inc-47/signals.yaml",
-            "--emit-gateway-config",
-        ])
-        .arg(dir.join("again"))
-        .current_dir(root())
-        .output()
-        .unwrap();
-    assert!(again.status.success());
+    emit(&dir.join("again"), false);
     assert_eq!(
         std::fs::read_to_string(dir.join("again/ai-platform/agent-assist-lanes/lanes.json"))
             .unwrap(),

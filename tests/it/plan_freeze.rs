@@ -4,24 +4,12 @@
 //! for a profile none of whose lanes has an objective; in the table as one
 //! `freeze <before> -> <after>` line where the state changes.
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use serde_json::{Value, json};
 
+use crate::cli::lanekeeper_ok;
+
 fn plan(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .arg("plan")
-        .args(args)
-        .current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("runs lanekeeper");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    lanekeeper_ok(std::iter::once("plan").chain(args.iter().copied()))
 }
 
 const OBJECTIVES: [&str; 4] = [
@@ -115,9 +103,7 @@ fn the_table_prints_a_line_where_the_freeze_changes() {
     assert_eq!(at("freeze Open -> Rollouts"), "0s");
     assert_eq!(at("freeze Rollouts -> Everything"), "420s");
     // docs/concepts.md quotes them.
-    let concepts =
-        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/concepts.md"))
-            .unwrap();
+    let concepts = std::fs::read_to_string(crate::cli::root().join("docs/concepts.md")).unwrap();
     for l in lines {
         assert!(
             concepts.contains(&format!("           {l}\n")),

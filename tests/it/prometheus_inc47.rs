@@ -3,7 +3,6 @@
 
 use crate::prometheus_support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use lanekeeper::plan;
@@ -16,9 +15,7 @@ use prometheus_support::{Prom, minute_now, series_of};
 /// (2026-07-21T09:00:00Z).
 const EXAMPLE_BASE: i64 = 1_784_624_400;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::cli::root;
 
 fn signals() -> SignalsFile {
     let text = std::fs::read_to_string(root().join("examples/inc-47/signals.yaml")).unwrap();
@@ -200,27 +197,23 @@ async fn plan_cli_on_the_shipped_example_uses_the_conventional_recording_rules()
         return;
     };
     let end = base + sig.steps.last().unwrap().at;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .current_dir(root())
-        .args(["plan", "-f", "examples/inc-47", "--prometheus", &prom.url()])
-        .args([
-            "--from",
-            &base.to_string(),
-            "--to",
-            &end.to_string(),
-            "--step",
-            "60s",
-            "-o",
-            "json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let live: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (url, from, to) = (prom.url(), base.to_string(), end.to_string());
+    let live = crate::cli::lanekeeper_ok([
+        "plan",
+        "-f",
+        "examples/inc-47",
+        "--prometheus",
+        &url,
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--step",
+        "60s",
+        "-o",
+        "json",
+    ]);
+    let live: serde_json::Value = serde_json::from_str(&live).unwrap();
     let shipped = lanekeeper::manifest::load(&[root().join("examples/inc-47/inc-47.yaml")])
         .unwrap()
         .world;

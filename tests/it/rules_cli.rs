@@ -5,41 +5,22 @@
 //!
 //! Regenerate with `cargo run -q -- rules -f examples/objectives/manifests.yaml > examples/objectives/rules.yaml`.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn lanekeeper(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("runs lanekeeper")
-}
+use crate::cli::{lanekeeper, lanekeeper_ok, root};
 
 #[test]
 fn the_committed_rule_file_is_the_commands_output() {
-    let out = lanekeeper(&["rules", "-f", "examples/objectives/manifests.yaml"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = lanekeeper_ok(["rules", "-f", "examples/objectives/manifests.yaml"]);
     let committed = std::fs::read_to_string(root().join("examples/objectives/rules.yaml")).unwrap();
     assert!(
-        String::from_utf8_lossy(&out.stdout) == committed,
+        out == committed,
         "examples/objectives/rules.yaml is out of date: regenerate it (see this file's header)"
     );
 }
 
 #[test]
 fn only_lanes_with_an_objective_get_rules_each_with_its_labels() {
-    let out = lanekeeper(&["rules", "-f", "examples/objectives"]);
-    assert!(out.status.success());
-    let doc: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    let text = lanekeeper_ok(["rules", "-f", "examples/objectives"]);
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
     let groups = doc["groups"].as_sequence().unwrap();
     let names: Vec<&str> = groups.iter().map(|g| g["name"].as_str().unwrap()).collect();
     assert_eq!(
@@ -65,7 +46,6 @@ fn only_lanes_with_an_objective_get_rules_each_with_its_labels() {
         }
     }
     // The 99.95 % lane's budget is 0.05 %; the 7d window of tier 2 is used.
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(") / 0.0005\n"), "{text}");
     assert!(text.contains("[7d]"));
 }
@@ -73,19 +53,13 @@ fn only_lanes_with_an_objective_get_rules_each_with_its_labels() {
 /// `lanekeeper rules -f DIR --selector job="lanekeeper-gateway"`, which
 /// must succeed: its output.
 fn rules_for_one_job(dir: &str) -> String {
-    let out = lanekeeper(&[
+    lanekeeper_ok([
         "rules",
         "-f",
         dir,
         "--selector",
         "job=\"lanekeeper-gateway\"",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    ])
 }
 
 #[test]

@@ -28,17 +28,7 @@ spec:
 pub(crate) fn generated_rules(dir: &Path, manifests: &str) -> String {
     let path = dir.join("manifests.yaml");
     std::fs::write(&path, manifests).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(["rules", "-f"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rules = String::from_utf8(out.stdout).unwrap();
+    let rules = crate::cli::lanekeeper_ok(["rules".as_ref(), "-f".as_ref(), path.as_os_str()]);
     std::fs::write(dir.join("rules.yaml"), &rules).unwrap();
     rules
 }

@@ -1,19 +1,8 @@
 //! `lanekeeper simulate` and `lanekeeper diff` from the command line.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn lanekeeper(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .unwrap()
-}
+use crate::cli::{lanekeeper, root, stdout_of};
 
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("lanekeeper-sim-cli-{}-{name}", std::process::id()));
@@ -43,8 +32,7 @@ fn simulate_prints_the_table_json_and_a_chart_reproducibly() {
         "--scenario",
         sc,
     ]);
-    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
-    let table = String::from_utf8(a.stdout.clone()).unwrap();
+    let table = stdout_of(&a);
     for needle in [
         "policy lanekeeper",
         "p0-disruption-assist",
@@ -78,8 +66,7 @@ fn simulate_prints_the_table_json_and_a_chart_reproducibly() {
         "--chart",
         chart.to_str().unwrap(),
     ]);
-    assert!(j.status.success(), "{}", String::from_utf8_lossy(&j.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&stdout_of(&j)).unwrap();
     assert_eq!(v["policy"], "fifo");
     let lanes = v["profiles"][0]["lanes"].as_array().unwrap();
     assert_eq!(lanes.len(), 5);

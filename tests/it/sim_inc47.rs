@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use lanekeeper::policy::World;
-use lanekeeper::sim::report::{LaneReport, SimReport};
+use lanekeeper::sim::report::SimReport;
 use lanekeeper::sim::{self, Run, Scenario, Strategy};
 
 const INCIDENT_START: u64 = 180;
@@ -19,12 +19,9 @@ fn inc47() -> (World, Scenario) {
     (loaded.world, sc)
 }
 
-fn lane<'a>(r: &'a SimReport, name: &str) -> &'a LaneReport {
-    r.profiles[0].lanes.iter().find(|l| l.name == name).unwrap()
-}
-
 fn p0(r: &SimReport) -> f64 {
-    lane(r, "p0-disruption-assist")
+    r.lane("p0-disruption-assist")
+        .unwrap()
         .within_deadline_percent
         .unwrap()
 }
@@ -41,7 +38,7 @@ fn lanekeeper_run() -> &'static (Run, SimReport) {
 #[test]
 fn lanekeeper_keeps_p0_within_deadline_pauses_p4_and_drains_p3() {
     let (run, rep) = lanekeeper_run();
-    let p0 = lane(rep, "p0-disruption-assist");
+    let p0 = rep.lane("p0-disruption-assist").unwrap();
     assert!(
         p0.within_deadline_percent.unwrap() >= 99.9,
         "P0 within deadline: {:?}",
@@ -93,7 +90,7 @@ fn lanekeeper_keeps_p0_within_deadline_pauses_p4_and_drains_p3() {
     );
 
     // Its backlog built up during the incident and drains after recovery.
-    let p3 = lane(rep, "p3-shift-batch");
+    let p3 = rep.lane("p3-shift-batch").unwrap();
     assert!(
         p3.peak_backlog >= 10_000,
         "P3 peak backlog {}",
@@ -107,7 +104,7 @@ fn lanekeeper_keeps_p0_within_deadline_pauses_p4_and_drains_p3() {
 #[test]
 fn p3_is_deferred_never_lost_and_drains_in_the_closed_form_time() {
     let (run, rep) = lanekeeper_run();
-    let p3 = lane(rep, "p3-shift-batch");
+    let p3 = rep.lane("p3-shift-batch").unwrap();
     // Deferred, not rejected: no P3 job is lost, every one finishes within
     // its deadline (the few still in the pool at the end are pending).
     assert_eq!(p3.lost, 0, "{p3:#?}");
@@ -206,7 +203,12 @@ fn lanekeeper_beats_the_naive_gateways_on_p0() {
         p0(&lk),
         p0(&fair)
     );
-    let p1 = |r: &SimReport| lane(r, "p1-agent-assist").within_deadline_percent.unwrap();
+    let p1 = |r: &SimReport| {
+        r.lane("p1-agent-assist")
+            .unwrap()
+            .within_deadline_percent
+            .unwrap()
+    };
     assert!(
         p1(&lk) > p1(&fair) + 10.0,
         "P1: lanekeeper {} vs fair {}",
@@ -240,7 +242,7 @@ fn the_simulate_doc_says_what_the_run_gives() {
             wrong.push(format!("{bold} (or without the bold)"));
         }
     }
-    let p3 = lane(rep, "p3-shift-batch");
+    let p3 = rep.lane("p3-shift-batch").unwrap();
     let lost = format!("| P3 lost | **{}** |", p3.lost);
     if !doc.contains(&lost) {
         wrong.push(lost);

@@ -8,7 +8,6 @@
 //! comparison, and says what P4 (paused in both) got: its queue held
 //! through the pause, the work units of its release at 1 % and 10 %.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use lanekeeper::policy::World;
@@ -19,9 +18,7 @@ use lanekeeper::sim::{self, Strategy};
 const MANIFESTS: &str = "examples/inc-47-tokens/inc-47-tokens.yaml";
 const SCENARIO: &str = "examples/inc-47-tokens/scenario.yaml";
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::cli::root;
 
 fn world(path: &str) -> World {
     lanekeeper::manifest::load(&[root().join(path)])
@@ -35,10 +32,6 @@ fn scenario(path: &str) -> Scenario {
 
 fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
     serde_json::to_value(v).unwrap()
-}
-
-fn lane<'a>(r: &'a SimReport, name: &str) -> &'a LaneReport {
-    r.profiles[0].lanes.iter().find(|l| l.name == name).unwrap()
 }
 
 fn tokens_run() -> &'static SimReport {
@@ -85,7 +78,10 @@ fn the_example_is_inc47_priced_by_tokens() {
 /// docs/simulate.md's row for a lane: within deadline and lost, fixed
 /// costs then tokens.
 fn docs_row(name: &str) -> String {
-    let (f, t) = (lane(fixed_run(), name), lane(tokens_run(), name));
+    let (f, t) = (
+        fixed_run().lane(name).unwrap(),
+        tokens_run().lane(name).unwrap(),
+    );
     let pct = |l: &LaneReport| format!("{:.3} %", l.within_deadline_percent.unwrap());
     format!(
         "| {name} | {} | {} | {} | {} |",
@@ -100,7 +96,7 @@ fn docs_row(name: &str) -> String {
 fn priced_by_tokens_every_lane_ends_as_well_as_with_fixed_costs_and_the_docs_say_so() {
     let docs = std::fs::read_to_string(root().join("docs/simulate.md")).unwrap();
     for f in &fixed_run().profiles[0].lanes {
-        let t = lane(tokens_run(), &f.name);
+        let t = tokens_run().lane(&f.name).unwrap();
         let (pt, pf) = (
             t.within_deadline_percent.unwrap(),
             f.within_deadline_percent.unwrap(),
@@ -142,7 +138,7 @@ fn priced_by_tokens_every_lane_ends_as_well_as_with_fixed_costs_and_the_docs_say
         [(0, 1), (210, 2), (1875, 1), (3825, 0)]
     );
     assert_eq!(moves(fixed_run()), moves(tokens_run()));
-    let p0 = |r| lane(r, "p0-disruption-assist").clone();
+    let p0 = |r: &SimReport| r.lane("p0-disruption-assist").unwrap().clone();
     let (f0, t0) = (p0(fixed_run()), p0(tokens_run()));
     assert_eq!(
         (f0.latency_p99_seconds, t0.latency_p99_seconds),

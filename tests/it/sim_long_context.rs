@@ -8,19 +8,16 @@
 //! `UPDATE_GOLDEN=1` regenerates it) and docs/simulate.md quotes its token
 //! lines.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use lanekeeper::policy::World;
-use lanekeeper::sim::report::{self, LaneReport, SimReport};
+use lanekeeper::sim::report::{self, SimReport};
 use lanekeeper::sim::{self, Scenario, Strategy};
 
 const MANIFESTS: &str = "examples/long-context/long-context.yaml";
 const SCENARIO: &str = "examples/long-context/scenario.yaml";
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::cli::root;
 
 fn world() -> World {
     lanekeeper::manifest::load(&[root().join(MANIFESTS)])
@@ -30,10 +27,6 @@ fn world() -> World {
 
 fn scenario() -> Scenario {
     lanekeeper::scenario::load(&root().join(SCENARIO)).unwrap()
-}
-
-fn lane<'a>(r: &'a SimReport, name: &str) -> &'a LaneReport {
-    r.profiles[0].lanes.iter().find(|l| l.name == name).unwrap()
 }
 
 /// The example, and the same without the long-context limit.
@@ -55,11 +48,11 @@ fn runs() -> &'static (SimReport, SimReport) {
 #[test]
 fn the_long_context_limit_keeps_chat_whole_through_the_burst() {
     let (with, _) = runs();
-    let chat = lane(with, "chat");
+    let chat = with.lane("chat").unwrap();
     assert_eq!(chat.offered, 9085);
     assert_eq!(chat.rejected + chat.expired + chat.failed, 0, "{chat:#?}");
     assert_eq!(chat.within_deadline_percent, Some(99.923));
-    let research = lane(with, "research");
+    let research = with.lane("research").unwrap();
     let t = research
         .tokens
         .as_ref()
@@ -76,23 +69,23 @@ fn the_long_context_limit_keeps_chat_whole_through_the_burst() {
 #[test]
 fn without_it_the_burst_takes_the_model_slots_from_chat() {
     let (with, without) = runs();
-    let chat = lane(without, "chat");
+    let chat = without.lane("chat").unwrap();
     assert_eq!(chat.rejected, 1294);
     assert_eq!(chat.within_deadline_percent, Some(85.642));
     assert!(
-        chat.within_deadline_percent < lane(with, "chat").within_deadline_percent,
+        chat.within_deadline_percent < with.lane("chat").unwrap().within_deadline_percent,
         "the limit is what keeps chat"
     );
-    let research = lane(without, "research");
+    let research = without.lane("research").unwrap();
     assert_eq!(research.tokens.as_ref().unwrap().long_context_refusals, 0);
     // More long prompts got in, and the research answered took longer.
-    assert!(research.admitted > lane(with, "research").admitted);
+    assert!(research.admitted > with.lane("research").unwrap().admitted);
 }
 
 #[test]
 fn chat_reserves_more_than_its_answers_cost_and_settles_the_difference() {
     let (with, _) = runs();
-    let t = lane(with, "chat").tokens.clone().unwrap();
+    let t = with.lane("chat").unwrap().tokens.clone().unwrap();
     let e = t.estimate.expect("chat is priced");
     // Reserved at the P95 of its answers (256 tokens before 20 settled),
     // settled at their actual length: a few answers above the P95 cost
@@ -125,7 +118,7 @@ fn the_golden_is_the_simulate_output_and_the_docs_quote_it() {
 
 /// docs/simulate.md's row for a run.
 fn docs_row(label: &str, r: &SimReport) -> String {
-    let (chat, research) = (lane(r, "chat"), lane(r, "research"));
+    let (chat, research) = (r.lane("chat").unwrap(), r.lane("research").unwrap());
     format!(
         "| {label} | {:.3} % | {} | {} |",
         chat.within_deadline_percent.unwrap(),

@@ -11,18 +11,15 @@
 //! golden (tests/golden/tenant-tokens-simulate.txt; `UPDATE_GOLDEN=1`
 //! regenerates it) and docs/simulate.md quotes both runs' tenant lines.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use lanekeeper::sim::report::{self, LaneReport, SimReport};
+use lanekeeper::sim::report::{self, SimReport};
 use lanekeeper::sim::tenant_report::TenantReport;
 use lanekeeper::sim::{self, Scenario, Strategy};
 
 const SCENARIO: &str = "examples/tenant-tokens/scenario.yaml";
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::cli::root;
 
 fn run(manifests: &str) -> SimReport {
     let w = lanekeeper::manifest::load(&[root().join(manifests)])
@@ -43,12 +40,9 @@ fn runs() -> &'static (SimReport, SimReport) {
     })
 }
 
-fn lane<'a>(r: &'a SimReport, name: &str) -> &'a LaneReport {
-    r.profiles[0].lanes.iter().find(|l| l.name == name).unwrap()
-}
-
 fn tenant<'a>(r: &'a SimReport, name: &str) -> &'a TenantReport {
-    lane(r, "assist")
+    r.lane("assist")
+        .unwrap()
         .tenants
         .iter()
         .find(|t| t.name == name)
@@ -65,12 +59,14 @@ fn the_same_requests_come_from_the_same_tenants_in_both_runs() {
     for name in ["team-a", "team-b", "bulk"] {
         assert_eq!(tenant(fixed, name).offered, tenant(priced, name).offered);
     }
-    let offered: u64 = lane(fixed, "assist")
+    let offered: u64 = fixed
+        .lane("assist")
+        .unwrap()
         .tenants
         .iter()
         .map(|t| t.offered)
         .sum();
-    assert_eq!(offered, lane(fixed, "assist").offered);
+    assert_eq!(offered, fixed.lane("assist").unwrap().offered);
     // The shares: 35 %, 35 %, 30 % of 9,110.
     assert_eq!(tenant(fixed, "bulk").offered, 2733);
 }
@@ -87,7 +83,7 @@ fn under_fixed_costs_bulks_prompts_starve_the_teams_and_priced_they_do_not() {
     }
     // The lane below loses as the teams do under fixed costs, and not
     // priced.
-    let (fb, pb) = (lane(fixed, "batch"), lane(priced, "batch"));
+    let (fb, pb) = (fixed.lane("batch").unwrap(), priced.lane("batch").unwrap());
     assert!(fb.within_deadline_percent < Some(60.0), "{fb:?}");
     assert!(pb.within_deadline_percent > Some(99.0), "{pb:?}");
     // Bulk pays for its own prompts.
@@ -124,6 +120,6 @@ fn docs_row(label: &str, r: &SimReport) -> String {
         in_time(tenant(r, "team-a")),
         in_time(tenant(r, "team-b")),
         in_time(tenant(r, "bulk")),
-        lane(r, "batch").within_deadline_percent.unwrap()
+        r.lane("batch").unwrap().within_deadline_percent.unwrap()
     )
 }

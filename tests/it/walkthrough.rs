@@ -11,13 +11,9 @@
 //! engine that moves a figure fails here until the walkthroughs say the new
 //! one. The failure message prints the sentence as it should read.
 
-use std::path::PathBuf;
-
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::cli::root;
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
