@@ -21,11 +21,11 @@ const SIGNALS: &str = "examples/inc-47-budget/signals.yaml";
 const P0: &str = "p0-disruption-assist";
 
 fn plan_text() -> String {
-    run(&["plan", "-f", MANIFESTS, "--signals", SIGNALS])
+    run(["plan", "-f", MANIFESTS, "--signals", SIGNALS])
 }
 
 fn plan_json() -> (String, Value) {
-    let text = run(&["plan", "-f", MANIFESTS, "--signals", SIGNALS, "-o", "json"]);
+    let text = run(["plan", "-f", MANIFESTS, "--signals", SIGNALS, "-o", "json"]);
     let v = serde_json::from_str(&text).unwrap();
     (text, v)
 }

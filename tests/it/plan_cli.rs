@@ -72,7 +72,7 @@ fn close(v: &Value, want: f64) -> bool {
 
 #[test]
 fn inc47_without_signals() {
-    let out = lanekeeper(&["plan", "-f", "examples/inc-47", "-o", "json"]);
+    let out = lanekeeper(["plan", "-f", "examples/inc-47", "-o", "json"]);
     let plan = json_of(&out);
     let steps = plan["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 1);
@@ -115,7 +115,7 @@ fn inc47_without_signals() {
 
 #[test]
 fn inc47_with_signals() {
-    let out = lanekeeper(&[
+    let out = lanekeeper([
         "plan",
         "-f",
         "examples/inc-47",
@@ -174,7 +174,7 @@ fn inc47_with_signals() {
         &String::from_utf8_lossy(&out.stdout),
     );
 
-    let table = lanekeeper(&[
+    let table = lanekeeper([
         "plan",
         "-f",
         "examples/inc-47",
@@ -205,7 +205,7 @@ fn profile_with(replicas: &str) -> String {
 }
 
 fn assert_invalid(path: &Path, field: &str, message: &str) {
-    let out = lanekeeper(&["plan", "-f", path.to_str().unwrap()]);
+    let out = lanekeeper(["plan", "-f", path.to_str().unwrap()]);
     assert_eq!(
         out.status.code(),
         Some(2),
@@ -317,7 +317,7 @@ fn invalid_quantity_exit_2() {
 fn other_kinds_are_skipped_with_a_note() {
     let text = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n---\njust: data\n---\n";
     let path = write_temp("others", text);
-    let out = lanekeeper(&["plan", "-f", path.to_str().unwrap(), "-o", "json"]);
+    let out = lanekeeper(["plan", "-f", path.to_str().unwrap(), "-o", "json"]);
     assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -352,7 +352,7 @@ fn bad_signals_file_exit_2() {
         "signals",
         "steps:\n- at: 0\n  profiles:\n    ai-platform/agent-assist: {availableUnitsPerSecnd: 420}\n",
     );
-    let out = lanekeeper(&[
+    let out = lanekeeper([
         "plan",
         "-f",
         "examples/inc-47/inc-47.yaml",
@@ -373,7 +373,7 @@ fn approve_flag_grants_a_confirm_level() {
         "steps:\n- at: 0\n  profiles:\n    ai-platform/agent-assist: {availableUnitsPerSecond: 200, inFlight: 1000}\n",
     );
     let s = path.to_str().unwrap();
-    let pending = json_of(&lanekeeper(&[
+    let pending = json_of(&lanekeeper([
         "plan",
         "-f",
         "examples/inc-47/inc-47.yaml",
@@ -385,7 +385,7 @@ fn approve_flag_grants_a_confirm_level() {
     let p = &pending["steps"][0]["profiles"][0];
     assert_eq!(p["level"], 3);
     assert_eq!(p["pendingApprovalLevel"], 4);
-    let approved = json_of(&lanekeeper(&[
+    let approved = json_of(&lanekeeper([
         "plan",
         "-f",
         "examples/inc-47/inc-47.yaml",

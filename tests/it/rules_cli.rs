@@ -92,7 +92,7 @@ fn an_objective_the_crd_refuses_is_refused() {
     ] {
         let f = dir.join("bad.yaml");
         std::fs::write(&f, src.replace("withinDeadlinePercent: \"99.5\"", bad)).unwrap();
-        let out = lanekeeper(&["rules", "-f", f.to_str().unwrap()]);
+        let out = lanekeeper(["rules", "-f", f.to_str().unwrap()]);
         assert!(!out.status.success(), "{bad}");
         assert!(
             String::from_utf8_lossy(&out.stderr).contains(message),
@@ -140,7 +140,7 @@ fn documented_token_rules() -> String {
 
 #[test]
 fn the_token_rules_in_the_telemetry_doc_are_the_commands_output() {
-    let out = lanekeeper(&["rules", "-f", "examples/inc-47-tokens"]);
+    let out = lanekeeper(["rules", "-f", "examples/inc-47-tokens"]);
     assert!(
         out.status.success(),
         "{}",
@@ -196,7 +196,7 @@ fn a_lane_without_a_cost_gets_no_token_rules_and_the_selector_reaches_them() {
         .collect();
     let f = dir.join("unpriced.yaml");
     std::fs::write(&f, unpriced).unwrap();
-    let out = lanekeeper(&["rules", "-f", f.to_str().unwrap()]);
+    let out = lanekeeper(["rules", "-f", f.to_str().unwrap()]);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "groups: []\n");
     assert!(String::from_utf8_lossy(&out.stderr).contains("no lane has an objective or a cost"));

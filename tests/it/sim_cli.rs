@@ -25,7 +25,7 @@ fn simulate_prints_the_table_json_and_a_chart_reproducibly() {
     let dir = tmpdir("simulate");
     let sc = short_scenario(&dir);
     let sc = sc.to_str().unwrap();
-    let a = lanekeeper(&[
+    let a = lanekeeper([
         "simulate",
         "-f",
         "examples/inc-47/inc-47.yaml",
@@ -43,7 +43,7 @@ fn simulate_prints_the_table_json_and_a_chart_reproducibly() {
     ] {
         assert!(table.contains(needle), "missing {needle:?} in\n{table}");
     }
-    let b = lanekeeper(&[
+    let b = lanekeeper([
         "simulate",
         "-f",
         "examples/inc-47/inc-47.yaml",
@@ -53,7 +53,7 @@ fn simulate_prints_the_table_json_and_a_chart_reproducibly() {
     assert_eq!(a.stdout, b.stdout, "same seed, same bytes");
 
     let chart = dir.join("out.svg");
-    let j = lanekeeper(&[
+    let j = lanekeeper([
         "simulate",
         "-f",
         "examples/inc-47/inc-47.yaml",
@@ -92,7 +92,7 @@ fn simulate_prints_the_table_json_and_a_chart_reproducibly() {
             && svg.contains("p0-disruption-assist served")
     );
 
-    let md = lanekeeper(&[
+    let md = lanekeeper([
         "simulate",
         "-f",
         "examples/inc-47/inc-47.yaml",
@@ -110,7 +110,7 @@ fn a_bad_scenario_exits_2_naming_the_field() {
     let dir = tmpdir("bad");
     let p = dir.join("bad.yaml");
     std::fs::write(&p, "durationSeconds: 60\nlanes:\n  p0-disruption-assist:\n    service: {p50Seconds: 3, p95Seconds: 1}\n").unwrap();
-    let o = lanekeeper(&[
+    let o = lanekeeper([
         "simulate",
         "-f",
         "examples/inc-47/inc-47.yaml",
@@ -122,7 +122,7 @@ fn a_bad_scenario_exits_2_naming_the_field() {
     assert!(err.contains("lanes.p0-disruption-assist.service"), "{err}");
 
     std::fs::write(&p, "durationSeconds: 60\nlanes:\n  no-such-lane:\n    service: {p50Seconds: 1, p95Seconds: 2}\n").unwrap();
-    let o = lanekeeper(&[
+    let o = lanekeeper([
         "simulate",
         "-f",
         "examples/inc-47/inc-47.yaml",
@@ -133,7 +133,7 @@ fn a_bad_scenario_exits_2_naming_the_field() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("no-such-lane"));
 
     std::fs::write(&p, "durationSeconds: 60\nlanez: {}\n").unwrap();
-    let o = lanekeeper(&[
+    let o = lanekeeper([
         "simulate",
         "-f",
         "examples/inc-47/inc-47.yaml",
@@ -160,7 +160,7 @@ fn diff_shows_what_removing_the_p3_cap_does() {
     let sc = short_scenario(&dir);
     let cap = "      cap: [{lanes: [p3-shift-batch], unitsPerSecond: \"60\"}]\n";
     let (base, head) = edited_example(&dir, cap, "");
-    let o = lanekeeper(&[
+    let o = lanekeeper([
         "diff",
         "--base",
         base.to_str().unwrap(),
@@ -195,7 +195,7 @@ fn diff_shows_what_removing_the_p3_cap_does() {
     assert!(md.contains("head: level 3 (protect)"), "{md}");
 
     // Same manifests on both sides: nothing differs, no gate fails.
-    let o = lanekeeper(&[
+    let o = lanekeeper([
         "diff",
         "--base",
         base.to_str().unwrap(),
@@ -216,7 +216,7 @@ fn diff_shows_what_removing_the_p3_cap_does() {
 fn diff_names_a_moved_watermark() {
     let dir = tmpdir("diff-stop-at");
     let (base, head) = edited_example(&dir, "stopAt: 1500,", "stopAt: 1400,");
-    let o = lanekeeper(&[
+    let o = lanekeeper([
         "diff",
         "--base",
         base.to_str().unwrap(),
