@@ -27,7 +27,9 @@ pub(crate) struct Ceiling {
 impl Ceiling {
     /// A full meter at `units_per_second × share`, one second deep and at
     /// least `largest` (the lane's costliest request) deep; None without a
-    /// ceiling (or with one that is not a positive number: nothing to hold).
+    /// ceiling, or with one that is not a finite number ≥ 0 (which the
+    /// config's validation refuses before it gets here). A ceiling of 0
+    /// holds nothing: the lane never draws on spare capacity.
     pub(crate) fn new(
         units_per_second: Option<f64>,
         largest: f64,
