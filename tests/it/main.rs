@@ -37,6 +37,7 @@ mod fleet_store_redis;
 mod gateway;
 mod gateway_breaker;
 mod gateway_capacity;
+mod gateway_ceiling;
 mod gateway_conn;
 mod gateway_cut;
 mod gateway_doc;
