@@ -9,39 +9,20 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::gateway::{client, config_file, gateway, inc47, lane_mut, model};
+use crate::gateway::{client, config_file, gateway, lane_mut, model};
 use crate::gateway_shared::{Answers, tally};
-use crate::gateway_shared_spare::load;
+use crate::gateway_shared_spare::{self, CAPACITY, LANE, RATE, load};
 
-const LANE: &str = "p2-email-extract";
-/// The lane's own rate, one unit a request.
-const RATE: f64 = 10.0;
-/// 95 % of it less the lane's 10 is spare: 85 units a second.
-const CAPACITY: f64 = 100.0;
 const CEILING: f64 = 30.0;
 /// Offered to each gateway: more than the lane's rate plus the spare.
 const OFFERED: f64 = 150.0;
 
-/// Only P2 admitted (the others paused, claiming nothing), drawing on
-/// spare capacity, with `ceiling` as its `ceilingUnitsPerSecond`.
+/// The spare-capacity lane of `gateway_shared_spare` (10 req/s of its own,
+/// 85 units/s of spare in the pool) with `ceiling` as its
+/// `ceilingUnitsPerSecond`.
 fn config(ceiling: Option<f64>) -> Value {
-    let mut cfg = inc47();
-    cfg["capacityUnitsPerSecond"] = json!(CAPACITY);
-    cfg["inFlight"] = Value::Null;
-    for l in cfg["lanes"].as_array_mut().unwrap() {
-        if l["name"] != LANE {
-            l["state"] = json!("Paused");
-        }
-    }
-    let p2 = lane_mut(&mut cfg, LANE);
-    p2["admittedRequestsPerSecond"] = json!(RATE);
-    p2["admittedUnitsPerSecond"] = json!(RATE);
-    p2["workUnitsPerRequest"] = json!(1.0);
-    p2["burst"] = json!(2);
-    p2["queue"]["maxDepth"] = json!(0);
-    p2["floorUnitsPerSecond"] = Value::Null;
-    p2["spareCapacity"] = json!(true);
-    p2["ceilingUnitsPerSecond"] = json!(ceiling);
+    let mut cfg = gateway_shared_spare::config();
+    lane_mut(&mut cfg, LANE)["ceilingUnitsPerSecond"] = json!(ceiling);
     cfg
 }
 

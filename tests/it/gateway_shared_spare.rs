@@ -15,16 +15,17 @@ use crate::gateway_shared::{Answers, fleet, load_to, tally, wait_mode};
 
 /// The lane that may use spare: 10 req/s of its own, one unit a request.
 pub(crate) const LANE: &str = "p2-email-extract";
-const RATE: f64 = 10.0;
+pub(crate) const RATE: f64 = 10.0;
 /// The pool's capacity: 95 % of it less the lane's 10 is spare, 85 units
 /// (requests) a second for the fleet.
-const CAPACITY: f64 = 100.0;
+pub(crate) const CAPACITY: f64 = 100.0;
 const SPARE: f64 = CAPACITY * 0.95 - RATE;
 /// The load offered, all to one replica: more than the lane and spare.
 const OFFERED: f64 = 150.0;
 
-/// Only the spare lane admitted (the others paused, claiming nothing).
-fn config() -> Value {
+/// Only the spare lane admitted (the others paused, claiming nothing), at
+/// `RATE` of its own with no queue, drawing on spare capacity.
+pub(crate) fn config() -> Value {
     let mut cfg = inc47();
     cfg["capacityUnitsPerSecond"] = json!(CAPACITY);
     cfg["inFlight"] = Value::Null;
