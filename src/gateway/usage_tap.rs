@@ -167,12 +167,7 @@ fn usage_of_event(event: &[u8]) -> Option<(Usage, bool)> {
         .map(str::trim_start)
         .collect::<Vec<_>>()
         .join("\n");
-    let v: serde_json::Value = serde_json::from_str(&data).ok()?;
-    let u = Usage::from_answer(data.as_bytes())?;
-    let usage_only = v
-        .get("choices")
-        .is_none_or(|c| c.as_array().is_some_and(Vec::is_empty));
-    Some((u, usage_only))
+    Usage::with_choices(data.as_bytes())
 }
 
 #[cfg(test)]

@@ -4,6 +4,9 @@
 //! same lanes charged one request each (`admit`). 100 lanes, 10,000
 //! tenants, every request finding its tokens.
 //!
+//! Also reading an answer's usage (`Usage::from_answer`) against reading
+//! it through a `serde_json::Value`.
+//!
 //! Run: `cargo bench -p lanekeeper-lanes --bench settlement`. Figures go
 //! to docs/performance.md.
 
@@ -103,5 +106,46 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// An answer of `tokens` words of content, with its usage.
+fn answer(tokens: usize) -> Vec<u8> {
+    let content = "ok ".repeat(tokens);
+    serde_json::to_vec(&serde_json::json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 15, "completion_tokens": tokens, "total_tokens": tokens + 15},
+    }))
+    .expect("JSON")
+}
+
+/// The answer read into a `serde_json::Value` first, as the gateway did
+/// before: the comparison for [`Usage::from_answer`].
+fn usage_through_value(body: &[u8]) -> Option<Usage> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let u = v.get("usage")?;
+    Some(Usage {
+        prompt_tokens: u.get("prompt_tokens")?.as_u64()?,
+        completion_tokens: u.get("completion_tokens")?.as_u64()?,
+    })
+}
+
+/// Reading an answer's usage: the fake model's answer (16 tokens, 270
+/// bytes) and a long one (4,000 tokens, 12 KB).
+fn read_usage(c: &mut Criterion) {
+    let mut g = c.benchmark_group("usage");
+    for tokens in [16, 4000] {
+        let body = answer(tokens);
+        assert_eq!(Usage::from_answer(&body), usage_through_value(&body));
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_function(format!("from_answer, {} bytes", body.len()), |b| {
+            b.iter(|| black_box(Usage::from_answer(black_box(&body))))
+        });
+        g.bench_function(format!("through a Value, {} bytes", body.len()), |b| {
+            b.iter(|| black_box(usage_through_value(black_box(&body))))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, read_usage);
 criterion_main!(benches);
