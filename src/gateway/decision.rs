@@ -8,14 +8,15 @@ use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 
 /// The header carrying a request's id (the client's, or one the gateway
-/// made).
-pub(super) const REQUEST_ID: &str = "x-request-id";
+/// made). Header names are kept parsed: a name given as text is parsed
+/// again at every insert.
+pub(super) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The header saying what the gateway decided.
-pub(super) const DECISION: &str = "x-lanekeeper-decision";
+pub(super) const DECISION: HeaderName = HeaderName::from_static("x-lanekeeper-decision");
 /// The longest client request id accepted, in bytes.
 pub(super) const MAX_REQUEST_ID: usize = 128;
 

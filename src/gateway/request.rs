@@ -69,7 +69,7 @@ impl Asked {
             tenant: header_str(h, &gw.args.tenant_header).map(str::to_owned),
             attempt: attempt(h)?,
             request_id: header_str(h, "idempotency-key")
-                .or_else(|| header_str(h, REQUEST_ID))
+                .or_else(|| header_str(h, REQUEST_ID.as_str()))
                 .map(str::to_owned),
         })
     }
@@ -130,7 +130,10 @@ fn admissible(gw: &Gateway, parts: &Parts, record: &mut Record) -> Result<(), Re
         Ok(None) => record.request_id = gw.ids.make(),
         Err(()) => {
             record.request_id = gw.ids.make();
-            return Err(respond::invalid_request_id(REQUEST_ID, MAX_REQUEST_ID));
+            return Err(respond::invalid_request_id(
+                REQUEST_ID.as_str(),
+                MAX_REQUEST_ID,
+            ));
         }
     }
     match gw.surface.check(&parts.method, parts.uri.path()) {

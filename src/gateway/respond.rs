@@ -1,7 +1,7 @@
 //! What the client is told: a pure mapping from a refusal or a failure to
 //! an OpenAI-style error response (`{"error": {message, type, code}}`).
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use lanes::{Limit, Refusal, expected_wait};
 use serde_json::json;
@@ -162,7 +162,10 @@ pub(super) fn queue_dropped(lane: &str) -> Response {
 
 /// The header the OpenAI SDKs read before their own rules: `true` retries
 /// (after `Retry-After`), `false` never.
-pub(super) const SHOULD_RETRY: &str = "x-should-retry";
+pub(super) const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+/// The header marking a deferral (the work is wanted later).
+const DEFERRED: HeaderName = HeaderName::from_static("lanekeeper-deferred");
 
 /// Whether coming back can help: not for a paused lane (until the
 /// controller releases it), a deadline, or the retry limits.
@@ -270,7 +273,7 @@ pub(super) fn refusal(lane: &str, r: &Refusal) -> Response {
     );
     if r.deferred() {
         resp.headers_mut()
-            .insert("lanekeeper-deferred", HeaderValue::from_static("true"));
+            .insert(DEFERRED, HeaderValue::from_static("true"));
     }
     resp
 }

@@ -147,7 +147,6 @@ impl Base {
 
 /// The headers the gateway sets on every request it forwards.
 const LANE: HeaderName = HeaderName::from_static("x-lanekeeper-lane");
-const REQUEST_ID_NAME: HeaderName = HeaderName::from_static(REQUEST_ID);
 const ATTEMPT_KIND: HeaderName = HeaderName::from_static("x-lanekeeper-attempt-kind");
 const READ_ONLY: HeaderName = HeaderName::from_static("x-lanekeeper-read-only");
 const STATIC_FALLBACK: HeaderName = HeaderName::from_static("x-lanekeeper-static-fallback");
@@ -184,7 +183,7 @@ fn upstream_request(
     if let Ok(v) = HeaderValue::from_str(out.lane) {
         headers.insert(LANE, v);
     }
-    headers.insert(REQUEST_ID_NAME, out.request_id.clone());
+    headers.insert(REQUEST_ID, out.request_id.clone());
     headers.insert(ATTEMPT_KIND, HeaderValue::from_static(d.attempt.as_str()));
     let yes = HeaderValue::from_static("true");
     if d.read_only {
@@ -356,7 +355,7 @@ fn answered(
 }
 
 /// The header telling a client how it was served degraded.
-const DEGRADED: &str = "x-lanekeeper-degraded";
+const DEGRADED: HeaderName = HeaderName::from_static("x-lanekeeper-degraded");
 
 /// What was degraded about a passed request's service, if anything:
 /// `history-trimmed`, `fallback-route`, `read-only`, `static-fallback`.
