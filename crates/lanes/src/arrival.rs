@@ -3,7 +3,6 @@
 //! or spare capacity) and a slot of the in-flight limit, and else a place in
 //! the queue or a refusal.
 
-use crate::charge;
 use crate::charge::{RequestSize, Sized};
 use crate::core::{Core, DEFAULT_TENANT, Place};
 use crate::expected_wait::whole;
@@ -105,15 +104,10 @@ impl Core {
         {
             return None;
         }
-        let lane = &mut self.lanes[a.lane];
-        if !(charge::take(&mut lane.bucket, a.sized.tokens)
-            || lane.draws_on_spare()
-                && lane.below_ceiling(a.sized.units, now)
-                && self.spare.take(now, a.sized.units))
-        {
+        if !self.take_for(a.lane, &a.sized, now) {
             return None;
         }
-        lane.passed(a.sized.units, now);
+        let lane = &mut self.lanes[a.lane];
         lane.bucket.used.add_n(now, a.sized.tokens);
         self.pool.took(a.sized.long_context());
         Some(Pass {

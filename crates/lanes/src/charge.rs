@@ -175,7 +175,7 @@ impl Lane {
 /// request is larger than the bucket (which then goes into debt). One token
 /// is the plain rule of [`Bucket::take`]. A paused lane's bucket (size 0)
 /// is never "full": it gives nothing.
-pub(crate) fn take(bucket: &mut Bucket, tokens: f64) -> bool {
+fn take(bucket: &mut Bucket, tokens: f64) -> bool {
     if tokens == 1.0 {
         return bucket.take();
     }
@@ -191,6 +191,22 @@ pub(crate) fn take(bucket: &mut Bucket, tokens: f64) -> bool {
 }
 
 impl Core {
+    /// Takes what a request of `sized` needs to pass in lane `li`: tokens
+    /// of its own bucket or, for a lane that may, spare capacity within its
+    /// ceiling. A pass is charged to the ceiling either way. False: nothing
+    /// was taken.
+    pub(crate) fn take_for(&mut self, li: usize, sized: &Sized, now: f64) -> bool {
+        let lane = &mut self.lanes[li];
+        let took = take(&mut lane.bucket, sized.tokens)
+            || lane.draws_on_spare()
+                && lane.below_ceiling(sized.units, now)
+                && self.spare.take(now, sized.units);
+        if took {
+            lane.passed(sized.units, now);
+        }
+        took
+    }
+
     /// Decides on an arriving request of a known size at `now`: as
     /// [`Core::admit`], with the request charged its estimated cost in a
     /// lane with `cost` and counted against the pool's long-context limit

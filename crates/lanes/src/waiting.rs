@@ -3,7 +3,6 @@
 //! in-flight limit, highest priority first) or their wait runs out (TTL, or
 //! a deadline that can no longer be met).
 
-use crate::charge;
 use crate::core::Core;
 use crate::fair_queue::Waiting;
 use crate::history::history_turns;
@@ -80,15 +79,10 @@ impl Core {
                 out.push(self.refuse_long(li, tenant, key, now));
                 continue;
             }
-            let lane = &mut self.lanes[li];
-            if !(charge::take(&mut lane.bucket, sized.tokens)
-                || lane.draws_on_spare()
-                    && lane.below_ceiling(sized.units, now)
-                    && self.spare.take(now, sized.units))
-            {
+            if !self.take_for(li, &sized, now) {
                 return;
             }
-            lane.passed(sized.units, now);
+            let lane = &mut self.lanes[li];
             let Some((w, tenant_slot)) = lane.queue.pop_ready(&mut lane.tenants) else {
                 return;
             };
