@@ -142,7 +142,7 @@ fn priced_by_tokens_every_lane_ends_as_well_as_with_fixed_costs_and_the_docs_say
     let (f0, t0) = (p0(fixed_run()), p0(tokens_run()));
     assert_eq!(
         (f0.latency_p99_seconds, t0.latency_p99_seconds),
-        (Some(15.248), Some(15.26))
+        (Some(15.248), Some(15.179))
     );
     assert!((3900..4100).contains(&f0.late) && (3900..4100).contains(&t0.late));
     // Under fixed costs the tokens are still counted, and nothing settles.

@@ -157,20 +157,7 @@ impl Core {
         }
         // The wait at the lane's own rate (spare capacity, shared with other
         // lanes, is not counted on).
-        // Its own charge stands for each request ahead's; a priced lane's
-        // debt is waited for too.
-        let held = if a.sized.tokens == 1.0 {
-            lane.bucket.tokens.max(0.0)
-        } else {
-            lane.bucket.tokens
-        };
-        let ahead = (lane.queue.len() as f64 + 1.0) * a.sized.tokens - held;
-        let drain = crate::fleet_core::drain_rate(lane, rate, now);
-        let wait = if drain > 0.0 {
-            (ahead / drain).max(0.0)
-        } else {
-            0.0
-        };
+        let wait = queue_wait(lane, &a.sized, rate, now);
         if wait + lane.expected_service > remaining {
             // Queued, it would die waiting; deferred, it would come back to
             // the same wait. Refuse it now.
@@ -387,6 +374,29 @@ fn check_retries(lane: &mut Lane, a: &Arrival, now: f64) -> Result<(), Limit> {
         Attempt::Returning => {}
     }
     Ok(())
+}
+
+/// The wait of a newcomer of `sized` at the lane's own rate (spare
+/// capacity, shared with other lanes, is not counted on). Its own charge
+/// stands for each request ahead's; a priced lane's debt is waited for too,
+/// while the excess its requests in flight reserved comes back as they
+/// settle: over their expected service time, that flow adds to the rate.
+fn queue_wait(lane: &Lane, sized: &Sized, rate: f64, now: f64) -> f64 {
+    let held = if sized.tokens == 1.0 {
+        lane.bucket.tokens.max(0.0)
+    } else {
+        lane.bucket.tokens
+    };
+    let ahead = (lane.queue.len() as f64 + 1.0) * sized.tokens - held;
+    let mut drain = crate::fleet_core::drain_rate(lane, rate, now);
+    if drain > 0.0 && lane.expected_service > 0.0 {
+        drain += lane.refunds_due / lane.cfg.work_units_per_request / lane.expected_service;
+    }
+    if drain > 0.0 {
+        (ahead / drain).max(0.0)
+    } else {
+        0.0
+    }
 }
 
 /// A refusal; no `Retry-After` for the deadline or the retry budget (coming

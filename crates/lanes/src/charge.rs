@@ -18,6 +18,11 @@
 //! wait for it). An answer without usage keeps its reservation: never a
 //! refund on missing data. The lane's estimator learns from every settled
 //! usage. A lane without `cost` charges one token per request, as before.
+//!
+//! A priced request is also expected to cost its output at the lane's mean
+//! (not its P95): the lane keeps what its requests in flight are expected
+//! to give back ([`Lane::refunds_due`]), and a queue's wait counts that
+//! flow next to the lane's rate (see `arrival::queue_wait`).
 
 use std::sync::Arc;
 
@@ -51,6 +56,10 @@ pub(crate) struct Sized {
     pub(crate) units: f64,
     /// Tokens of its lane's bucket (1 for an unpriced request).
     pub(crate) tokens: f64,
+    /// Work units it is expected to cost in the end (its output at the
+    /// lane's mean, not its P95): what it takes of a queue's drain once
+    /// its reservation settles. `units` for an unpriced request.
+    pub(crate) expected_units: f64,
     /// Its estimate, when the request was sized.
     pub(crate) estimate: Option<Estimated>,
 }
@@ -74,8 +83,14 @@ impl Sized {
         Sized {
             units,
             tokens: 1.0,
+            expected_units: units,
             estimate: None,
         }
+    }
+
+    /// What its reservation is expected to give back when it settles.
+    pub(crate) fn refund_due(&self) -> f64 {
+        (self.units - self.expected_units).max(0.0)
     }
 
     /// Whether it counts against the pool's long-context limit.
@@ -92,6 +107,8 @@ pub struct Charge {
     pub lane: Arc<str>,
     /// Work units reserved.
     pub units: f64,
+    /// Work units it was expected to cost (see [`Lane::refunds_due`]).
+    pub expected_units: f64,
     /// The tokens it was estimated at.
     pub estimate: TokenEstimate,
     /// The bytes of its body (what the lane's ratio learns from).
@@ -139,8 +156,13 @@ impl Lane {
         let units = cost.map_or(per_request, |c| {
             c.of(tokens.input, tokens.output).max(MIN_UNITS)
         });
+        let expected_units = cost.map_or(per_request, |c| {
+            let output = self.estimator.expected_output(Some(tokens.output));
+            c.of(tokens.input, output).max(MIN_UNITS)
+        });
         Sized {
             units,
+            expected_units,
             tokens: if cost.is_some() {
                 units / per_request
             } else {
@@ -162,6 +184,7 @@ impl Lane {
         Some(Charge {
             lane: Arc::clone(&self.name),
             units: sized.units,
+            expected_units: sized.expected_units,
             estimate: e.tokens,
             body_bytes: e.body_bytes,
             input_counted: e.input_counted,
@@ -203,6 +226,7 @@ impl Core {
                 && self.spare.take(now, sized.units);
         if took {
             lane.passed(sized.units, now);
+            lane.refunds_due += sized.refund_due();
         }
         took
     }
@@ -244,6 +268,8 @@ impl Core {
         let rate = effective_rate(&self.lanes, li, now);
         let lane = &mut self.lanes[li];
         let mut charged = charge.units;
+        let due = (charge.units - charge.expected_units).max(0.0);
+        lane.refunds_due = (lane.refunds_due - due).max(0.0);
         if let Some(u) = usage {
             let bytes = (!charge.input_counted).then_some(charge.body_bytes);
             lane.estimator

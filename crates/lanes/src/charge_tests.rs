@@ -336,6 +336,109 @@ fn the_fair_queue_charges_each_tenant_by_cost() {
     );
 }
 
+/// A priced lane (1 unit per 1,000 input and per 250 output tokens) whose
+/// answers used 20 output tokens 90 times in 100 and 1,000 the other 10:
+/// a request of 4,000 bytes reserves 1 + 1,000 / 250 = 5 units (its
+/// output at the P95) and is expected to cost 1 + 118 / 250 = 1.472.
+fn learned(rps: f64, burst: u64) -> Core {
+    let mut c = core(priced(rps, burst));
+    for i in 0..100 {
+        let out = if i < 90 { 20 } else { 1000 };
+        c.lanes[0].estimator.learn(Some(4000), 1000, out);
+    }
+    c
+}
+
+fn used(out: u64) -> Usage {
+    Usage {
+        prompt_tokens: 1000,
+        completion_tokens: out,
+    }
+}
+
+#[test]
+fn the_refunds_due_follow_the_reservations_in_flight() {
+    let mut c = learned(1000.0, 1000);
+    let charges: Vec<_> = (0..4)
+        .map(|_| pass(c.admit_sized(&req("a"), size(4000, 4096), 0.0)))
+        .map(|p| p.charge.unwrap())
+        .collect();
+    // The sketch reads the P95 as 1,034 tokens (its bucket's upper edge).
+    let due = charges[0].units - charges[0].expected_units;
+    assert!((charges[0].units - 5.136).abs() < 1e-9, "{:?}", charges[0]);
+    assert!(
+        (charges[0].expected_units - 1.472).abs() < 1e-9,
+        "{:?}",
+        charges[0]
+    );
+    assert!((c.lanes[0].refunds_due - 4.0 * due).abs() < 1e-9);
+    // Settled with its usage or without (the reservation stands: nothing
+    // comes back), a request's refund is no longer due.
+    c.settle(&charges[0], Some(used(20)), 0.0).unwrap();
+    c.settle(&charges[1], None, 0.0).unwrap();
+    assert!((c.lanes[0].refunds_due - 2.0 * due).abs() < 1e-9);
+    // A config swap keeps what is due; a charge settled twice never takes
+    // it below nothing.
+    let mut next = config(vec![priced(500.0, 500)]);
+    next.level = 1;
+    c.swap(next, 1.0, 0.0, 1_000_000.0).unwrap();
+    assert!((c.lanes[0].refunds_due - 2.0 * due).abs() < 1e-9);
+    for ch in charges.iter().chain(&charges) {
+        c.settle(ch, Some(used(20)), 0.0).unwrap();
+    }
+    assert_eq!(c.lanes[0].refunds_due, 0.0);
+    // An unpriced lane expects what it reserves: nothing is ever due.
+    let mut plain = core(lane("a", 10.0, 10));
+    pass(plain.admit_sized(&req("a"), size(4000, 4096), 0.0));
+    assert_eq!(plain.lanes[0].refunds_due, 0.0);
+}
+
+/// [`learned`] at 1 unit/s, 5 s deep, 1 s of service, with one request in
+/// flight: the bucket holds 5 - 5.136, and 3.664 units are due back when it
+/// settles.
+fn one_in_flight(deadline: i64, ttl: i64) -> (Core, crate::Charge) {
+    let mut l = priced(1.0, 5);
+    l.deadline_seconds = deadline;
+    l.queue.ttl_seconds = ttl;
+    l.expected_service_seconds = Some(1.0);
+    let mut c = core(l);
+    c.lanes[0].estimator = learned(1.0, 5).lanes[0].estimator.clone();
+    let first = pass(c.admit_sized(&req("a"), size(4000, 4096), 0.0));
+    assert!((tokens(&c) + 0.136).abs() < 1e-9, "{}", tokens(&c));
+    (c, first.charge.unwrap())
+}
+
+fn rejected_deadline(v: &Verdict) -> bool {
+    matches!(
+        v,
+        Verdict::Refuse(crate::Refusal {
+            outcome: crate::Outcome::RejectedDeadline,
+            ..
+        })
+    )
+}
+
+/// A priced lane's queue drains at its rate plus the excess its requests
+/// in flight give back as they settle (over the expected service time);
+/// what an answer without usage keeps is waited for.
+#[test]
+fn a_priced_wait_counts_the_refunds_due_as_they_come_back() {
+    // The next needs 5.136 units and the 0.136 owed, at 1 unit/s plus the
+    // 3.664 due over 1 s: 1.1 s, 2.1 s with its service. One more behind
+    // it: 2.2 s, 3.2 s. At 1 unit/s alone the first would wait 5.3 s,
+    // past a 5 s deadline.
+    let (mut c, _) = one_in_flight(5, 4);
+    for _ in 0..2 {
+        let v = c.admit_sized(&req("a"), size(4000, 4096), 0.0);
+        assert!(matches!(v, Verdict::Queued { .. }), "{v:?}");
+    }
+    // Once the one in flight settled without usage nothing is due: 5.3 s.
+    let (mut c, first) = one_in_flight(5, 4);
+    c.settle(&first, None, 0.0).unwrap();
+    let v = c.admit_sized(&req("a"), size(4000, 4096), 0.0);
+    assert!(rejected_deadline(&v), "{v:?}");
+}
+
 /// One request of a mix: (body bytes, output tokens it uses, whether its
 /// answer reports usage).
 fn request() -> impl Strategy<Value = (usize, u64, bool)> {
@@ -378,6 +481,7 @@ proptest! {
             };
         }
         prop_assert!((charged - expected).abs() <= 1e-6 * expected.max(1.0));
+        prop_assert_eq!(c.lanes[0].refunds_due, 0.0, "nothing in flight, nothing due");
     }
 
     #[test]

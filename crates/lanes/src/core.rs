@@ -334,6 +334,7 @@ fn carry_lane(mut old: Lane, new: &mut Lane, now: f64) {
     new.refresh_service(now);
     new.retries = std::mem::take(&mut old.retries);
     new.estimator = std::mem::take(&mut old.estimator);
+    new.refunds_due = old.refunds_due;
 }
 
 /// A waiting request whose lane the new config no longer has.

@@ -37,6 +37,11 @@ pub(crate) struct Lane {
     /// The lane's token estimator (learned from settled usage; carried
     /// across config swaps).
     pub(crate) estimator: Estimator,
+    /// Work units its requests in flight are expected to give back when
+    /// they settle (each reserved its output at the lane's P95 and is
+    /// expected to use its mean): the part of its bucket's debt a queue
+    /// need not wait for.
+    pub(crate) refunds_due: f64,
 }
 
 impl Lane {
@@ -59,6 +64,7 @@ impl Lane {
             service: ServiceTime::new(cfg.expected_service_seconds),
             tenants: TenantGate::new(&cfg, share),
             estimator: Estimator::default(),
+            refunds_due: 0.0,
             cfg,
         }
     }

@@ -30,6 +30,8 @@ const BUCKETS: usize = 360;
 pub struct TokenSketch {
     counts: Vec<u64>,
     total: u64,
+    /// The sum of the observations (for their mean).
+    sum: u64,
     /// The highest bucket with an observation (a high quantile is read
     /// from the top down: a few buckets, not all of them).
     top: usize,
@@ -40,6 +42,7 @@ impl Default for TokenSketch {
         TokenSketch {
             counts: vec![0; BUCKETS],
             total: 0,
+            sum: 0,
             top: 0,
         }
     }
@@ -60,12 +63,18 @@ impl TokenSketch {
         let b = Self::bucket(tokens);
         self.counts[b] += 1;
         self.total += 1;
+        self.sum = self.sum.saturating_add(tokens);
         self.top = self.top.max(b);
     }
 
     /// Observations so far.
     pub fn count(&self) -> u64 {
         self.total
+    }
+
+    /// The mean observation; `None` when empty.
+    pub fn mean(&self) -> Option<f64> {
+        (self.total > 0).then(|| self.sum as f64 / self.total as f64)
     }
 
     /// The `q` quantile (the upper bound of its bucket, so never below the
@@ -136,6 +145,19 @@ impl Estimator {
         }
     }
 
+    /// The output tokens a request asking for at most `max_tokens` is
+    /// expected to use: the mean of settled answers (the default before
+    /// [`MIN_SAMPLES`]), what a queue drains at once reservations settle.
+    pub fn expected_output(&self, max_tokens: Option<u64>) -> u64 {
+        let mean = if self.output.count() >= MIN_SAMPLES {
+            self.output.mean().map(|m| m.round() as u64)
+        } else {
+            None
+        };
+        let output = mean.unwrap_or(DEFAULT_OUTPUT_TOKENS);
+        max_tokens.map_or(output, |m| output.min(m))
+    }
+
     /// Learns from a settled answer: the body's bytes per prompt token
     /// (`body_bytes` None: its input was counted, not estimated, so the
     /// ratio learns nothing) and the output tokens it used.
@@ -185,6 +207,29 @@ mod tests {
             e.estimate(400, None).output >= 2000,
             "now over 5 % are long"
         );
+    }
+
+    #[test]
+    fn the_expected_output_is_the_mean_of_settled_answers() {
+        let mut e = Estimator::default();
+        assert_eq!(e.expected_output(None), DEFAULT_OUTPUT_TOKENS);
+        for i in 0..(MIN_SAMPLES - 1) {
+            e.learn(None, 100, if i % 2 == 0 { 10 } else { 30 });
+        }
+        assert_eq!(
+            e.expected_output(None),
+            DEFAULT_OUTPUT_TOKENS,
+            "the default until enough answers"
+        );
+        // 90 answers of 20 tokens and 10 of 1,000: the mean is 118, the
+        // P95 about 1,000.
+        let mut e = Estimator::default();
+        for i in 0..100 {
+            e.learn(None, 100, if i < 90 { 20 } else { 1000 });
+        }
+        assert_eq!(e.expected_output(None), 118);
+        assert!(e.estimate(0, None).output >= 1000);
+        assert_eq!(e.expected_output(Some(50)), 50, "max_tokens is the ceiling");
     }
 
     #[test]
