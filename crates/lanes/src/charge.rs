@@ -107,7 +107,8 @@ pub struct Charge {
     pub lane: Arc<str>,
     /// Work units reserved.
     pub units: f64,
-    /// Work units it was expected to cost (see [`Lane::refunds_due`]).
+    /// Work units it is expected to cost in the end (its output at the
+    /// lane's mean): what its reservation gives back is counted as due.
     pub expected_units: f64,
     /// The tokens it was estimated at.
     pub estimate: TokenEstimate,

@@ -1,7 +1,7 @@
 //! Tenants inside one lane: the lane's `tenants` in `lanes.json` (a
 //! maximum of requests in flight per tenant and the tenants' weights in the
 //! lane's fair queue), and the live count of each tenant's requests in
-//! flight ([`TenantGate`]).
+//! flight (`TenantGate`).
 //!
 //! A request that passes in a lane with a concurrency limit carries a
 //! [`TenantSlot`]; the caller gives it back with [`Core::release_tenant`]

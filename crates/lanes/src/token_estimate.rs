@@ -24,7 +24,7 @@ const GAMMA: f64 = 1.04;
 const BUCKETS: usize = 360;
 
 /// A streaming quantile sketch of token counts: counts in buckets whose
-/// bounds grow by [`GAMMA`], so memory is fixed and a quantile's relative
+/// bounds grow by `GAMMA` (4 %), so memory is fixed and a quantile's relative
 /// error is bounded whatever the stream.
 #[derive(Clone, Debug)]
 pub struct TokenSketch {
