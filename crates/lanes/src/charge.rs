@@ -57,8 +57,8 @@ pub(crate) struct Sized {
     /// Tokens of its lane's bucket (1 for an unpriced request).
     pub(crate) tokens: f64,
     /// Work units it is expected to cost in the end (its output at the
-    /// lane's mean, not its P95): what it takes of a queue's drain once
-    /// its reservation settles. `units` for an unpriced request.
+    /// lane's mean, not its P95): its reservation less this is what it is
+    /// expected to give back. `units` for an unpriced request.
     pub(crate) expected_units: f64,
     /// Its estimate, when the request was sized.
     pub(crate) estimate: Option<Estimated>,

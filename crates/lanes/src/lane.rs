@@ -39,8 +39,8 @@ pub(crate) struct Lane {
     pub(crate) estimator: Estimator,
     /// Work units its requests in flight are expected to give back when
     /// they settle (each reserved its output at the lane's P95 and is
-    /// expected to use its mean): the part of its bucket's debt a queue
-    /// need not wait for.
+    /// expected to use its mean): a queue's wait counts them as flowing
+    /// back over the lane's expected service time.
     pub(crate) refunds_due: f64,
 }
 
