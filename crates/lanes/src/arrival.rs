@@ -380,8 +380,8 @@ fn check_retries(lane: &mut Lane, a: &Arrival, now: f64) -> Result<(), Limit> {
 /// capacity, shared with other lanes, is not counted on). Its own charge
 /// stands for each request ahead's; a priced lane's debt is waited for too,
 /// while the excess its requests in flight reserved comes back as they
-/// settle: spread over the lane's expected service time (its P95, so the
-/// flow is never overstated), it adds to the rate.
+/// settle: spread over the lane's expected service time (its P95, slower
+/// than most of it comes back), it adds to the rate.
 fn queue_wait(lane: &Lane, sized: &Sized, rate: f64, now: f64) -> f64 {
     let held = if sized.tokens == 1.0 {
         lane.bucket.tokens.max(0.0)
