@@ -89,6 +89,7 @@ pub struct GatewayMetrics {
     requests: IntCounterVec,
     shadow: IntCounterVec,
     queue_depth: IntGaugeVec,
+    expected_service: GaugeVec,
     in_flight: IntGauge,
     wait: HistogramVec,
     upstream: HistogramVec,
@@ -138,6 +139,20 @@ fn refused_before_admission(r: &Registry) -> IntCounterVec {
         "lanekeeper_gateway_refused_before_admission_total",
         "Requests answered by the gateway before admission (no lane's bucket touched), by reason: not_found, method_not_allowed, invalid_attempt, invalid_request_id, unknown_lane, no_config, body_too_large, body_unreadable.",
         &["reason"],
+    )
+}
+
+fn expected_service(r: &Registry) -> GaugeVec {
+    registered(
+        r,
+        GaugeVec::new(
+            Opts::new(
+                "lanekeeper_gateway_lane_expected_service_seconds",
+                "The service time the lane's deadline check counts, as of its last request: expectedServiceSeconds, or the p95 of its answers of the last 10 s (once there are 20) when longer.",
+            ),
+            &["lane"],
+        )
+        .expect("valid metric"),
     )
 }
 
@@ -209,6 +224,7 @@ impl GatewayMetrics {
                 "Requests waiting per lane.",
                 &["lane"],
             ),
+            expected_service: expected_service(&r),
             in_flight: gauge(
                 &r,
                 "lanekeeper_gateway_in_flight",
@@ -273,6 +289,7 @@ impl GatewayMetrics {
                 requests: Default::default(),
                 shadow: Default::default(),
                 queue_depth: self.queue_depth.with_label_values(&[&l.name]),
+                expected_service: self.expected_service.with_label_values(&[&l.name]),
                 wait: self.wait.with_label_values(&[&l.name]),
                 upstream: self.upstream.with_label_values(&[&l.name]),
                 deadline_misses: self.deadline_misses.with_label_values(&[&l.name]),
@@ -365,6 +382,7 @@ pub struct LaneMeter {
     requests: [[Cells<OUTCOMES>; ATTEMPTS]; CLASSES],
     shadow: [Cells<OUTCOMES>; ATTEMPTS],
     queue_depth: IntGauge,
+    expected_service: prometheus::Gauge,
     wait: Histogram,
     upstream: Histogram,
     deadline_misses: IntCounter,
@@ -438,6 +456,11 @@ impl LaneMeter {
     /// Requests waiting now.
     pub fn queue_depth(&self, n: usize) {
         self.queue_depth.set(n as i64);
+    }
+
+    /// The service time the lane's deadline check counts now.
+    pub fn expected_service(&self, seconds: f64) {
+        self.expected_service.set(seconds);
     }
 
     /// A queued request went upstream after `seconds`.

@@ -346,6 +346,7 @@ fn poll_once(gw: &Arc<Gateway>) -> Option<f64> {
     // The meters were made from the config the core holds: one per lane.
     for (i, m) in meters.iter().enumerate() {
         m.queue_depth(core.queue_depth(i));
+        m.expected_service(core.last_expected_service(i));
     }
     gw.metrics.pressure(core.pressure());
     gw.metrics

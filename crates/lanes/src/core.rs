@@ -222,6 +222,14 @@ impl Core {
         self.lanes[lane].queue.len()
     }
 
+    /// The service time lane `lane`'s deadline check counted at its last
+    /// request (read only: a gauge must not refresh what the decisions
+    /// use): its `expectedServiceSeconds`, or the p95 of its answers of the
+    /// last 10 s (once there are 20) when longer.
+    pub fn last_expected_service(&self, lane: usize) -> f64 {
+        self.lanes[lane].expected_service
+    }
+
     /// Requests in flight to the pool (as [`Core::started`] and
     /// [`Core::finished`] counted them).
     pub fn in_flight(&self) -> u64 {
