@@ -458,7 +458,8 @@ impl LaneMeter {
         self.queue_depth.set(n as i64);
     }
 
-    /// The service time the lane's deadline check counts now.
+    /// The service time the lane's deadline check counted at its last
+    /// request.
     pub fn expected_service(&self, seconds: f64) {
         self.expected_service.set(seconds);
     }
