@@ -515,6 +515,13 @@ proptest! {
         }
         let got = settled / horizon;
         prop_assert!((got - rate).abs() <= 0.10 * rate, "{} units/s vs {}", got, rate);
+        // What is due back follows the requests in flight: never below
+        // nothing, and nothing once the last has settled.
+        prop_assert!(c.lanes[0].refunds_due >= 0.0);
+        for (_, charge, u) in pending.drain(..) {
+            c.settle(&charge, Some(u), horizon).unwrap();
+        }
+        prop_assert!(c.lanes[0].refunds_due.abs() < 1e-6, "{}", c.lanes[0].refunds_due);
     }
 }
 
