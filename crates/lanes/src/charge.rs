@@ -56,10 +56,10 @@ pub(crate) struct Sized {
     pub(crate) units: f64,
     /// Tokens of its lane's bucket (1 for an unpriced request).
     pub(crate) tokens: f64,
-    /// Work units it is expected to cost in the end (its output at the
-    /// lane's mean, not its P95): its reservation less this is what it is
-    /// expected to give back. `units` for an unpriced request.
-    pub(crate) expected_units: f64,
+    /// Work units it is expected to give back when it settles: its
+    /// reservation less what it is expected to cost (its output at the
+    /// lane's mean, not its P95). 0 for an unpriced request.
+    pub(crate) refund_due: f64,
     /// Its estimate, when the request was sized.
     pub(crate) estimate: Option<Estimated>,
 }
@@ -83,14 +83,9 @@ impl Sized {
         Sized {
             units,
             tokens: 1.0,
-            expected_units: units,
+            refund_due: 0.0,
             estimate: None,
         }
-    }
-
-    /// What its reservation is expected to give back when it settles.
-    pub(crate) fn refund_due(&self) -> f64 {
-        (self.units - self.expected_units).max(0.0)
     }
 
     /// Whether it counts against the pool's long-context limit.
@@ -107,9 +102,10 @@ pub struct Charge {
     pub lane: Arc<str>,
     /// Work units reserved.
     pub units: f64,
-    /// Work units it is expected to cost in the end (its output at the
-    /// lane's mean): what its reservation gives back is counted as due.
-    pub expected_units: f64,
+    /// Work units it is expected to give back when it settles (its
+    /// reservation less its output at the lane's mean), counted as due
+    /// while it runs.
+    pub refund_due: f64,
     /// The tokens it was estimated at.
     pub estimate: TokenEstimate,
     /// The bytes of its body (what the lane's ratio learns from).
@@ -163,7 +159,7 @@ impl Lane {
         });
         Sized {
             units,
-            expected_units,
+            refund_due: (units - expected_units).max(0.0),
             tokens: if cost.is_some() {
                 units / per_request
             } else {
@@ -185,7 +181,7 @@ impl Lane {
         Some(Charge {
             lane: Arc::clone(&self.name),
             units: sized.units,
-            expected_units: sized.expected_units,
+            refund_due: sized.refund_due,
             estimate: e.tokens,
             body_bytes: e.body_bytes,
             input_counted: e.input_counted,
@@ -227,7 +223,7 @@ impl Core {
                 && self.spare.take(now, sized.units);
         if took {
             lane.passed(sized.units, now);
-            lane.refunds_due += sized.refund_due();
+            lane.refunds_due += sized.refund_due;
         }
         took
     }
@@ -269,8 +265,7 @@ impl Core {
         let rate = effective_rate(&self.lanes, li, now);
         let lane = &mut self.lanes[li];
         let mut charged = charge.units;
-        let due = (charge.units - charge.expected_units).max(0.0);
-        lane.refunds_due = (lane.refunds_due - due).max(0.0);
+        lane.refunds_due = (lane.refunds_due - charge.refund_due).max(0.0);
         if let Some(u) = usage {
             let bytes = (!charge.input_counted).then_some(charge.body_bytes);
             lane.estimator
