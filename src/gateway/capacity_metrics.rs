@@ -81,14 +81,19 @@ impl CapacityMetrics {
         }
     }
 
-    /// A request of `lane` worth `units` was answered in full by `route`.
-    pub(super) fn completed(&self, lane: &str, route: &str, units: f64) {
+    /// The completed units of `lane` answered by `route`, for a lane's
+    /// meter to keep.
+    pub(super) fn completed_of(&self, lane: &str, route: &str) -> Counter {
+        self.completed.with_label_values(&[lane, route])
+    }
+
+    /// A request worth `units` was answered in full, counted on `counter`
+    /// (one of [`CapacityMetrics::completed_of`]'s).
+    pub(super) fn completed(&self, counter: &Counter, units: f64) {
         if !(units.is_finite() && units > 0.0) {
             return;
         }
-        self.completed
-            .with_label_values(&[lane, route])
-            .inc_by(units);
+        counter.inc_by(units);
         let counted = self
             .meter
             .lock()
@@ -122,15 +127,16 @@ mod tests {
     fn only_work_completed_while_saturated_counts_as_evidence() {
         let r = Registry::new();
         let m = CapacityMetrics::new(&r);
+        let (p1, p2) = (m.completed_of("p1", "vllm"), m.completed_of("p2", "vllm"));
         m.observe(0.0, false, Some(10));
-        m.completed("p1", "vllm", 1.5);
+        m.completed(&p1, 1.5);
         m.observe(1.0, true, Some(10));
-        m.completed("p1", "vllm", 1.5);
-        m.completed("p2", "vllm", 0.7);
-        m.completed("p2", "vllm", f64::NAN);
+        m.completed(&p1, 1.5);
+        m.completed(&p2, 0.7);
+        m.completed(&p2, f64::NAN);
         m.observe(3.0, true, Some(10));
         m.observe(4.0, false, Some(10));
-        m.completed("p1", "vllm", 1.5);
+        m.completed(&p1, 1.5);
         m.observe(9.0, false, None);
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(close(

@@ -8,6 +8,7 @@ use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 
@@ -162,7 +163,8 @@ impl Record {
         );
         let headers = response.headers_mut();
         headers.insert(REQUEST_ID, self.request_id.clone());
-        if let Ok(v) = HeaderValue::from_str(&self.header(verdict, why)) {
+        // The text moves into the header as it is (`from_str` would copy it).
+        if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(self.header(verdict, why))) {
             headers.insert(DECISION, v);
         }
         (verdict, why)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
-use lanes::{Attempt, Charge, Core, Pass, Served, TenantSlot, Usage};
+use lanes::{Attempt, Charge, Core, LaneRoutes, Pass, Served, TenantSlot, Usage};
 
 use super::metrics::LaneMeter;
 use super::route_health::Taken;
@@ -37,7 +37,7 @@ pub(super) struct Finished {
     pub(super) usage: Option<Usage>,
     /// The route that answered a priced request in full: its units count
     /// as completed once settled.
-    pub(super) completed_by: Option<String>,
+    pub(super) completed_by: Option<Arc<str>>,
     /// Seconds from its pass until the first byte of the upstream's answer
     /// body (None: no byte came).
     pub(super) first_byte: Option<f64>,
@@ -50,8 +50,7 @@ pub(super) struct Dispatch {
     pub(super) attempt: Attempt,
     /// The lane's routes, in order, and the fallbacks an open breaker may
     /// send it to.
-    pub(super) routes: Vec<String>,
-    pub(super) breaker_fallbacks: Vec<String>,
+    pub(super) routes: LaneRoutes,
     /// The route taken, held until the answer ends (its place in the
     /// route's pace).
     pub(super) route_hold: Option<Taken>,
@@ -79,8 +78,7 @@ impl Dispatch {
             lane: pass.lane,
             meters: Arc::clone(meters),
             attempt: pass.attempt,
-            routes: core.lane(pass.lane).routes.clone(),
-            breaker_fallbacks: core.lane(pass.lane).breaker_fallbacks.clone(),
+            routes: core.routes(pass.lane).clone(),
             route_hold: None,
             read_only: flags.read_only,
             fallback_route: core.lane(pass.lane).fallback_routes,
@@ -177,8 +175,8 @@ impl Dispatch {
 
     /// `route` answered with a 2xx: the lane's units count as completed
     /// once the body ends, unless it fails on the way.
-    pub(super) fn answered_by(&mut self, route: &str) {
-        self.slot.answered_by = Some(route.to_owned());
+    pub(super) fn answered_by(&mut self, route: Arc<str>) {
+        self.slot.answered_by = Some(route);
     }
 
     /// The upstream answered with headers after `latency` seconds.
@@ -202,7 +200,7 @@ struct InFlight {
     deadline: Option<Instant>,
     failed: bool,
     /// The route that answered with a 2xx.
-    answered_by: Option<String>,
+    answered_by: Option<Arc<str>>,
     tenant: Option<TenantSlot>,
     charge: Option<Charge>,
     metering: Option<Metering>,

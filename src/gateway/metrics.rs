@@ -12,8 +12,8 @@ use super::identity::AuthRefusal;
 use super::token_metrics::TokenMetrics;
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Whether a request named its tenant (the tenant itself is not a label:
@@ -301,6 +301,12 @@ impl GatewayMetrics {
                         .with_label_values(&[&l.name, q.label().expect("counted")])
                 }),
                 units: l.work_units_per_request,
+                routes: l
+                    .routes
+                    .iter()
+                    .chain(&l.breaker_fallbacks)
+                    .map(|r| (r.clone(), OnceLock::new()))
+                    .collect(),
                 capacity: Arc::clone(&self.capacity),
                 tokens: Arc::clone(&self.tokens),
             })
@@ -393,6 +399,9 @@ pub struct LaneMeter {
     families: (IntCounterVec, IntCounterVec),
     /// The lane's work units per request.
     units: f64,
+    /// Its completed units by route, for its routes and breaker fallbacks
+    /// (each made at its first completion).
+    routes: Vec<(String, OnceLock<Counter>)>,
     capacity: Arc<CapacityMetrics>,
     tokens: Arc<TokenMetrics>,
 }
@@ -476,13 +485,18 @@ impl LaneMeter {
 
     /// A request of this lane was answered in full by `route`.
     pub fn completed(&self, route: &str) {
-        self.capacity.completed(&self.lane, route, self.units);
+        self.completed_units(route, self.units);
     }
 
     /// A priced request of this lane was answered in full by `route` and
     /// cost `units` work units.
     pub fn completed_units(&self, route: &str, units: f64) {
-        self.capacity.completed(&self.lane, route, units);
+        let counter = match self.routes.iter().find(|(r, _)| **r == *route) {
+            Some((_, c)) => c.get_or_init(|| self.capacity.completed_of(&self.lane, route)),
+            // Not one of the lane's routes in this config: looked up.
+            None => &self.capacity.completed_of(&self.lane, route),
+        };
+        self.capacity.completed(counter, units);
     }
 
     /// A request ran past its deadline upstream.

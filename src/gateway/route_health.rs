@@ -12,7 +12,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use lanes::{Breaker, Breakers, Gate, Paced, RoutePace, Upshot};
+use lanes::{Breaker, Breakers, Gate, LaneRoutes, Paced, RoutePace, Upshot};
+use prometheus::Gauge;
 
 use super::route_metrics::{KeptAway, RouteMetrics};
 
@@ -63,6 +64,9 @@ struct Route {
     breaker: Breaker,
     pace: RoutePace,
     in_flight: usize,
+    /// Its `lanekeeper_gateway_route_share` (set on every request: held
+    /// here, not looked up by name each time).
+    share: Gauge,
 }
 
 /// Every route's breaker and pace.
@@ -70,7 +74,7 @@ pub(super) struct RouteHealth {
     start: Instant,
     /// The breakers' jitter, seeded from the wall clock (replicas differ).
     jitter: Mutex<ChaCha8Rng>,
-    routes: Mutex<HashMap<String, Route>>,
+    routes: Mutex<HashMap<Arc<str>, Route>>,
     settings: Mutex<Breakers>,
     metrics: RouteMetrics,
 }
@@ -94,7 +98,7 @@ impl RouteHealth {
         self.start.elapsed().as_secs_f64()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Route>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Route>> {
         self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -115,15 +119,18 @@ impl RouteHealth {
             .clone()
     }
 
-    /// The first of `routes`, then of `fallbacks`, that may take a request
-    /// now; else why the first of `routes` may not.
+    /// The first of a lane's routes, then of its breaker fallbacks that
+    /// are `known` (this gateway has a `--route` for them), that may take a
+    /// request now; else why the first route may not.
     pub(super) fn take(
         self: &Arc<Self>,
-        routes: &[String],
-        fallbacks: &[String],
+        lane: &LaneRoutes,
+        known: impl Fn(&str) -> bool,
     ) -> Result<Taken, KeptOff> {
         let now = self.now();
         let mut first = None;
+        let routes = &lane.routes;
+        let fallbacks = lane.breaker_fallbacks.iter().filter(|r| known(r));
         for (i, name) in routes.iter().chain(fallbacks).enumerate() {
             match self.try_route(name, now) {
                 Ok(probe) => {
@@ -133,7 +140,7 @@ impl RouteHealth {
                     }
                     return Ok(Taken {
                         health: Arc::clone(self),
-                        route: name.clone(),
+                        route: Arc::clone(name),
                         probe,
                         fallback,
                         heard: false,
@@ -148,14 +155,16 @@ impl RouteHealth {
     }
 
     /// The route's breaker, then its pace: Ok(probe) or why not.
-    fn try_route(&self, name: &str, now: f64) -> Result<bool, KeptOff> {
+    fn try_route(&self, route: &Arc<str>, now: f64) -> Result<bool, KeptOff> {
+        let name: &str = route;
         let mut routes = self.lock();
-        let r = routes.entry(name.to_owned()).or_insert_with(|| {
+        let r = routes.entry(Arc::clone(route)).or_insert_with(|| {
             self.metrics.state(name, lanes::BreakerState::Closed);
             Route {
                 breaker: Breaker::new(self.settings_of(name)),
                 pace: RoutePace::default(),
                 in_flight: 0,
+                share: self.metrics.share_of(name),
             }
         });
         let (gate, moved) = r.breaker.gate(now);
@@ -190,7 +199,7 @@ impl RouteHealth {
                 retry_in,
             });
         }
-        self.metrics.share(name, r.pace.share(now));
+        r.share.set(r.pace.share(now));
         r.in_flight += 1;
         Ok(probe)
     }
@@ -215,7 +224,7 @@ impl RouteHealth {
             Ending::PushedBack(status, retry_after) => {
                 r.pace.pushed_back(now, retry_after, r.in_flight);
                 self.metrics.push_back(route, status);
-                self.metrics.share(route, r.pace.share(now));
+                r.share.set(r.pace.share(now));
                 Upshot::Success
             }
         };
@@ -251,7 +260,7 @@ impl RouteHealth {
 /// A route taken for one request, held until its answer ends.
 pub(super) struct Taken {
     health: Arc<RouteHealth>,
-    pub(super) route: String,
+    pub(super) route: Arc<str>,
     probe: bool,
     /// The route is one of the lane's approved fallbacks.
     pub(super) fallback: bool,
@@ -296,6 +305,20 @@ pub(super) fn ending_of(status: u16, retry_after: Option<&str>) -> Ending {
 mod tests {
     use super::*;
 
+    /// A lane's routes and breaker fallbacks.
+    fn lane(routes: &[&str], fallbacks: &[&str]) -> LaneRoutes {
+        let shared = |names: &[&str]| names.iter().map(|&n| Arc::from(n)).collect();
+        LaneRoutes {
+            routes: shared(routes),
+            breaker_fallbacks: shared(fallbacks),
+        }
+    }
+
+    /// Every route is one this gateway has.
+    fn any(_: &str) -> bool {
+        true
+    }
+
     fn health() -> Arc<RouteHealth> {
         Arc::new(RouteHealth::new(RouteMetrics::new(
             &prometheus::Registry::new(),
@@ -332,13 +355,13 @@ mod tests {
         let mut s = Breakers::default();
         s.default.consecutive_failures = 1;
         h.configure(Some(&s));
-        let routes = vec!["r".to_owned()];
+        let routes = lane(&["r"], &[]);
         for _ in 0..10 {
-            h.take(&routes, &[]).unwrap().end(Ending::timed_out(0.01));
+            h.take(&routes, any).unwrap().end(Ending::timed_out(0.01));
         }
-        assert!(h.take(&routes, &[]).is_ok(), "still closed");
-        h.take(&routes, &[]).unwrap().end(Ending::timed_out(5.0));
-        assert!(matches!(h.take(&routes, &[]), Err(KeptOff::Open { .. })));
+        assert!(h.take(&routes, any).is_ok(), "still closed");
+        h.take(&routes, any).unwrap().end(Ending::timed_out(5.0));
+        assert!(matches!(h.take(&routes, any), Err(KeptOff::Open { .. })));
     }
 
     #[test]
@@ -348,33 +371,36 @@ mod tests {
         s.default.consecutive_failures = 2;
         s.default.open_seconds = 60.0;
         h.configure(Some(&s));
-        let primary = vec!["main".to_owned()];
-        let fallbacks = vec!["spare".to_owned()];
+        let primary = lane(&["main"], &[]);
+        let with_spare = lane(&["main"], &["spare"]);
         for _ in 0..2 {
-            h.take(&primary, &[]).unwrap().end(Ending::Failed);
+            h.take(&primary, any).unwrap().end(Ending::Failed);
         }
-        match h.take(&primary, &[]) {
+        match h.take(&primary, any) {
             Err(KeptOff::Open { route, retry_in }) => {
                 assert_eq!(route, "main");
                 assert!(retry_in > 59.0 && retry_in <= 72.0, "{retry_in}");
             }
             other => panic!("{:?}", other.map(|t| t.route.clone())),
         }
-        let t = h.take(&primary, &fallbacks).unwrap();
-        assert_eq!((t.route.as_str(), t.fallback), ("spare", true));
+        // A fallback this gateway has no route for is skipped.
+        let unknown = h.take(&with_spare, |r| r != "spare");
+        assert!(matches!(unknown, Err(KeptOff::Open { .. })));
+        let t = h.take(&with_spare, any).unwrap();
+        assert_eq!((&*t.route, t.fallback), ("spare", true));
     }
 
     #[test]
     fn a_push_back_paces_the_route_and_a_dropped_request_gives_its_place_back() {
         let h = health();
-        let routes = vec!["r".to_owned()];
-        let held: Vec<Taken> = (0..4).map(|_| h.take(&routes, &[]).unwrap()).collect();
+        let routes = lane(&["r"], &[]);
+        let held: Vec<Taken> = (0..4).map(|_| h.take(&routes, any).unwrap()).collect();
         let mut held = held.into_iter();
         held.next()
             .unwrap()
             .end(Ending::PushedBack(429, Some(30.0)));
         // Peak 4 at the push-back, share 0.5: 2 at once; 3 still in flight.
-        match h.take(&routes, &[]) {
+        match h.take(&routes, any) {
             Err(KeptOff::Paced {
                 limit, retry_in, ..
             }) => {
@@ -385,10 +411,10 @@ mod tests {
         }
         drop(held);
         // All gone (dropped without an answer): two may go at once.
-        let a = h.take(&routes, &[]).unwrap();
-        let _b = h.take(&routes, &[]).unwrap();
-        assert!(h.take(&routes, &[]).is_err());
+        let a = h.take(&routes, any).unwrap();
+        let _b = h.take(&routes, any).unwrap();
+        assert!(h.take(&routes, any).is_err());
         drop(a);
-        assert!(h.take(&routes, &[]).is_ok());
+        assert!(h.take(&routes, any).is_ok());
     }
 }

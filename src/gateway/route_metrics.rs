@@ -3,7 +3,7 @@
 //! a route.
 
 use lanes::{BreakerState, Transition};
-use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 /// Why a request was kept away from a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,8 +102,9 @@ impl RouteMetrics {
         self.state(route, t.to);
     }
 
-    pub(super) fn share(&self, route: &str, share: f64) {
-        self.share.with_label_values(&[route]).set(share);
+    /// A route's share gauge, for its breaker and pace to keep.
+    pub(super) fn share_of(&self, route: &str) -> Gauge {
+        self.share.with_label_values(&[route])
     }
 
     pub(super) fn push_back(&self, route: &str, status: u16) {

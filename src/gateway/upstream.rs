@@ -253,22 +253,21 @@ pub(super) async fn forward(
     mut d: Dispatch,
 ) -> Response {
     let lane = out.lane;
-    if d.routes.is_empty() {
+    if d.routes.routes.is_empty() {
         return respond::no_route(lane);
     }
     // An approved fallback this gateway has no `--route` for is skipped.
-    d.breaker_fallbacks
-        .retain(|r| upstream.routes.contains_key(r.as_str()));
-    let taken = match upstream.health.take(&d.routes, &d.breaker_fallbacks) {
+    let known = |r: &str| upstream.routes.contains_key(r);
+    let taken = match upstream.health.take(&d.routes, known) {
         Ok(t) => t,
         Err(k) => {
             d.kept_off();
             return respond::route_kept_off(lane, &k);
         }
     };
-    let route = taken.route.clone();
+    let route = Arc::clone(&taken.route);
     d.fallback_route |= taken.fallback;
-    let Some(base) = upstream.routes.get(&route) else {
+    let Some(base) = upstream.routes.get(&*route) else {
         return respond::unknown_route(lane, &route);
     };
     let (body, trimmed) = trimmed(&out.parts, out.body.clone(), d.history_turns);
@@ -333,9 +332,9 @@ fn answered(
     d.set_latency(latency);
     d.meter().upstream_latency(latency);
     if response.status().is_success()
-        && let Some(route) = d.route_hold.as_ref().map(|t| t.route.clone())
+        && let Some(route) = d.route_hold.as_ref().map(|t| Arc::clone(&t.route))
     {
-        d.answered_by(&route);
+        d.answered_by(route);
     }
     if response.status().is_server_error() {
         d.failed();

@@ -207,6 +207,11 @@ impl Core {
         std::sync::Arc::clone(&self.lanes[i].name)
     }
 
+    /// The routes of the lane at an index, shared.
+    pub fn routes(&self, i: usize) -> &crate::lane::LaneRoutes {
+        &self.lanes[i].routes
+    }
+
     /// The lane at an index.
     pub fn lane(&self, i: usize) -> &LaneConfig {
         &self.lanes[i].cfg

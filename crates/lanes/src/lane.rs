@@ -13,6 +13,29 @@ use crate::service_time::ServiceTime;
 use crate::tenants::TenantGate;
 use crate::token_estimate::Estimator;
 
+/// A lane's routes as the gateway sends to them, shared: a request on its
+/// way upstream holds them (and the name of the route it took) without a
+/// copy of any name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaneRoutes {
+    /// The routes to use now, in order (`routes`).
+    pub routes: Arc<[Arc<str>]>,
+    /// The approved fallbacks an open breaker may send a request to
+    /// (`breakerFallbacks`).
+    pub breaker_fallbacks: Arc<[Arc<str>]>,
+}
+
+impl LaneRoutes {
+    /// The routes of `cfg`.
+    pub fn of(cfg: &LaneConfig) -> LaneRoutes {
+        let shared = |names: &[String]| names.iter().map(|n| Arc::from(n.as_str())).collect();
+        LaneRoutes {
+            routes: shared(&cfg.routes),
+            breaker_fallbacks: shared(&cfg.breaker_fallbacks),
+        }
+    }
+}
+
 /// One lane's live state.
 #[derive(Debug)]
 pub(crate) struct Lane {
@@ -20,6 +43,8 @@ pub(crate) struct Lane {
     /// The lane's name, shared with what outlives a config (a request in
     /// flight).
     pub(crate) name: Arc<str>,
+    /// Its routes, shared the same way.
+    pub(crate) routes: LaneRoutes,
     pub(crate) bucket: Bucket,
     /// What holds its draws on spare capacity to its ceiling (None: no
     /// ceiling).
@@ -49,6 +74,7 @@ impl Lane {
         let paused = cfg.state == LaneState::Paused;
         Lane {
             name: Arc::from(cfg.name.as_str()),
+            routes: LaneRoutes::of(&cfg),
             bucket: Bucket::new(&cfg, paused, share, now),
             ceiling: Ceiling::new(
                 cfg.ceiling_units_per_second,

@@ -109,6 +109,7 @@ pub use crate::config::{
 pub use crate::core::{Core, DEFAULT_TENANT};
 pub use crate::history::trim_chat_history;
 pub use crate::id_hint::IdHint;
+pub use crate::lane::LaneRoutes;
 pub use crate::pool_limits::{LongContext, ModelSlots};
 pub use crate::pressure::{
     DEFAULT_RESUME_AFTER_STABLE_SECONDS, DRAIN_WINDOW_SECONDS, LATENCY_RISE_FACTOR,
