@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use arc_swap::ArcSwap;
 use lanes::{Core, GatewayConfig, Resolution, Ticket};
 use tokio::sync::{Notify, oneshot};
 
@@ -20,6 +21,7 @@ use super::route_health::RouteHealth;
 use super::route_metrics::RouteMetrics;
 use super::settle::settle;
 use super::surface::Surface;
+use super::token_size::RulesInForce;
 use super::tokenizer::Tokenizers;
 use super::upstream::Upstream;
 
@@ -47,6 +49,9 @@ pub(super) struct Gateway {
     pub(super) fleet: Option<Arc<Fleet>>,
     /// The routes' tokenizers (`--tokenizer`, installed by `run`).
     pub(super) tokenizers: Tokenizers,
+    /// What the request path reads of each lane before admission, for the
+    /// config in force (replaced with it; read without the lock).
+    pub(super) rules: ArcSwap<RulesInForce>,
 }
 
 /// Everything under the lock.
@@ -91,6 +96,7 @@ impl Gateway {
             identity: Arc::new(Identity::new(&args.identity)),
             fleet: Fleet::from_args(&args.fleet, metrics.registry(), 0.0),
             tokenizers: Tokenizers::new(metrics.registry()),
+            rules: ArcSwap::from_pointee(RulesInForce::default()),
             start: Instant::now(),
             state: Mutex::new(State {
                 core: None,
@@ -160,6 +166,10 @@ impl Gateway {
             previous = ?st.last_good.as_ref().map(|g| &g.content_hash),
             "gateway config loaded"
         );
+        if let Some(core) = &st.core {
+            self.rules
+                .store(Arc::new(RulesInForce::of(core, &self.tokenizers)));
+        }
         self.identity.config_installed(&cfg.lanes);
         self.upstream.health.configure(cfg.breakers.as_ref());
         st.last_good = Some(cfg);

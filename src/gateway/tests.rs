@@ -377,3 +377,43 @@ async fn every_answer_carries_a_request_id_and_the_decision() {
     assert_eq!(body["error"]["code"], "invalid_request_id");
     assert_eq!(headers["x-request-id"].len(), 32, "a new id, not the echo");
 }
+
+#[tokio::test]
+async fn the_token_limits_the_path_reads_are_the_config_in_forces() {
+    // A prompt of about 9 tokens (its 37 bytes / 4) against a limit of 5.
+    let prompt = r#"{"messages":"0123456789012345678901"}"#;
+    assert_eq!(prompt.len(), 37);
+    let limited = |mode: Mode| {
+        let mut cfg = example();
+        cfg.mode = mode;
+        cfg.lanes[1].tokens = Some(lanes::TokenLimits {
+            max_input_tokens: Some(5),
+            ..Default::default()
+        });
+        cfg.with_hash()
+    };
+    let gw = gateway(Some(limited(Mode::Enforce)), &[]);
+    let status = |gw: Arc<Gateway>| async move {
+        let (status, body, _) = call(&gw, Some("p1-agent-assist"), prompt).await;
+        (status, body["error"]["code"].as_str().map(str::to_owned))
+    };
+    let too_long = (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        Some("context_too_long".to_owned()),
+    );
+    let admitted = (StatusCode::BAD_GATEWAY, Some("upstream_error".to_owned()));
+    assert_eq!(status(gw.clone()).await, too_long);
+    // A config without the limit: the same request is admitted.
+    gw.install(example().with_hash(), "test");
+    assert_eq!(status(gw.clone()).await, admitted);
+    // A refused config with the limit changes nothing.
+    let mut bad = limited(Mode::Enforce);
+    bad.lanes[0].deadline_seconds = 0;
+    gw.install(bad.with_hash(), "test");
+    assert_eq!(status(gw.clone()).await, admitted);
+    // Observe mode checks nothing; enforcing again, the limit holds.
+    gw.install(limited(Mode::Observe), "test");
+    assert_eq!(status(gw.clone()).await, admitted);
+    gw.install(limited(Mode::Enforce), "test");
+    assert_eq!(status(gw.clone()).await, too_long);
+}

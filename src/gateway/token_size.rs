@@ -6,20 +6,21 @@
 //! of the answer again when the client did not ask for it (see
 //! `usage_tap`). An observe config changes nothing of the request.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use lanes::{RequestSize, TokenLimits};
+use lanes::{Core, RequestSize, TokenLimits};
+use rustc_hash::FxBuildHasher;
 use serde_json::{Map, Value};
 
 use super::state::Gateway;
-use super::tokenizer::RouteTokenizer;
+use super::tokenizer::{RouteTokenizer, Tokenizers};
 use super::usage_tap::Metering;
 
-/// What the request path needs of its lane before admission, read under
-/// one acquisition of the lock: its token limits (`request_shape`) and
-/// whether it is priced. Nothing for an observe config, which forwards
-/// every request as sent.
+/// What the request path needs of its lane before admission: its token
+/// limits (`request_shape`) and whether it is priced. Nothing for an
+/// observe config, which forwards every request as sent.
 #[derive(Clone, Debug, Default)]
 pub(super) struct LaneRules {
     /// The lane's `tokens`, when it sets any.
@@ -31,27 +32,46 @@ pub(super) struct LaneRules {
     pub(super) tokenizer: Option<Arc<RouteTokenizer>>,
 }
 
+/// Each lane's [`LaneRules`] in the config in force, made when a config is
+/// installed and read without the core's lock: the admit path takes that
+/// lock once, for the decision.
+#[derive(Debug, Default)]
+pub(super) struct RulesInForce {
+    /// Lane names are the config's own (a client's header only looks one
+    /// up), so a cheap hasher will do.
+    by_lane: HashMap<String, LaneRules, FxBuildHasher>,
+}
+
+impl RulesInForce {
+    /// The rules of `core`'s config (none when it only observes).
+    pub(super) fn of(core: &Core, tokenizers: &Tokenizers) -> RulesInForce {
+        if !core.enforcing() {
+            return RulesInForce::default();
+        }
+        let by_lane = core
+            .lane_names()
+            .enumerate()
+            .map(|(i, name)| {
+                let l = core.lane(i);
+                let rules = LaneRules {
+                    limits: l.tokens.filter(|t| !t.is_empty()),
+                    priced: l.cost.is_some(),
+                    tokenizer: core
+                        .reads_input_tokens(i)
+                        .then(|| tokenizers.for_routes(&l.routes))
+                        .flatten(),
+                };
+                (name.to_owned(), rules)
+            })
+            .collect();
+        RulesInForce { by_lane }
+    }
+}
+
 /// The rules of `lane` in the enforced config in force.
 pub(super) fn rules(gw: &Gateway, lane: Option<&str>) -> LaneRules {
-    let Some(lane) = lane else {
-        return LaneRules::default();
-    };
-    let st = gw.lock();
-    let Some(core) = st.core.as_ref().filter(|c| c.enforcing()) else {
-        return LaneRules::default();
-    };
-    let Some(i) = core.lane_index(lane) else {
-        return LaneRules::default();
-    };
-    let l = core.lane(i);
-    LaneRules {
-        limits: l.tokens.filter(|t| !t.is_empty()),
-        priced: l.cost.is_some(),
-        tokenizer: core
-            .reads_input_tokens(i)
-            .then(|| gw.tokenizers.for_routes(&l.routes))
-            .flatten(),
-    }
+    lane.and_then(|lane| gw.rules.load().by_lane.get(lane).cloned())
+        .unwrap_or_default()
 }
 
 /// A request sized for admission.
