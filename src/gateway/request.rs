@@ -22,7 +22,6 @@ use super::decision::{self, MAX_REQUEST_ID, REQUEST_ID, Record, client_request_i
 use super::dispatch::Dispatch;
 use super::identity::{self, IdentityKind};
 use super::metrics::{LaneMeter, TenantClass};
-use super::request_shape;
 use super::respond;
 use super::state::{Gateway, Resolved, State as Locked};
 use super::surface::OnSurface;
@@ -165,16 +164,19 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         Err(r) => return r,
     };
     let rules = token_size::rules(gw, asked.lane.as_deref());
-    let counted = match rules.tokenizer {
-        Some(t) => gw.tokenizers.count(t, parts.uri.path(), &body).await,
+    let counted = match &rules.tokenizer {
+        Some(t) => {
+            gw.tokenizers
+                .count(Arc::clone(t), parts.uri.path(), &body)
+                .await
+        }
         None => None,
     };
     let lane = asked.lane.as_deref();
-    let body = match request_shape::check(rules.limits, lane, parts.uri.path(), body, counted) {
-        Ok(b) => b,
+    let sized = match token_size::prepare(&rules, lane, parts.uri.path(), body, counted) {
+        Ok(s) => s,
         Err(r) => return r,
     };
-    let sized = token_size::size(rules.priced, body, counted);
     if let Some(fleet) = &gw.fleet {
         let (lane, id) = (asked.lane.as_deref(), asked.request_id.as_deref());
         fleet

@@ -3,46 +3,20 @@
 //! reaches the upstream): 413 `context_too_long` over `maxInputTokens`, 400
 //! for an output field that is not a count, and the body forwarded with its
 //! `max_tokens` lowered to (or set at) the limit in force. The rule itself
-//! is the `lanes` crate's ([`lanes::request_shape`]). An observe config
-//! checks nothing: it admits every request as sent.
+//! is the `lanes` crate's ([`lanes::request_shape`]), applied with the
+//! sizing in `token_size::prepare` (one parse of the body for both); here
+//! are which paths take an output limit and the answers to a refused shape.
+//! An observe config checks nothing: it admits every request as sent.
 
-use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::Response;
-use lanes::TokenLimits;
-use lanes::request_shape::{self, DEFAULT_BYTES_PER_TOKEN, InputTokens, ShapeRefusal};
+use lanes::request_shape::{DEFAULT_BYTES_PER_TOKEN, InputTokens, ShapeRefusal};
 
 use super::respond;
 
-/// The body to forward, or the refusal; its input tokens are `counted`
-/// by its route's tokenizer, or else estimated from its bytes. Without limits (no config, an
-/// unknown lane, a lane without limits, an observe config: see
-/// `token_size::rules`) the body goes on as sent (the admission step
-/// answers for a missing config or an unknown lane).
-#[expect(
-    clippy::result_large_err,
-    reason = "the error is the answer for the client, made once per refused request"
-)]
-pub(super) fn check(
-    limits: Option<TokenLimits>,
-    lane: Option<&str>,
-    path: &str,
-    body: Bytes,
-    counted: Option<u64>,
-) -> Result<Bytes, Response> {
-    let Some(limits) = limits else {
-        return Ok(body);
-    };
-    let lane = lane.unwrap_or_default();
-    match request_shape::shape(&body, &limits, takes_output_limit(path), counted) {
-        Ok(s) => Ok(s.rewritten.map_or(body, Bytes::from)),
-        Err(r) => Err(refusal(lane, &r)),
-    }
-}
-
 /// Paths whose requests ask for output tokens: chat completions and
 /// completions (not embeddings or paths an operator added).
-fn takes_output_limit(path: &str) -> bool {
+pub(super) fn takes_output_limit(path: &str) -> bool {
     matches!(path, "/v1/chat/completions" | "/v1/completions")
 }
 
@@ -128,7 +102,7 @@ mod tests {
         let (s, b) = body_of(refusal(
             "p1",
             &ShapeRefusal::BadOutputField {
-                field: request_shape::OutputField::MaxTokens,
+                field: lanes::request_shape::OutputField::MaxTokens,
                 value: "x".repeat(500),
             },
         ))

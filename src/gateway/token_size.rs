@@ -4,16 +4,21 @@
 //! sure the answer reports its usage: a streamed request is forwarded with
 //! `stream_options.include_usage: true`, and the usage chunk is taken out
 //! of the answer again when the client did not ask for it (see
-//! `usage_tap`). An observe config changes nothing of the request.
+//! `usage_tap`). [`prepare`] applies the lane's token limits
+//! (`request_shape`) in the same pass, so a body is parsed at most once.
+//! An observe config changes nothing of the request.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::response::Response;
+use lanes::request_shape::{self as shape, ShapeRefusal};
 use lanes::{Core, RequestSize, TokenLimits};
 use rustc_hash::FxBuildHasher;
 use serde_json::{Map, Value};
 
+use super::request_shape;
 use super::state::Gateway;
 use super::tokenizer::{RouteTokenizer, Tokenizers};
 use super::usage_tap::Metering;
@@ -84,10 +89,32 @@ pub(super) struct Sized {
     pub(super) metering: Option<Metering>,
 }
 
-/// Sizes a request (its body after the shape check) of a lane that is
-/// `priced` or not, with its input tokens `counted` by its route's
-/// tokenizer when they were.
-pub(super) fn size(priced: bool, body: Bytes, counted: Option<u64>) -> Sized {
+/// A request's body checked against its lane's token limits (see
+/// `request_shape`: 413 over `maxInputTokens`, 400 for an output field
+/// that is not a count, its output clamped) and sized for admission, with
+/// its input tokens `counted` by its route's tokenizer when they were. The
+/// body is parsed at most once (when an output limit applies or the lane is
+/// priced) and written again at most once (when the limit or the usage
+/// chunk changed it); otherwise it goes on as sent.
+#[expect(
+    clippy::result_large_err,
+    reason = "the error is the answer for the client, made once per refused request"
+)]
+pub(super) fn prepare(
+    rules: &LaneRules,
+    lane: Option<&str>,
+    path: &str,
+    body: Bytes,
+    counted: Option<u64>,
+) -> Result<Sized, Response> {
+    let refused = |r: &ShapeRefusal| request_shape::refusal(lane.unwrap_or_default(), r);
+    let mut output_limit = None;
+    if let Some(limits) = &rules.limits {
+        shape::check_input(body.len(), limits, counted).map_err(|r| refused(&r))?;
+        output_limit = limits
+            .output_limit()
+            .filter(|_| request_shape::takes_output_limit(path));
+    }
     let plain = |body: Bytes| Sized {
         size: RequestSize {
             body_bytes: body.len(),
@@ -97,34 +124,61 @@ pub(super) fn size(priced: bool, body: Bytes, counted: Option<u64>) -> Sized {
         body,
         metering: None,
     };
-    if !priced {
-        return plain(body);
+    if output_limit.is_none() && !rules.priced {
+        return Ok(plain(body));
     }
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
-        return plain(body);
+        return match output_limit {
+            Some(_) => Err(refused(&ShapeRefusal::NotJsonObject)),
+            // Priced, but no JSON object: forwarded as sent, not metered.
+            None => Ok(plain(body)),
+        };
     };
+    let mut changed = false;
+    if let Some(limit) = output_limit {
+        changed = shape::limit_output(&mut obj, limit)
+            .map_err(|r| refused(&r))?
+            .1;
+    }
+    let metering = rules.priced.then(|| meter(&mut obj, &mut changed));
+    let body = if changed {
+        Bytes::from(serde_json::to_vec(&Value::Object(obj)).expect("JSON serializes"))
+    } else {
+        body
+    };
+    match metering {
+        None => Ok(plain(body)),
+        Some((max_tokens, metering)) => Ok(Sized {
+            size: RequestSize {
+                body_bytes: body.len(),
+                max_tokens,
+                input_tokens: counted,
+            },
+            body,
+            metering: Some(metering),
+        }),
+    }
+}
+
+/// A priced request's output limit (the lower of its output fields) and how
+/// its answer is read: a stream is asked for its usage chunk (`changed`),
+/// to be taken out again when the client did not ask for it.
+fn meter(obj: &mut Map<String, Value>, changed: &mut bool) -> (Option<u64>, Metering) {
     let max_tokens = ["max_tokens", "max_completion_tokens"]
         .iter()
         .filter_map(|f| obj.get(*f).and_then(Value::as_u64))
         .min();
-    let mut strip = false;
-    let mut body = body;
-    if obj.get("stream").and_then(Value::as_bool) == Some(true) && !asks_usage(&obj) {
-        ask_usage(&mut obj);
-        strip = true;
-        body = Bytes::from(serde_json::to_vec(&Value::Object(obj)).expect("JSON serializes"));
+    let strip = obj.get("stream").and_then(Value::as_bool) == Some(true) && !asks_usage(obj);
+    if strip {
+        ask_usage(obj);
+        *changed = true;
     }
-    Sized {
-        size: RequestSize {
-            body_bytes: body.len(),
-            max_tokens,
-            input_tokens: counted,
-        },
-        body,
-        metering: Some(Metering {
+    (
+        max_tokens,
+        Metering {
             strip_usage_chunk: strip,
-        }),
-    }
+        },
+    )
 }
 
 /// Whether the client asked for the stream's usage chunk.
@@ -154,8 +208,22 @@ mod tests {
 
     use super::*;
 
+    const CHAT: &str = "/v1/chat/completions";
+
+    fn rules(priced: bool, limits: Option<TokenLimits>) -> LaneRules {
+        LaneRules {
+            limits,
+            priced,
+            tokenizer: None,
+        }
+    }
+
+    fn sized_as(priced: bool, body: Bytes, counted: Option<u64>) -> Sized {
+        prepare(&rules(priced, None), Some("p1"), CHAT, body, counted).expect("no limits")
+    }
+
     fn sized(priced: bool, body: Value) -> (Value, RequestSize, Option<Metering>) {
-        let s = size(priced, Bytes::from(body.to_string()), None);
+        let s = sized_as(priced, Bytes::from(body.to_string()), None);
         assert_eq!(s.size.body_bytes, s.body.len(), "the forwarded body's size");
         (
             serde_json::from_slice(&s.body).unwrap_or(Value::Null),
@@ -192,7 +260,7 @@ mod tests {
         assert_eq!(sent, body);
         assert_eq!(metering.map(|m| m.strip_usage_chunk), Some(false));
         // A body that is no JSON object goes on as sent, unmetered.
-        let s = super::size(true, Bytes::from_static(b"not json"), Some(7));
+        let s = sized_as(true, Bytes::from_static(b"not json"), Some(7));
         assert_eq!((&s.body[..], s.metering), (&b"not json"[..], None));
         // A counted figure goes to the core either way.
         assert_eq!(s.size.input_tokens, Some(7));
@@ -223,5 +291,68 @@ mod tests {
             unreachable!()
         };
         assert!(asks_usage(&obj));
+    }
+
+    /// The status and error code of a refusal.
+    fn refusal(r: Result<Sized, Response>) -> (u16, String) {
+        let r = r.err().expect("refused");
+        let status = r.status().as_u16();
+        let code = r
+            .extensions()
+            .get::<super::super::decision::Reason>()
+            .map_or("", |c| c.0)
+            .to_owned();
+        (status, code)
+    }
+
+    #[test]
+    fn limits_and_a_price_read_the_body_once_and_write_it_once() {
+        let limits = TokenLimits {
+            max_input_tokens: Some(100),
+            max_output_tokens: Some(50),
+            cap_output_tokens: None,
+        };
+        let both = rules(true, Some(limits));
+        let body = json!({"stream": true, "max_tokens": 90, "messages": []});
+        let s = prepare(&both, Some("p1"), CHAT, Bytes::from(body.to_string()), None).unwrap();
+        let sent: Value = serde_json::from_slice(&s.body).unwrap();
+        // Clamped by the limit, sized at the clamp, asked for its usage.
+        assert_eq!(sent["max_tokens"], 50);
+        assert_eq!(sent["stream_options"]["include_usage"], true);
+        assert_eq!(s.size.max_tokens, Some(50));
+        assert_eq!(s.size.body_bytes, s.body.len());
+        assert_eq!(s.metering.map(|m| m.strip_usage_chunk), Some(true));
+        // Nothing to change: the body goes on as sent, byte for byte.
+        let as_sent = Bytes::from_static(br#"{"max_tokens": 7,  "messages":[]}"#);
+        let s = prepare(&both, Some("p1"), CHAT, as_sent.clone(), None).unwrap();
+        assert_eq!((s.body, s.size.max_tokens), (as_sent, Some(7)));
+        // Over maxInputTokens: refused before the body is read as JSON.
+        let long = Bytes::from(vec![b'x'; 401]);
+        assert_eq!(
+            refusal(prepare(&both, Some("p1"), CHAT, long, None)),
+            (413, "context_too_long".to_owned())
+        );
+        // An output limit on a body that is no JSON object: 400; a bad
+        // count: 400; priced alone, such a body goes on unmetered.
+        let junk = Bytes::from_static(b"[1, 2]");
+        assert_eq!(
+            refusal(prepare(&both, Some("p1"), CHAT, junk.clone(), None)),
+            (400, "invalid_body".to_owned())
+        );
+        let bad = Bytes::from_static(br#"{"max_tokens": -1}"#);
+        assert_eq!(
+            refusal(prepare(&both, Some("p1"), CHAT, bad, None)),
+            (400, "invalid_max_tokens".to_owned())
+        );
+        let s = prepare(&rules(true, None), Some("p1"), CHAT, junk.clone(), None).unwrap();
+        assert_eq!((s.body, s.metering), (junk.clone(), None));
+        // A path without an output limit (embeddings) only has its input
+        // checked; priced, it is still metered.
+        let s = prepare(&both, Some("p1"), "/v1/embeddings", junk.clone(), None).unwrap();
+        assert_eq!((s.body, s.metering), (junk, None));
+        let emb = Bytes::from_static(br#"{"input": "x"}"#);
+        let s = prepare(&both, Some("p1"), "/v1/embeddings", emb.clone(), None).unwrap();
+        assert_eq!(s.body, emb);
+        assert!(s.metering.is_some());
     }
 }

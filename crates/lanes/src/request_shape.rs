@@ -7,9 +7,11 @@
 //!
 //! Pure: bytes in, a verdict and the body to forward out. The body is
 //! parsed (once) only when an output limit applies; a rewritten body is the
-//! same JSON object with the clamped fields changed and nothing else.
+//! same JSON object with the clamped fields changed and nothing else. The
+//! two sides are also public ([`check_input`], [`limit_output`]) for a
+//! caller that parses the body once for other reasons too.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::tokens::TokenLimits;
 
@@ -116,13 +118,7 @@ pub fn shape(
     output: bool,
     counted: Option<u64>,
 ) -> Result<Shaped, ShapeRefusal> {
-    let input = InputTokens::of(body.len(), counted);
-    let input_tokens = input.get();
-    if let Some(limit) = limits.max_input_tokens
-        && input_tokens > limit
-    {
-        return Err(ShapeRefusal::ContextTooLong { input, limit });
-    }
+    let input_tokens = check_input(body.len(), limits, counted)?;
     let Some(limit) = limits.output_limit().filter(|_| output) else {
         return Ok(Shaped {
             input_tokens,
@@ -133,6 +129,34 @@ pub fn shape(
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
         return Err(ShapeRefusal::NotJsonObject);
     };
+    let (asked, changed) = limit_output(&mut obj, limit)?;
+    Ok(Shaped {
+        input_tokens,
+        output_tokens: Some(asked),
+        rewritten: changed
+            .then(|| serde_json::to_vec(&Value::Object(obj)).expect("a JSON value serializes")),
+    })
+}
+
+/// The input side of [`shape`] for a body of `body_bytes`: its input
+/// tokens, or the refusal over `maxInputTokens`. Reads no byte of it.
+pub fn check_input(
+    body_bytes: usize,
+    limits: &TokenLimits,
+    counted: Option<u64>,
+) -> Result<u64, ShapeRefusal> {
+    let input = InputTokens::of(body_bytes, counted);
+    match limits.max_input_tokens {
+        Some(limit) if input.get() > limit => Err(ShapeRefusal::ContextTooLong { input, limit }),
+        _ => Ok(input.get()),
+    }
+}
+
+/// The output side of [`shape`] on a request already parsed as the JSON
+/// object `obj`: its output fields lowered to `limit` (or `max_tokens` set
+/// to it when it asks for none). Returns the most output tokens it may get
+/// and whether `obj` changed.
+pub fn limit_output(obj: &mut Map<String, Value>, limit: u64) -> Result<(u64, bool), ShapeRefusal> {
     let mut asked = None;
     let mut changed = false;
     for field in OUTPUT_FIELDS {
@@ -162,12 +186,7 @@ pub fn shape(
         );
         changed = true;
     }
-    Ok(Shaped {
-        input_tokens,
-        output_tokens: Some(asked.unwrap_or(limit)),
-        rewritten: changed
-            .then(|| serde_json::to_vec(&Value::Object(obj)).expect("a JSON value serializes")),
-    })
+    Ok((asked.unwrap_or(limit), changed))
 }
 
 #[cfg(test)]
