@@ -19,6 +19,11 @@ pub(super) struct CapacityMetrics {
     meter: Mutex<(SaturationMeter, f64)>,
 }
 
+/// Whether `units` of a completed request count (a finite amount above 0).
+pub(super) fn counts(units: f64) -> bool {
+    units.is_finite() && units > 0.0
+}
+
 fn registered<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
     r.register(Box::new(c.clone()))
         .expect("each metric is registered once");
@@ -90,7 +95,7 @@ impl CapacityMetrics {
     /// A request worth `units` was answered in full, counted on `counter`
     /// (one of [`CapacityMetrics::completed_of`]'s).
     pub(super) fn completed(&self, counter: &Counter, units: f64) {
-        if !(units.is_finite() && units > 0.0) {
+        if !counts(units) {
             return;
         }
         counter.inc_by(units);

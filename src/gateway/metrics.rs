@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use lanes::{Attempt, GatewayConfig, Outcome, Pressure, Qualified, Refusal};
 
-use super::capacity_metrics::CapacityMetrics;
+use super::capacity_metrics::{self, CapacityMetrics};
 use super::identity::AuthRefusal;
 use super::token_metrics::TokenMetrics;
 use prometheus::core::Collector;
@@ -491,6 +491,10 @@ impl LaneMeter {
     /// A priced request of this lane was answered in full by `route` and
     /// cost `units` work units.
     pub fn completed_units(&self, route: &str, units: f64) {
+        if !capacity_metrics::counts(units) {
+            // Nothing to count: no series is made for it.
+            return;
+        }
         let counter = match self.routes.iter().find(|(r, _)| **r == *route) {
             Some((_, c)) => c.get_or_init(|| self.capacity.completed_of(&self.lane, route)),
             // Not one of the lane's routes in this config: looked up.

@@ -417,3 +417,24 @@ async fn the_token_limits_the_path_reads_are_the_config_in_forces() {
     gw.install(limited(Mode::Enforce), "test");
     assert_eq!(status(gw.clone()).await, too_long);
 }
+
+#[test]
+fn a_lanes_completed_units_are_counted_by_route_and_nothing_makes_no_series() {
+    let gw = gateway(Some(example()), &[]);
+    let meters = Arc::clone(&gw.lock().meters);
+    let p1 = &meters[1];
+    let series = "lanekeeper_gateway_completed_units_total{lane=\"p1-agent-assist\"";
+    let page = || String::from_utf8(gw.metrics.encode().unwrap().1).unwrap();
+    p1.completed_units("agent-large", 0.0);
+    p1.completed_units("agent-large", f64::NAN);
+    assert!(!page().contains(series), "nothing completed, no series");
+    // Its own route (kept), twice, and a route of no lane (looked up).
+    p1.completed("agent-large");
+    p1.completed_units("agent-large", 0.5);
+    p1.completed_units("elsewhere", 2.5);
+    assert_eq!(
+        metric(&gw, &format!("{series},route=\"agent-large\"}}")),
+        1.5
+    );
+    assert_eq!(metric(&gw, &format!("{series},route=\"elsewhere\"}}")), 2.5);
+}
