@@ -293,8 +293,11 @@ impl Core {
     }
 
     /// The expected service time of lane `li` now: its configured
-    /// `expectedServiceSeconds`, or its answers' recent p95 when longer.
-    pub fn expected_service_seconds(&mut self, li: usize, now: f64) -> f64 {
+    /// `expectedServiceSeconds`, or its answers' recent p95 when longer
+    /// (refreshed, as a decision at `now` would; the gateway's gauge reads
+    /// [`Core::last_expected_service`], which refreshes nothing).
+    #[cfg(test)]
+    pub(crate) fn expected_service_seconds(&mut self, li: usize, now: f64) -> f64 {
         self.lanes[li].refresh_service(now);
         self.lanes[li].expected_service
     }
