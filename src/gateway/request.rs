@@ -163,7 +163,7 @@ async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Re
         Ok(b) => b,
         Err(r) => return r,
     };
-    let rules = token_size::rules(gw, asked.lane.as_deref());
+    let rules = gw.rules.load().of_lane(asked.lane.as_deref());
     let counted = match &rules.tokenizer {
         Some(t) => {
             gw.tokenizers

@@ -19,7 +19,6 @@ use rustc_hash::FxBuildHasher;
 use serde_json::{Map, Value};
 
 use super::request_shape;
-use super::state::Gateway;
 use super::tokenizer::{RouteTokenizer, Tokenizers};
 use super::usage_tap::Metering;
 
@@ -71,12 +70,12 @@ impl RulesInForce {
             .collect();
         RulesInForce { by_lane }
     }
-}
 
-/// The rules of `lane` in the enforced config in force.
-pub(super) fn rules(gw: &Gateway, lane: Option<&str>) -> LaneRules {
-    lane.and_then(|lane| gw.rules.load().by_lane.get(lane).cloned())
-        .unwrap_or_default()
+    /// The rules of `lane` (none for an unknown lane or no lane).
+    pub(super) fn of_lane(&self, lane: Option<&str>) -> LaneRules {
+        lane.and_then(|lane| self.by_lane.get(lane).cloned())
+            .unwrap_or_default()
+    }
 }
 
 /// A request sized for admission.
