@@ -729,7 +729,9 @@ load() {
 
 # The medians over the rounds, and the added latency (a percentile through a
 # proxy minus the same percentile direct, in the same round); each round's
-# figures; the ratios to nginx; what each proxy does per request.
+# figures; the ratios to nginx; the noise the added p99 sits in (how far the
+# direct path's own p99 moved between rounds, against the gap between
+# lanekeeper's and nginx's added p99); what each proxy does per request.
 table() {
 	jq -rs --argjson rate "$RATE" --argjson conns "$CONNECTIONS" --arg litellm "$LITELLM_INSTALLED" \
 		--arg threads "$PROXY_THREADS" --arg placement "$PLACEMENT" --arg tenants "$TENANTS" \
@@ -767,6 +769,9 @@ table() {
 		($targets | map(row(.))) as $rows
 		| ($rows | map({key: .target, value: .}) | from_entries) as $by
 		| ($all | map(.round) | unique) as $rounds
+		| ($all | map(select(.target == "direct" and .mode == "rate") | .p99_ms)) as $direct99
+		| minus($direct99 | max; $direct99 | min) as $spread
+		| minus($by.lanekeeper.add99; $by.nginx.add99) as $gap
 		| "",
 		"At \($rate) req/s open loop over \($conns) connections, and closed loop with \($conns) clients (medians of \($rounds | length) rounds; LiteLLM \($litellm)); \($threads) thread(s) or worker(s) per proxy, \($placement); every request with a unique x-request-id and one of \($tenants) tenants:",
 		"",
@@ -787,6 +792,7 @@ table() {
 			+ " | \(ratio(in_round("lanekeeper"; $n; "rate") | added(.; .p99_ms); in_round("nginx"; $n; "rate") | added(.; .p99_ms)) | r(100)) | \(ratio(in_round("lanekeeper"; $n; "max") | .rate; in_round("nginx"; $n; "max") | .rate) | r(100)) |"),
 		"",
 		"medians, lanekeeper / nginx: added p99 \(ratio($by.lanekeeper.add99; $by.nginx.add99) | r(100))× (aim: at most 1), max rate \(ratio($by.lanekeeper.max; $by.nginx.max) | r(100))× (aim: at least 1); lanekeeper / litellm max rate \(ratio($by.lanekeeper.max; $by.litellm.max) | r(100))×",
+		"noise: p99 direct moved \($spread | r(1000)) ms between rounds (\($direct99 | min | r(1000)) to \($direct99 | max | r(1000)) ms); added p99 of lanekeeper less that of nginx, medians: \($gap | r(1000)) ms, \(if $gap == null or ($rounds | length) < 2 then "not comparable" elif ($gap | fabs) <= $spread then "inside that spread: this run cannot tell the two tails apart" else "outside that spread" end)",
 		"CPU per request at max (user + sys), medians: lanekeeper / nginx \(ratio($by.lanekeeper.cpu; $by.nginx.cpu) | r(100))×, bare (the HTTP stack, no policy) / nginx \(ratio($by.bare.cpu; $by.nginx.cpu) | r(100))×, lanekeeper / bare \(ratio($by.lanekeeper.cpu; $by.bare.cpu) | r(100))×; user CPU alone: lanekeeper / nginx \(ratio($by.lanekeeper.cpuu; $by.nginx.cpuu) | r(100))×, lanekeeper / bare \(ratio($by.lanekeeper.cpuu; $by.bare.cpuu) | r(100))×",
 		(if $by["lanekeeper-tls"] and $by["nginx-tls"] then
 			"TLS, each terminating it, lanekeeper-tls / nginx-tls: added p99 \(ratio($by["lanekeeper-tls"].add99; $by["nginx-tls"].add99) | r(100))× (aim: at most 1), max rate \(ratio($by["lanekeeper-tls"].max; $by["nginx-tls"].max) | r(100))×; what TLS adds to p99 (TLS minus plain, ms): lanekeeper \(minus($by["lanekeeper-tls"].add99; $by.lanekeeper.add99) | r(1000)), nginx \(minus($by["nginx-tls"].add99; $by.nginx.add99) | r(1000))"
