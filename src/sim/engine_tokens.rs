@@ -28,7 +28,7 @@
 //!   failed or was timed out settles without usage (the reservation
 //!   stands, as the gateway does).
 
-use lanes::request_shape::{DEFAULT_BYTES_PER_TOKEN, estimate_input_tokens};
+use lanes::request_shape::{DEFAULT_BYTES_PER_TOKEN, check_input};
 use lanes::{Charge, RequestSize, Usage};
 
 use super::{Attempt, Sim};
@@ -92,9 +92,8 @@ impl Sim<'_> {
         let body_bytes = drawn.input.saturating_mul(DEFAULT_BYTES_PER_TOKEN);
         let body_bytes = usize::try_from(body_bytes).unwrap_or(usize::MAX);
         let limits = cfg.tokens.filter(|_| core.enforcing());
-        let max_input = limits.and_then(|l| l.max_input_tokens);
-        if max_input.is_some_and(|m| estimate_input_tokens(body_bytes, DEFAULT_BYTES_PER_TOKEN) > m)
-        {
+        // The gateway's own input check (an estimate from the body's size).
+        if limits.is_some_and(|l| check_input(body_bytes, &l, None).is_err()) {
             return Shape::TooLong;
         }
         let limit = limits.and_then(|l| l.output_limit());

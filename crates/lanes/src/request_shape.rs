@@ -5,11 +5,12 @@
 //! `max_completion_tokens`) lowered to the limit in force, or set to it
 //! when the request asks for none.
 //!
-//! Pure: bytes in, a verdict and the body to forward out. The body is
-//! parsed (once) only when an output limit applies; a rewritten body is the
-//! same JSON object with the clamped fields changed and nothing else. The
-//! two sides are also public ([`check_input`], [`limit_output`]) for a
-//! caller that parses the body once for other reasons too.
+//! Pure, in two sides: [`check_input`] reads only the body's size (or the
+//! tokenizer's count), [`limit_output`] works on the body already parsed as
+//! a JSON object, so a caller that parses it for other reasons too (the
+//! gateway sizes a priced request on the same parse) parses it once. A
+//! rewritten body is the same JSON object with the clamped fields changed
+//! and nothing else. The tests drive both sides together (`shape`).
 
 use serde_json::{Map, Value};
 
@@ -90,8 +91,9 @@ impl InputTokens {
 }
 
 /// A request whose shape is within its lane's limits.
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq)]
-pub struct Shaped {
+pub(crate) struct Shaped {
     /// Its input tokens (counted, or estimated from the body).
     pub input_tokens: u64,
     /// The most output tokens it may get (the limit in force, or what it
@@ -112,7 +114,8 @@ pub fn estimate_input_tokens(bytes: usize, bytes_per_token: u64) -> u64 {
 /// tokenizer or else estimated with [`DEFAULT_BYTES_PER_TOKEN`]; `output`
 /// says whether the path takes an output limit (chat completions and
 /// completions do, embeddings do not).
-pub fn shape(
+#[cfg(test)]
+pub(crate) fn shape(
     body: &[u8],
     limits: &TokenLimits,
     output: bool,
@@ -138,8 +141,8 @@ pub fn shape(
     })
 }
 
-/// The input side of [`shape`] for a body of `body_bytes`: its input
-/// tokens, or the refusal over `maxInputTokens`. Reads no byte of it.
+/// The input side, for a body of `body_bytes`: its input tokens, or the
+/// refusal over `maxInputTokens`. Reads no byte of it.
 pub fn check_input(
     body_bytes: usize,
     limits: &TokenLimits,
@@ -152,7 +155,7 @@ pub fn check_input(
     }
 }
 
-/// The output side of [`shape`] on a request already parsed as the JSON
+/// The output side, on a request already parsed as the JSON
 /// object `obj`: its output fields lowered to `limit` (or `max_tokens` set
 /// to it when it asks for none). Returns the most output tokens it may get
 /// and whether `obj` changed.
