@@ -870,3 +870,16 @@ async fn main() -> std::io::Result<()> {
         .with_graceful_shutdown(shutdown_signal())
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    #[tokio::test]
+    async fn no_time_is_no_wait_and_any_time_waits_for_its_timer() {
+        // Ready on its first poll: no timer, so no millisecond tick.
+        assert!(pause(Duration::ZERO).now_or_never().is_some());
+        assert!(pause(Duration::from_micros(1)).now_or_never().is_none());
+    }
+}
