@@ -772,6 +772,9 @@ table() {
 		| ($all | map(select(.target == "direct" and .mode == "rate") | .p99_ms)) as $direct99
 		| minus($direct99 | max; $direct99 | min) as $spread
 		| minus($by.lanekeeper.add99; $by.nginx.add99) as $gap
+		| def added99($t; $n): in_round($t; $n; "rate") | if . == null then null else added(.; .p99_ms) end;
+		([$rounds[] as $n | [added99("lanekeeper"; $n), added99("nginx"; $n)]
+			| select(.[0] != null and .[1] != null) | .[0] > .[1]]) as $above
 		| "",
 		"At \($rate) req/s open loop over \($conns) connections, and closed loop with \($conns) clients (medians of \($rounds | length) rounds; LiteLLM \($litellm)); \($threads) thread(s) or worker(s) per proxy, \($placement); every request with a unique x-request-id and one of \($tenants) tenants:",
 		"",
@@ -792,7 +795,7 @@ table() {
 			+ " | \(ratio(in_round("lanekeeper"; $n; "rate") | added(.; .p99_ms); in_round("nginx"; $n; "rate") | added(.; .p99_ms)) | r(100)) | \(ratio(in_round("lanekeeper"; $n; "max") | .rate; in_round("nginx"; $n; "max") | .rate) | r(100)) |"),
 		"",
 		"medians, lanekeeper / nginx: added p99 \(ratio($by.lanekeeper.add99; $by.nginx.add99) | r(100))× (aim: at most 1), max rate \(ratio($by.lanekeeper.max; $by.nginx.max) | r(100))× (aim: at least 1); lanekeeper / litellm max rate \(ratio($by.lanekeeper.max; $by.litellm.max) | r(100))×",
-		"noise: p99 direct moved \($spread | r(1000)) ms between rounds (\($direct99 | min | r(1000)) to \($direct99 | max | r(1000)) ms); added p99 of lanekeeper less that of nginx, medians: \($gap | r(1000)) ms, \(if $gap == null or ($rounds | length) < 2 then "not comparable" elif ($gap | fabs) <= $spread then "inside that spread: this run cannot tell the two tails apart" else "outside that spread" end)",
+		"noise: p99 direct moved \($spread | r(1000)) ms between rounds (\($direct99 | min | r(1000)) to \($direct99 | max | r(1000)) ms); added p99 of lanekeeper less that of nginx, medians: \($gap | r(1000)) ms, \(if $gap == null or ($rounds | length) < 2 then "not comparable" elif ($gap | fabs) <= $spread then "inside that spread: this run cannot tell the two tails apart" else "outside that spread" end); round by round, added p99 of lanekeeper above that of nginx in \($above | map(select(.)) | length) of \($above | length)",
 		"CPU per request at max (user + sys), medians: lanekeeper / nginx \(ratio($by.lanekeeper.cpu; $by.nginx.cpu) | r(100))×, bare (the HTTP stack, no policy) / nginx \(ratio($by.bare.cpu; $by.nginx.cpu) | r(100))×, lanekeeper / bare \(ratio($by.lanekeeper.cpu; $by.bare.cpu) | r(100))×; user CPU alone: lanekeeper / nginx \(ratio($by.lanekeeper.cpuu; $by.nginx.cpuu) | r(100))×, lanekeeper / bare \(ratio($by.lanekeeper.cpuu; $by.bare.cpuu) | r(100))×",
 		(if $by["lanekeeper-tls"] and $by["nginx-tls"] then
 			"TLS, each terminating it, lanekeeper-tls / nginx-tls: added p99 \(ratio($by["lanekeeper-tls"].add99; $by["nginx-tls"].add99) | r(100))× (aim: at most 1), max rate \(ratio($by["lanekeeper-tls"].max; $by["nginx-tls"].max) | r(100))×; what TLS adds to p99 (TLS minus plain, ms): lanekeeper \(minus($by["lanekeeper-tls"].add99; $by.lanekeeper.add99) | r(1000)), nginx \(minus($by["nginx-tls"].add99; $by.nginx.add99) | r(1000))"
