@@ -792,7 +792,7 @@ table() {
 				| (in_round($t; $n; "rate")) as $x
 				| "\(if $x == null then null else added($x; .p50_ms) end | r(1000)) / \(if $x == null then null else added($x; .p99_ms) end | r(1000)) | \(in_round($t; $n; "max") | .rate | r(1))")
 				| join(" | "))
-			+ " | \(ratio(in_round("lanekeeper"; $n; "rate") | added(.; .p99_ms); in_round("nginx"; $n; "rate") | added(.; .p99_ms)) | r(100)) | \(ratio(in_round("lanekeeper"; $n; "max") | .rate; in_round("nginx"; $n; "max") | .rate) | r(100)) |"),
+			+ " | \(ratio(added99("lanekeeper"; $n); added99("nginx"; $n)) | r(100)) | \(ratio(in_round("lanekeeper"; $n; "max") | .rate; in_round("nginx"; $n; "max") | .rate) | r(100)) |"),
 		"",
 		"medians, lanekeeper / nginx: added p99 \(ratio($by.lanekeeper.add99; $by.nginx.add99) | r(100))× (aim: at most 1), max rate \(ratio($by.lanekeeper.max; $by.nginx.max) | r(100))× (aim: at least 1); lanekeeper / litellm max rate \(ratio($by.lanekeeper.max; $by.litellm.max) | r(100))×",
 		"noise: p99 direct moved \($spread | r(1000)) ms between rounds (\($direct99 | min | r(1000)) to \($direct99 | max | r(1000)) ms); added p99 of lanekeeper less that of nginx, medians: \($gap | r(1000)) ms, \(if $gap == null or ($rounds | length) < 2 then "not comparable" elif ($gap | fabs) <= $spread then "inside that spread: this run cannot tell the two tails apart" else "outside that spread" end); round by round, added p99 of lanekeeper above that of nginx in \($above | map(select(.)) | length) of \($above | length)",

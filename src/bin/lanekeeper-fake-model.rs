@@ -454,10 +454,7 @@ async fn pause(d: Duration) {
 }
 
 async fn metrics(State(app): State<App>) -> Response {
-    let delay = app.snapshot().metrics_delay_millis;
-    if delay > 0 {
-        tokio::time::sleep(Duration::from_millis(delay)).await;
-    }
+    pause(Duration::from_millis(app.snapshot().metrics_delay_millis)).await;
     // Read after the delay, so a slow scrape sees the newest numbers.
     let n = app.snapshot();
     (
