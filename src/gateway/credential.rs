@@ -152,9 +152,8 @@ mod tests {
 
     #[test]
     fn a_credential_must_name_a_route_and_load() {
-        let dir = std::env::temp_dir().join(format!("lk-cred-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("token");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
         std::fs::write(&file, "secret-token\n").unwrap();
         let routes = vec![("pool".to_owned(), "http://x".to_owned())];
         let creds = RouteCredentials::new(&[("pool".to_owned(), file.clone())], &routes).unwrap();
@@ -179,8 +178,8 @@ mod tests {
 
         let unknown = RouteCredentials::new(&[("nope".to_owned(), file.clone())], &routes);
         assert!(matches!(unknown, Err(GatewayError::Credential(_))));
-        let missing = RouteCredentials::new(&[("pool".to_owned(), dir.join("absent"))], &routes);
+        let missing =
+            RouteCredentials::new(&[("pool".to_owned(), dir.path().join("absent"))], &routes);
         assert!(matches!(missing, Err(GatewayError::Credential(_))));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

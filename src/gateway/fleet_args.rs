@@ -134,21 +134,19 @@ mod tests {
 
     #[test]
     fn the_password_file_is_read_and_an_empty_or_missing_one_refused() {
-        let dir = std::env::temp_dir().join(format!("lk-fleet-args-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("pw");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
         std::fs::write(&file, "s3cret\n").unwrap();
         let mut a = args(Some("redis://h:1"));
         a.shared_state_password_file = Some(file.clone());
         assert_eq!(a.password(), Ok(Some("s3cret".to_owned())));
         std::fs::write(&file, "\n").unwrap();
         assert!(a.password().is_err());
-        a.shared_state_password_file = Some(dir.join("absent"));
+        a.shared_state_password_file = Some(dir.path().join("absent"));
         assert!(a.password().is_err());
         a.shared_state_ca = Some(file.clone());
         assert!(a.ca().is_err(), "no certificate in it");
         std::fs::write(&file, "-----BEGIN CERTIFICATE-----\n").unwrap();
         assert!(a.ca().unwrap().is_some());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

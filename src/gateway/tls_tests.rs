@@ -52,12 +52,6 @@ impl Ca {
     }
 }
 
-fn dir(test: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lk-tls-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -172,9 +166,10 @@ fn client_cert(ca: &Ca) -> (String, String) {
 async fn a_verified_client_certificates_names_reach_the_request() {
     let (server_ca, client_ca, other_ca) =
         (Ca::new("servers"), Ca::new("clients"), Ca::new("other"));
-    let d = dir("names");
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
     let a = args(
-        &d,
+        d,
         &server_cert(&server_ca),
         Some(&client_ca),
         ClientCert::Required,
@@ -199,16 +194,16 @@ async fn a_verified_client_certificates_names_reach_the_request() {
             "{refused:?}"
         );
     }
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[tokio::test]
 async fn an_optional_client_certificate_may_be_absent_but_not_foreign() {
     let (server_ca, client_ca, other_ca) =
         (Ca::new("servers"), Ca::new("clients"), Ca::new("other"));
-    let d = dir("optional");
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
     let a = args(
-        &d,
+        d,
         &server_cert(&server_ca),
         Some(&client_ca),
         ClientCert::Optional,
@@ -232,39 +227,39 @@ async fn an_optional_client_certificate_may_be_absent_but_not_foreign() {
         "{foreign:?}"
     );
     // Without --tls-client-ca no certificate is asked for, none is passed on.
-    let plain = args(&d, &server_cert(&server_ca), None, ClientCert::Required);
+    let plain = args(d, &server_cert(&server_ca), None, ClientCert::Required);
     let addr = serve(ServerTls::from_args(&plain).unwrap().unwrap()).await;
     let r = get(addr, &server_ca, None).await.unwrap();
     assert!(r.ends_with("none"), "{r}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn a_key_that_is_not_the_certificates_does_not_load() {
     let ca = Ca::new("servers");
-    let d = dir("mismatch");
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
     let (cert, _) = server_cert(&ca);
     let (_, other_key) = server_cert(&ca);
-    let a = args(&d, &(cert.clone(), other_key), None, ClientCert::Required);
+    let a = args(d, &(cert.clone(), other_key), None, ClientCert::Required);
     let e = ServerTls::from_args(&a)
         .err()
         .expect("a mismatched pair is refused");
     assert!(e.to_string().contains("tls.crt"), "{e}");
     let a = args(
-        &d,
+        d,
         &(cert, "not a key".to_owned()),
         None,
         ClientCert::Required,
     );
     assert!(ServerTls::from_args(&a).is_err());
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[tokio::test]
 async fn a_client_that_never_finishes_its_handshake_is_closed_at_the_header_clock() {
     let ca = Ca::new("servers");
-    let d = dir("silent");
-    let a = args(&d, &server_cert(&ca), None, ClientCert::Required);
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let a = args(d, &server_cert(&ca), None, ClientCert::Required);
     let addr = serve(ServerTls::from_args(&a).unwrap().unwrap()).await;
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     // Half a ClientHello's record header, then nothing.
@@ -281,5 +276,4 @@ async fn a_client_that_never_finishes_its_handshake_is_closed_at_the_header_cloc
         took >= Duration::from_millis(1500) && took < Duration::from_secs(4),
         "{took:?}"
     );
-    let _ = std::fs::remove_dir_all(&d);
 }

@@ -372,10 +372,10 @@ mod tests {
             PathBuf::from("/nonexistent/tokenizer.json"),
         )]);
         assert!(e.starts_with("tokenizer: route \"vllm\""), "{e}");
-        let garbage = std::env::temp_dir().join(format!("lk-tok-{}.json", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let garbage = dir.path().join("tokenizer.json");
         std::fs::write(&garbage, b"{\"model\": 1}").unwrap();
-        let e = err(&[("vllm".to_owned(), garbage.clone())]);
-        std::fs::remove_file(&garbage).ok();
+        let e = err(&[("vllm".to_owned(), garbage)]);
         assert!(e.contains("does not load"), "{e}");
     }
 

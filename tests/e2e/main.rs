@@ -12,6 +12,8 @@
 
 #[path = "../prometheus_support/mod.rs"]
 mod prometheus_support;
+#[path = "../scratch.rs"]
+mod scratch;
 #[path = "../support/mod.rs"]
 mod support;
 #[path = "../support/world.rs"]

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::scratch::Scratch;
 use lanekeeper::api::InFlightSpec;
 use lanekeeper::manifest::{Loaded, load_str};
 use lanekeeper::policy::{
@@ -113,8 +114,7 @@ fn resume_at_or_above_conserve_is_a_warning() {
 /// the 1,206 a full pool of 560 units/s holds at the expected demand.
 #[test]
 fn plan_warns_in_text_and_json() {
-    let dir = std::env::temp_dir().join(format!("lanekeeper-in-flight-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("in-flight");
     let from = "inFlight: {conserveAt: 1350, stopAt: 1500, resumeBelow: 1200}";
     assert!(INC47.contains(from));
     let low = dir.join("inc-47.yaml");

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::scratch::Scratch;
 use lanekeeper::gateway::fleet_store::FleetStore;
 use lanes::fleet_lease::{FleetLimits, LEASE_SECONDS, lease_size};
 use rcgen::{
@@ -304,9 +305,8 @@ async fn a_store_that_is_not_there_fails_to_connect_quickly() {
 
 /// A CA and a certificate for 127.0.0.1 signed by it, written to a fresh
 /// directory as `ca.pem`, `cert.pem` and `key.pem`.
-fn tls_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lanekeeper-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+fn tls_dir(test: &str) -> Scratch {
+    let dir = Scratch::new(test);
     let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.distinguished_name.push(DnType::CommonName, "store ca");
@@ -329,7 +329,7 @@ fn tls_dir(test: &str) -> PathBuf {
 async fn a_tls_store_is_reached_with_its_ca_and_not_without() {
     let test = "a_tls_store_is_reached_with_its_ca_and_not_without";
     let dir = tls_dir(test);
-    let Some(server) = Server::start_with(test, Some(dir.clone())) else {
+    let Some(server) = Server::start_with(test, Some(dir.to_path_buf())) else {
         return;
     };
     let url = format!("rediss://127.0.0.1:{}", server.port);

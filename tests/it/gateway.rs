@@ -3,13 +3,14 @@
 //! Each test starts its own model and gateway on free loopback ports.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 pub(crate) use crate::cli::root;
+use crate::scratch::{Scratch, ScratchFile};
 
 /// A child process killed when dropped, with the address it printed.
 pub(crate) struct Proc {
@@ -120,13 +121,17 @@ fn p2_at(cfg: &mut Value, rps: u32) -> &mut Value {
     p2
 }
 
-/// A temp dir for one test's config file.
-pub(crate) fn config_file(test: &str, cfg: &Value) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lanekeeper-gw-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("lanes.json");
-    write_config(&path, cfg);
-    path
+/// A test's `lanes.json`, removed when dropped: hold it while the gateway
+/// runs.
+pub(crate) type ConfigFile = ScratchFile;
+
+/// Writes `cfg` for `test`.
+pub(crate) fn config_file(test: &str, cfg: &Value) -> ConfigFile {
+    ScratchFile::new(
+        &format!("gw-{test}"),
+        "lanes.json",
+        serde_json::to_vec_pretty(cfg).unwrap(),
+    )
 }
 
 /// Writes atomically (rename), as kubelet swaps a mounted ConfigMap.
@@ -235,7 +240,7 @@ pub(crate) async fn control(c: &reqwest::Client, m: &Proc) -> Value {
 struct Up {
     m: Proc,
     gw: Proc,
-    path: PathBuf,
+    path: ConfigFile,
     c: reqwest::Client,
 }
 
@@ -251,8 +256,8 @@ async fn up(test: &str, cfg: &Value, model_args: &[&str], extra: &[&str]) -> Up 
 #[tokio::test]
 async fn no_config_means_no_admission_and_lanes_are_named() {
     let m = model(&[]);
-    let missing = std::env::temp_dir().join(format!("lanekeeper-gw-none-{}", std::process::id()));
-    let gw = gateway(&missing.join("lanes.json"), &m, &[]);
+    let dir = Scratch::new("gw-none");
+    let gw = gateway(&dir.join("absent/lanes.json"), &m, &[]);
     let c = client();
     let r = chat(&c, &gw, Some("p0-disruption-assist"))
         .send()
@@ -932,8 +937,7 @@ async fn callers_need_a_credential_and_the_credentials_file_is_followed() {
             key_hash(key)
         )
     };
-    let dir = std::env::temp_dir().join(format!("lanekeeper-gw-{}-creds", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("gw-creds");
     let file = dir.join("credentials.yaml");
     std::fs::write(&file, creds(key_a)).unwrap();
     let u = up(
@@ -1009,5 +1013,4 @@ async fn callers_need_a_credential_and_the_credentials_file_is_followed() {
             &["lanekeeper_gateway_auth_refusals_total", "lane_not_allowed"]
         ) >= 1.0
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::gateway::{
-    Proc, client, config_file, control, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
+    ConfigFile, Proc, client, config_file, control, gateway_to, inc47, lane_mut, metrics, model,
+    ready, sample,
 };
 
 fn chat(c: &reqwest::Client, gw: &Proc, lane: &str) -> reqwest::RequestBuilder {
@@ -35,14 +36,19 @@ async fn received(c: &reqwest::Client, m: &Proc) -> u64 {
     control(c, m).await["chatRequests"].as_u64().unwrap()
 }
 
-/// A model, and a gateway in front of it enforcing `cfg`, loaded.
-async fn up(test: &str, cfg: &Value, model_args: &[&str]) -> (Proc, Proc, reqwest::Client) {
+/// A model, and a gateway in front of it enforcing `cfg` (its file, held
+/// while the gateway runs), loaded.
+async fn up(
+    test: &str,
+    cfg: &Value,
+    model_args: &[&str],
+) -> (Proc, Proc, reqwest::Client, ConfigFile) {
     let m = model(model_args);
     let path = config_file(test, cfg);
     let gw = gateway_to(&path, &m.addr, &[]);
     let c = client();
     ready(&c, &gw).await;
-    (m, gw, c)
+    (m, gw, c, path)
 }
 
 const P1: &str = "p1-agent-assist";
@@ -55,7 +61,7 @@ async fn an_upstream_answering_500_opens_the_breaker_only_probes_reach_it_and_it
         "consecutiveFailures": 3, "failureRatioPercent": 0, "openSeconds": 1.0,
         "probeJitterPercent": 0, "closeAfterSuccesses": 2
     }});
-    let (m, gw, c) = up("breaker-500", &cfg, &["--service-millis", "0"]).await;
+    let (m, gw, c, _cfg) = up("breaker-500", &cfg, &["--service-millis", "0"]).await;
     set(&c, &m, json!({"chatStatus": 500})).await;
     // Three failures in a row reach the upstream and open the breaker.
     for _ in 0..3 {
@@ -134,7 +140,7 @@ async fn an_upstream_answering_500_opens_the_breaker_only_probes_reach_it_and_it
 #[tokio::test]
 async fn an_upstream_429_with_retry_after_5_slows_its_route() {
     let cfg = inc47();
-    let (m, gw, c) = up("pace-429", &cfg, &["--service-millis", "300"]).await;
+    let (m, gw, c, _cfg) = up("pace-429", &cfg, &["--service-millis", "300"]).await;
     set(&c, &m, json!({"chatStatus": 429, "chatRetryAfter": 5})).await;
     let burst = |n: usize| {
         let reqs: Vec<_> = (0..n).map(|_| chat(&c, &gw, P1).send()).collect();
@@ -214,7 +220,7 @@ async fn retry_after_tracks_the_real_wait_within_a_factor_of_two() {
     p2["queue"]["maxDepth"] = json!(12);
     p2["floorUnitsPerSecond"] = Value::Null;
     p2["spareCapacity"] = json!(false);
-    let (_m, gw, c) = up("retry-after", &cfg, &["--service-millis", "0"]).await;
+    let (_m, gw, c, _cfg) = up("retry-after", &cfg, &["--service-millis", "0"]).await;
     let lane = "p2-email-extract";
     // One passes, twelve wait: the queue is full.
     let waiting: Vec<_> = (0..13)
@@ -334,7 +340,7 @@ async fn the_openai_client_does_not_retry_a_paused_lane_and_retries_a_deferral_a
     p3["admittedRequestsPerSecond"] = json!(0.5);
     p3["burst"] = json!(1);
     p3["queue"]["maxDepth"] = json!(0);
-    let (_m, gw, c) = up("openai-sdk", &cfg, &["--service-millis", "0"]).await;
+    let (_m, gw, c, _cfg) = up("openai-sdk", &cfg, &["--service-millis", "0"]).await;
     // Paused: one attempt, no retry (its Retry-After is 300 s anyway, but
     // x-should-retry says so first).
     let paused = sdk_call(&python, &gw, "p4-eval-backfill", &["eval-1"]).await;

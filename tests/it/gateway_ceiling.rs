@@ -29,12 +29,10 @@ fn config(ceiling: Option<f64>) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spare_capacity_never_takes_a_lane_past_its_ceiling() {
     let m = model(&["--service-millis", "0"]);
-    let capped = gateway(
-        &config_file("ceiling-capped", &config(Some(CEILING))),
-        &m,
-        &[],
-    );
-    let open = gateway(&config_file("ceiling-open", &config(None)), &m, &[]);
+    let capped_file = config_file("ceiling-capped", &config(Some(CEILING)));
+    let capped = gateway(&capped_file, &m, &[]);
+    let open_file = config_file("ceiling-open", &config(None));
+    let open = gateway(&open_file, &m, &[]);
     let c = client();
     let (out_capped, out_open): (Answers, Answers) = (Arc::default(), Arc::default());
     let t0 = Instant::now();

@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::scratch::Scratch;
+
 /// A lane of the INC-47 example that is admitted.
 pub(crate) const OPEN_LANE: &str = "p1-agent-assist";
 
@@ -30,14 +32,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A scratch directory for one test.
-pub(crate) fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lanekeeper-net-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// Starts `argv` (program first), waiting for its `listening on ADDR
@@ -219,7 +213,7 @@ fn stalled_upload() -> String {
 
 #[tokio::test]
 async fn a_client_trickling_its_headers_is_cut_at_the_header_timeout() {
-    let dir = scratch("slowloris");
+    let dir = Scratch::new("slowloris");
     let m = model(&dir);
     let gw = gateway(
         &dir,
@@ -262,7 +256,7 @@ async fn a_client_trickling_its_headers_is_cut_at_the_header_timeout() {
 
 #[tokio::test]
 async fn idle_sockets_are_closed_by_the_header_clock_and_keep_alive_by_the_idle_clock() {
-    let dir = scratch("idle");
+    let dir = Scratch::new("idle");
     let m = model(&dir);
     let flags = [
         "--header-read-timeout-seconds",
@@ -306,7 +300,7 @@ async fn idle_sockets_are_closed_by_the_header_clock_and_keep_alive_by_the_idle_
 
 #[tokio::test]
 async fn a_stalled_body_gets_408_and_nothing_reaches_the_upstream() {
-    let dir = scratch("stalled");
+    let dir = Scratch::new("stalled");
     let m = model(&dir);
     let gw = gateway(
         &dir,
@@ -336,7 +330,7 @@ async fn a_stalled_body_gets_408_and_nothing_reaches_the_upstream() {
 
 #[tokio::test]
 async fn over_the_connection_limit_new_connections_are_refused_at_once_or_take_an_idle_place() {
-    let dir = scratch("limit");
+    let dir = Scratch::new("limit");
     let m = model(&dir);
     let flags = ["--max-connections", "8", "--body-read-timeout-seconds", "6"];
     let gw = gateway(&dir, &format!("http://{}", m.addr), &flags, &[]);
@@ -403,7 +397,7 @@ async fn under_a_low_descriptor_limit_idle_sockets_cannot_stop_new_clients_or_re
     let Some(prlimit) = prlimit(test) else {
         return;
     };
-    let dir = scratch("fds");
+    let dir = Scratch::new("fds");
     let m = model(&dir);
     let wrapper = [prlimit, "--nofile=256:256", "--"];
     let gw = gateway(
@@ -520,7 +514,7 @@ fn chat_in_background(gw: &Proc) -> tokio::task::JoinHandle<reqwest::Result<u16>
 
 #[tokio::test]
 async fn sigterm_lets_requests_in_flight_finish_within_the_grace_and_no_longer() {
-    let dir = scratch("sigterm");
+    let dir = Scratch::new("sigterm");
     let m = slow_model(&dir, 1500);
     let upstream = format!("http://{}", m.addr);
     let mut gw = gateway(&dir, &upstream, &["--shutdown-grace-seconds", "5"], &[]);
@@ -534,7 +528,7 @@ async fn sigterm_lets_requests_in_flight_finish_within_the_grace_and_no_longer()
     assert!(took < Duration::from_secs(3), "{took:?}");
 
     // A request longer than the grace does not hold the process past it.
-    let dir = scratch("sigterm-bound");
+    let dir = Scratch::new("sigterm-bound");
     let m = slow_model(&dir, 20_000);
     let upstream = format!("http://{}", m.addr);
     let mut gw = gateway(&dir, &upstream, &["--shutdown-grace-seconds", "1"], &[]);

@@ -15,7 +15,8 @@ use super::rules_promtool::promtool_test;
 use crate::fleet_store_redis::Server;
 use crate::gateway::{Proc, client, config_file, gateway_to, inc47, metrics, model, ready};
 use crate::gateway_shared::wait_mode;
-use crate::prometheus_support::{TempDir, promtool};
+use crate::prometheus_support::promtool;
+use crate::scratch::Scratch;
 
 const LANE: &str = "p0-disruption-assist";
 const ORIGINALS: usize = 30;
@@ -105,8 +106,8 @@ async fn three_replicas_series_give_the_demand_of_originals_once() {
     for (i, gw) in gws.iter().enumerate() {
         series += &as_series(&metrics(&c, gw).await, &format!("gw-{i}"));
     }
-    let dir = TempDir::new("fleet-demand");
-    std::fs::write(dir.0.join("rules.yaml"), documented_rules()).unwrap();
+    let dir = Scratch::new("fleet-demand");
+    std::fs::write(dir.join("rules.yaml"), documented_rules()).unwrap();
     let expect = |originals: f64, retries: f64| {
         let mut t = String::from(
             "rule_files: [rules.yaml]\nevaluation_interval: 15s\ntests:\n  - interval: 15s\n    input_series:\n",
@@ -125,7 +126,7 @@ async fn three_replicas_series_give_the_demand_of_originals_once() {
     };
     // Every series grows by its count every 15 s.
     let good = expect(ORIGINALS as f64 / 15.0, RETRIES as f64 / 15.0);
-    let run = promtool_test(&promtool, &dir.0, &good);
+    let run = promtool_test(&promtool, &dir, &good);
     assert!(
         run.status.success(),
         "promtool test rules failed:\n{}{}\n--- test file ---\n{good}",
@@ -135,5 +136,5 @@ async fn three_replicas_series_give_the_demand_of_originals_once() {
     // Retries counted as originals (each replica on its own memory) would
     // read 36 originals: promtool must say no to that.
     let wrong = expect((ORIGINALS + RETRIES) as f64 / 15.0, 0.0);
-    assert!(!promtool_test(&promtool, &dir.0, &wrong).status.success());
+    assert!(!promtool_test(&promtool, &dir, &wrong).status.success());
 }

@@ -4,19 +4,19 @@
 //! contract allows (a paused lane) and requests naming no lane are not
 //! counted.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::gateway::{
-    Proc, client, config_file, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
-    status_of,
+    ConfigFile, Proc, client, config_file, gateway_to, inc47, lane_mut, metrics, model, ready,
+    sample, status_of,
 };
 
 /// The shipped INC-47 config with P1's deadline at `p1_deadline` seconds
 /// and no queue (a late answer cannot come from waiting).
-fn config(test: &str, p1_deadline: i64) -> PathBuf {
+fn config(test: &str, p1_deadline: i64) -> ConfigFile {
     let mut cfg = inc47();
     let p1 = lane_mut(&mut cfg, "p1-agent-assist");
     p1["deadlineSeconds"] = json!(p1_deadline);
@@ -52,7 +52,8 @@ async fn qualified(c: &reqwest::Client, gw: &Proc, lane: &str, outcome: &str) ->
 #[tokio::test]
 async fn answers_in_time_are_good_and_allowed_refusals_are_not_counted() {
     let m = model(&["--service-millis", "0"]);
-    let gw = gateway(&config("good", 30), &m.addr);
+    let cfg = config("good", 30);
+    let gw = gateway(&cfg, &m.addr);
     let c = client();
     ready(&c, &gw).await;
     for _ in 0..3 {
@@ -75,7 +76,8 @@ async fn answers_in_time_are_good_and_allowed_refusals_are_not_counted() {
 async fn an_answer_past_the_deadline_is_bad() {
     // The model takes 2.5 s; P1's deadline is 1 s.
     let m = model(&["--service-millis", "2500"]);
-    let gw = gateway(&config("late", 1), &m.addr);
+    let cfg = config("late", 1);
+    let gw = gateway(&cfg, &m.addr);
     let c = client();
     ready(&c, &gw).await;
     assert_eq!(send(&c, &gw, "p1-agent-assist").await, 504);
@@ -91,7 +93,8 @@ async fn an_unreachable_upstream_is_bad() {
         .local_addr()
         .unwrap()
         .port();
-    let gw = gateway(&config("down", 30), &format!("127.0.0.1:{port}"));
+    let cfg = config("down", 30);
+    let gw = gateway(&cfg, &format!("127.0.0.1:{port}"));
     let c = client();
     ready(&c, &gw).await;
     assert_eq!(send(&c, &gw, "p1-agent-assist").await, 502);

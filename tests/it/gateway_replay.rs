@@ -127,7 +127,7 @@ async fn replay(name: &str, run: &Run, speedup: f64, model_millis: u64, timed: b
         .map(|(t, _, cfg)| (*t, faster(cfg, speedup, start_unix)))
         .collect();
     let writer = {
-        let path = path.clone();
+        let path = path.to_path_buf();
         tokio::spawn(async move {
             for (t, cfg) in configs {
                 tokio::time::sleep_until(at(t)).await;

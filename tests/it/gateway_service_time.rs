@@ -38,7 +38,8 @@ async fn the_lanes_expected_service_time_is_learned_and_exported() {
     let m = model(&["--service-millis", "300"]);
     let mut cfg = priced(1000.0);
     lane_mut(&mut cfg, LANE)["expectedServiceSeconds"] = json!(0.05);
-    let gw = gateway_to(&config_file("service-time", &cfg), &m.addr, &[]);
+    let file = config_file("service-time", &cfg);
+    let gw = gateway_to(&file, &m.addr, &[]);
     let c = client();
     ready(&c, &gw).await;
     let before = gauge_until(&c, &gw, |v| v == 0.05).await;

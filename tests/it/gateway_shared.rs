@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 
 use crate::fleet_store_redis::Server;
 use crate::gateway::{
-    Proc, client, config_file, gateway_to, inc47, lane_mut, metrics, model, ready, sample,
+    ConfigFile, Proc, client, config_file, gateway_to, inc47, lane_mut, metrics, model, ready,
+    sample,
 };
 
 /// The capped lane: 60 req/s for the fleet (20 a replica on its 1/N
@@ -171,7 +172,7 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
         return;
     };
     let m = model(&["--service-millis", "0"]);
-    let (gws, c) = fleet("shared", &config(), &m, &store).await;
+    let (gws, c, _cfg) = fleet("shared", &config(), &m, &store).await;
     let url = store.url();
     let addrs: Vec<String> = gws.iter().map(|g| g.addr.clone()).collect();
     let out: Answers = Arc::default();
@@ -312,17 +313,18 @@ pub(crate) async fn fleet(
     cfg: &Value,
     m: &Proc,
     store: &Server,
-) -> (Vec<Proc>, reqwest::Client) {
+) -> (Vec<Proc>, reqwest::Client, ConfigFile) {
     fleet_at(test, cfg, m, &store.url()).await
 }
 
-/// Three replicas on the store at `url` in front of `m`, all shared.
+/// Three replicas on the store at `url` in front of `m`, all shared, and
+/// their config file (held while they run).
 pub(crate) async fn fleet_at(
     test: &str,
     cfg: &Value,
     m: &Proc,
     url: &str,
-) -> (Vec<Proc>, reqwest::Client) {
+) -> (Vec<Proc>, reqwest::Client, ConfigFile) {
     let path = config_file(test, cfg);
     let flags = [
         "--replicas",
@@ -338,5 +340,5 @@ pub(crate) async fn fleet_at(
         ready(&c, gw).await;
     }
     wait_mode(&c, &gws, "shared", Duration::from_secs(5)).await;
-    (gws, c)
+    (gws, c, path)
 }

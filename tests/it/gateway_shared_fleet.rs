@@ -63,7 +63,7 @@ async fn a_tenants_concurrency_limit_holds_across_replicas() {
     lane_mut(&mut cfg, P1)["tenants"] = json!({"maxConcurrency": MAX});
     // Every answer takes 0.2 s.
     let m = model(&["--service-millis", "200", "--token-millis", "0"]);
-    let (gws, c) = fleet(test, &cfg, &m, &store).await;
+    let (gws, c, _cfg) = fleet(test, &cfg, &m, &store).await;
     let set_peak = |v: u64| {
         let (c, addr) = (c.clone(), m.addr.clone());
         async move {
@@ -175,7 +175,7 @@ async fn the_pools_in_flight_limit_holds_across_replicas() {
     // Every lane is held by the limit (no reserve kept for P0).
     lane_mut(&mut cfg, "p0-disruption-assist")["sheddable"] = json!(true);
     let m = model(&["--service-millis", "200", "--token-millis", "0"]);
-    let (gws, c) = fleet(test, &cfg, &m, &store).await;
+    let (gws, c, _cfg) = fleet(test, &cfg, &m, &store).await;
     // All of it on one replica.
     let statuses = load(&c, &gws[..1], "anyone", 6.0).await;
     let peak = control(&c, &m).await["chatInFlightPeak"].as_u64().unwrap();
@@ -239,7 +239,7 @@ async fn a_request_deferred_by_one_replica_returns_to_another_as_a_return() {
     l["spareCapacity"] = json!(false);
     l["floorUnitsPerSecond"] = Value::Null;
     let m = model(&["--service-millis", "0"]);
-    let (gws, c) = fleet(test, &cfg, &m, &store).await;
+    let (gws, c, _cfg) = fleet(test, &cfg, &m, &store).await;
     // Until one is deferred (the bucket's one token taken first).
     let mut deferred = None;
     for i in 0..20 {

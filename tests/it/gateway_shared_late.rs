@@ -171,7 +171,7 @@ async fn late_store_answers_are_neither_lost_nor_counted_twice() {
     };
     let proxy = Proxy::start(store.port()).await;
     let m = model(&["--service-millis", "0"]);
-    let (gws, c) = fleet_at(test, &late_config(), &m, &proxy.url()).await;
+    let (gws, c, _cfg) = fleet_at(test, &late_config(), &m, &proxy.url()).await;
     let out: Answers = Arc::default();
     let t0 = Instant::now();
     let runner = {

@@ -67,7 +67,7 @@ async fn one_replica_gets_the_fleets_whole_spare_and_falls_back_to_its_share() {
         return;
     };
     let m = model(&["--service-millis", "0"]);
-    let (gws, c) = fleet(test, &config(), &m, &store).await;
+    let (gws, c, _cfg) = fleet(test, &config(), &m, &store).await;
     let out: Answers = Arc::default();
     let t0 = Instant::now();
 

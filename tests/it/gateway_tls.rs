@@ -18,7 +18,8 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::gateway_conn::{OPEN_LANE, Proc, gateway, model, ready, scratch, write_atomically};
+use crate::gateway_conn::{OPEN_LANE, Proc, gateway, model, ready, write_atomically};
+use crate::scratch::Scratch;
 
 struct Ca(CertifiedIssuer<'static, KeyPair>);
 
@@ -87,7 +88,7 @@ async fn until_ok(c: &reqwest::Client, gw: &Proc, what: &str) {
 
 #[tokio::test]
 async fn clients_reach_it_over_tls_and_a_rotated_certificate_is_served_without_restart() {
-    let dir = scratch("tls-rotate");
+    let dir = Scratch::new("tls-rotate");
     let (first, second, third) = (Ca::new("first"), Ca::new("second"), Ca::new("third"));
     let a = first.server();
     install(&dir, &a);
@@ -194,7 +195,7 @@ async fn tls_upstream(ca: &Ca, seen: Arc<Mutex<Vec<String>>>) -> String {
 
 #[tokio::test]
 async fn an_https_route_is_verified_against_the_upstream_ca_and_gets_its_own_credential() {
-    let dir = scratch("tls-upstream");
+    let dir = Scratch::new("tls-upstream");
     let ca = Ca::new("pool");
     let seen = Arc::new(Mutex::new(Vec::new()));
     let upstream = tls_upstream(&ca, seen.clone()).await;
@@ -249,7 +250,7 @@ async fn an_https_route_is_verified_against_the_upstream_ca_and_gets_its_own_cre
 
     // Without --upstream-ca the pool's certificate is not trusted: 502.
     let reached = seen.lock().unwrap().len();
-    let dir2 = scratch("tls-upstream-untrusted");
+    let dir2 = Scratch::new("tls-upstream-untrusted");
     let untrusted = gateway(&dir2, &upstream, &[], &[]);
     ready(&untrusted).await;
     let r = c

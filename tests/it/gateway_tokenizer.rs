@@ -13,7 +13,8 @@ use std::process::Command;
 use serde_json::json;
 
 use crate::gateway::{
-    Proc, client, config_file, control, gateway_to, inc47, lane_mut, metrics, model, ready,
+    ConfigFile, Proc, client, config_file, control, gateway_to, inc47, lane_mut, metrics, model,
+    ready,
 };
 use crate::gateway_tokens::send;
 
@@ -37,7 +38,7 @@ fn few_words() -> String {
     json!({"model": "m", "messages": [{"role": "user", "content": content}]}).to_string()
 }
 
-fn limited_config(name: &str) -> PathBuf {
+fn limited_config(name: &str) -> ConfigFile {
     let mut cfg = inc47();
     lane_mut(&mut cfg, LANE)["tokens"] = json!({"maxInputTokens": LIMIT});
     config_file(name, &cfg)

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::gateway::{
-    Proc, client, config_file, control, gateway_to, inc47, lane_mut, model, ready,
+    Proc, client, config_file, control, gateway_to, inc47, lane_mut, model, ready, write_config,
 };
 
 const LANE: &str = "p1-agent-assist";
@@ -141,10 +141,7 @@ async fn a_levels_cap_output_tokens_applies_and_is_lifted_on_reload() {
     assert_eq!(control(&c, &m).await["lastMaxTokens"], 8);
     assert_eq!(body["usage"]["completion_tokens"], 8);
     // The level is left: the contract's own limit applies again.
-    config_file(
-        "tokens-level",
-        &with_tokens(json!({"maxOutputTokens": 100})),
-    );
+    write_config(&path, &with_tokens(json!({"maxOutputTokens": 100})));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         send(&c, &gw, body_of(300, r#", "max_tokens": 50"#)).await;

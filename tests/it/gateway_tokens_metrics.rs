@@ -10,8 +10,9 @@ use serde_json::json;
 
 use crate::gateway::{client, config_file, gateway_to, metrics, model, ready, sample};
 use crate::gateway_tokens_settle::{LANE, body_of, priced, send};
-use crate::prometheus_support::{TempDir, promtool};
+use crate::prometheus_support::promtool;
 use crate::rules_promtool::{generated_rules, promtool_test};
+use crate::scratch::Scratch;
 
 /// An unpriced lane of INC-47.
 const UNPRICED: &str = "p1-agent-assist";
@@ -53,11 +54,8 @@ async fn the_per_request_histograms_move_and_the_ttft_waits_for_the_prefill() {
         "--prefill-micros-per-token",
         PREFILL_MICROS,
     ]);
-    let gw = gateway_to(
-        &config_file("tokens-metrics", &priced(1000.0)),
-        &m.addr,
-        &[],
-    );
+    let file = config_file("tokens-metrics", &priced(1000.0));
+    let gw = gateway_to(&file, &m.addr, &[]);
     let c = client();
     ready(&c, &gw).await;
     // Four short prompts, four long ones, two long streams (asking for
@@ -200,13 +198,13 @@ fn documented_rules_read_the_p95s(text: &str) {
     let Some(promtool) = promtool(test) else {
         return;
     };
-    let dir = TempDir::new("tokens-p95");
+    let dir = Scratch::new("tokens-p95");
     let manifests = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("examples/inc-47-tokens/inc-47-tokens.yaml"),
     )
     .unwrap();
-    let rules = generated_rules(&dir.0, &manifests);
+    let rules = generated_rules(&dir, &manifests);
     assert!(
         rules.contains("- name: lanekeeper-tokens-ai-platform-agent-assist\n"),
         "{rules}"
@@ -232,7 +230,7 @@ fn documented_rules_read_the_p95s(text: &str) {
         t
     };
     let good = expect(1.0 + 0.5 * 5.5 / 6.0);
-    let run = promtool_test(&promtool, &dir.0, &good);
+    let run = promtool_test(&promtool, &dir, &good);
     assert!(
         run.status.success(),
         "promtool test rules failed:\n{}{}\n--- test file ---\n{good}",
@@ -241,7 +239,7 @@ fn documented_rules_read_the_p95s(text: &str) {
     );
     // The mean (0.82) is not the P95: promtool says no.
     assert!(
-        !promtool_test(&promtool, &dir.0, &expect(0.82))
+        !promtool_test(&promtool, &dir, &expect(0.82))
             .status
             .success()
     );

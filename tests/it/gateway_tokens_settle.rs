@@ -77,7 +77,8 @@ fn cost_of(usage: &Value) -> f64 {
 async fn a_priced_lane_admits_its_units_per_second_whatever_the_mix_of_prompts() {
     let m = model(&["--service-millis", "0", "--completion-tokens", "20"]);
     let units = 40.0;
-    let gw = gateway_to(&config_file("settle-rate", &priced(units)), &m.addr, &[]);
+    let file = config_file("settle-rate", &priced(units));
+    let gw = gateway_to(&file, &m.addr, &[]);
     let c = client();
     ready(&c, &gw).await;
     // Four senders, each sending its next request as soon as the last is
@@ -185,7 +186,8 @@ fn settlements(text: &str, usage: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_is_settled_from_the_usage_chunk_the_client_sees_only_when_it_asked() {
     let m = model(&["--service-millis", "0", "--completion-tokens", "5"]);
-    let gw = gateway_to(&config_file("settle-stream", &priced(1000.0)), &m.addr, &[]);
+    let file = config_file("settle-stream", &priced(1000.0));
+    let gw = gateway_to(&file, &m.addr, &[]);
     let c = client();
     ready(&c, &gw).await;
     // Not asked: the gateway asks the model, and takes the chunk out.
@@ -220,7 +222,8 @@ async fn a_stream_is_settled_from_the_usage_chunk_the_client_sees_only_when_it_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_without_usage_keeps_its_reservation() {
     let m = model(&["--service-millis", "0", "--completion-tokens", "5"]);
-    let gw = gateway_to(&config_file("settle-none", &priced(1000.0)), &m.addr, &[]);
+    let file = config_file("settle-none", &priced(1000.0));
+    let gw = gateway_to(&file, &m.addr, &[]);
     let c = client();
     ready(&c, &gw).await;
     c.put(format!("http://{}/control", m.addr))
@@ -281,7 +284,8 @@ async fn long_context_concurrency_holds_while_short_requests_keep_flowing() {
     ]);
     let cfg =
         with_pool_limits(json!({"longContext": {"aboveInputTokens": 4000, "maxConcurrency": 2}}));
-    let gw = Arc::new(gateway_to(&config_file("settle-long", &cfg), &m.addr, &[]));
+    let file = config_file("settle-long", &cfg);
+    let gw = Arc::new(gateway_to(&file, &m.addr, &[]));
     let c = client();
     ready(&c, &gw).await;
     // Six long prompts at once: two go, four are refused with the limit's
@@ -351,7 +355,8 @@ async fn long_context_concurrency_holds_while_short_requests_keep_flowing() {
 async fn the_pools_model_slots_hold_every_lane() {
     let m = model(&["--service-millis", "1500"]);
     let cfg = with_pool_limits(json!({"concurrency": {"max": 3}}));
-    let gw = Arc::new(gateway_to(&config_file("settle-slots", &cfg), &m.addr, &[]));
+    let file = config_file("settle-slots", &cfg);
+    let gw = Arc::new(gateway_to(&file, &m.addr, &[]));
     let c = client();
     ready(&c, &gw).await;
     // Five at once, P0 (never shed) among them: three slots.

@@ -6,7 +6,8 @@
 //! series of another profile's gateway.
 
 use super::rules_promtool::{generated_rules, promtool_test};
-use crate::prometheus_support::{TempDir, promtool};
+use crate::prometheus_support::promtool;
+use crate::scratch::Scratch;
 
 const MANIFESTS: &str = r#"
 apiVersion: lanekeeper.dev/v1alpha1
@@ -79,8 +80,8 @@ fn promtool_passes_the_goodput_rule_on_synthetic_gateway_series() {
     let Some(promtool) = promtool("goodput_rule_promtool") else {
         return;
     };
-    let dir = TempDir::new("goodput-rule");
-    let rules = generated_rules(&dir.0, MANIFESTS);
+    let dir = Scratch::new("goodput-rule");
+    let rules = generated_rules(&dir, MANIFESTS);
     assert_eq!(
         rules.matches("- name: ").count(),
         1,
@@ -90,7 +91,7 @@ fn promtool_passes_the_goodput_rule_on_synthetic_gateway_series() {
         rules.contains("name: lanekeeper-capacity-team-pool"),
         "{rules}"
     );
-    let run = promtool_test(&promtool, &dir.0, &test_file());
+    let run = promtool_test(&promtool, &dir, &test_file());
     assert!(
         run.status.success(),
         "promtool test rules failed:\n{}{}\n--- rules ---\n{rules}\n--- test file ---\n{}",
@@ -101,7 +102,7 @@ fn promtool_passes_the_goodput_rule_on_synthetic_gateway_series() {
     // A wrong expectation fails, so the test above can fail.
     let wrong = promtool_test(
         &promtool,
-        &dir.0,
+        &dir,
         &test_file().replace("value: 410", "value: 560"),
     );
     assert!(!wrong.status.success(), "promtool accepted 560 for 410");

@@ -10,6 +10,8 @@
 
 #[path = "../prometheus_support/mod.rs"]
 mod prometheus_support;
+#[path = "../scratch.rs"]
+mod scratch;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -69,6 +71,7 @@ mod prometheus_scrape;
 mod prometheus_tokens;
 mod rules_cli;
 mod rules_promtool;
+mod scratch_dirs;
 mod sim_cli;
 mod sim_gateway_evidence;
 mod sim_in_flight;

@@ -4,12 +4,13 @@
 //! Golden files live in tests/golden/; after an intended change regenerate
 //! them with `UPDATE_GOLDEN=1 cargo test --test it -- plan_cli::` and review the diff.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 use serde_json::Value;
 
 use crate::cli::{lanekeeper, root, stdout_of};
+use crate::scratch::ScratchFile;
 
 fn json_of(out: &Output) -> Value {
     serde_json::from_str(&stdout_of(out)).expect("plan -o json prints JSON")
@@ -188,12 +189,8 @@ fn inc47_with_signals() {
     );
 }
 
-fn write_temp(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lanekeeper-plan-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("bad.yaml");
-    std::fs::write(&path, text).unwrap();
-    path
+fn write_temp(name: &str, text: &str) -> ScratchFile {
+    ScratchFile::new(&format!("plan-{name}"), "bad.yaml", text)
 }
 
 fn profile_with(replicas: &str) -> String {

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use crate::cli::{lanekeeper_ok, root};
+use crate::scratch::Scratch;
 
 const SIGNALS: &str = "steps:
 - at: 0
@@ -22,10 +23,10 @@ const SIGNALS: &str = "steps:
     ai-platform/p2-email-extract: {p95CostUnitsPerRequest: .nan}
 ";
 
-/// The INC-47 manifests with P2 priced, and the signals, in a fresh dir.
-fn inputs() -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("lanekeeper-plan-cost-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// The INC-47 manifests with P2 priced (`inc-47.yaml`), and the signals
+/// (`signals.yaml`), in a fresh dir.
+fn inputs() -> Scratch {
+    let dir = Scratch::new("plan-cost");
     let text = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
     let wpr = "  workUnitsPerRequest: \"0.70\"\n";
     assert_eq!(text.matches(wpr).count(), 1, "P2's line");
@@ -36,11 +37,12 @@ fn inputs() -> (PathBuf, PathBuf) {
     let (manifests, signals) = (dir.join("inc-47.yaml"), dir.join("signals.yaml"));
     std::fs::write(&manifests, priced).unwrap();
     std::fs::write(&signals, SIGNALS).unwrap();
-    (manifests, signals)
+    dir
 }
 
 fn plan(extra: &[&str]) -> String {
-    let (manifests, signals) = inputs();
+    let dir = inputs();
+    let (manifests, signals) = (dir.join("inc-47.yaml"), dir.join("signals.yaml"));
     let mut args = vec![
         "plan".to_owned(),
         "-f".to_owned(),

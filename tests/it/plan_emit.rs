@@ -7,11 +7,12 @@ use serde_json::Value;
 
 use crate::cli::lanekeeper_ok;
 use crate::gateway::{client, gateway_to, model, ready, status_of};
+use crate::scratch::Scratch;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_emitted_config_is_canonical_and_a_gateway_runs_on_it() {
-    let dir = std::env::temp_dir().join(format!("lanekeeper-emit-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = Scratch::new("emit");
+    let dir = scratch.join("out");
     let emit = |to: &std::path::Path, json: bool| {
         let mut args = vec![
             "plan",
@@ -52,5 +53,4 @@ async fn the_emitted_config_is_canonical_and_a_gateway_runs_on_it() {
     let c = client();
     ready(&c, &gw).await;
     assert_eq!(status_of(&c, &gw, "p0-disruption-assist").await, 200);
-    let _ = std::fs::remove_dir_all(&dir);
 }

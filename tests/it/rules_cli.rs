@@ -6,6 +6,7 @@
 //! Regenerate with `cargo run -q -- rules -f examples/objectives/manifests.yaml > examples/objectives/rules.yaml`.
 
 use crate::cli::{lanekeeper, lanekeeper_ok, root};
+use crate::scratch::Scratch;
 
 #[test]
 fn the_committed_rule_file_is_the_commands_output() {
@@ -77,8 +78,7 @@ fn the_selector_is_added_to_every_gateway_series() {
 
 #[test]
 fn an_objective_the_crd_refuses_is_refused() {
-    let dir = std::env::temp_dir().join(format!("lanekeeper-rules-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("rules-cli");
     let src = std::fs::read_to_string(root().join("examples/objectives/manifests.yaml")).unwrap();
     for (bad, message) in [
         (
@@ -184,8 +184,7 @@ fn the_token_rules_in_the_telemetry_doc_are_the_commands_output() {
 
 #[test]
 fn a_lane_without_a_cost_gets_no_token_rules_and_the_selector_reaches_them() {
-    let dir = std::env::temp_dir().join(format!("lanekeeper-rules-tokens-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("rules-tokens");
     let src =
         std::fs::read_to_string(root().join("examples/inc-47-tokens/inc-47-tokens.yaml")).unwrap();
     // Without any cost: no group at all, said on stderr.

@@ -6,7 +6,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::prometheus_support::{TempDir, promtool};
+use crate::prometheus_support::promtool;
+use crate::scratch::Scratch;
 
 const MANIFESTS: &str = r#"
 apiVersion: lanekeeper.dev/v1alpha1
@@ -134,7 +135,7 @@ fn promtool_passes_the_generated_rules_on_synthetic_burns() {
     let Some(promtool) = promtool("rules_promtool") else {
         return;
     };
-    let dir = TempDir::new("rules");
+    let dir = Scratch::new("rules");
     let world = [
         MANIFESTS.to_owned(),
         lane("fast", Some(r#"{withinDeadlinePercent: "99.9"}"#)),
@@ -146,7 +147,7 @@ fn promtool_passes_the_generated_rules_on_synthetic_burns() {
         lane("no-objective", None),
     ]
     .concat();
-    let rules = generated_rules(&dir.0, &world);
+    let rules = generated_rules(&dir, &world);
     assert_eq!(
         rules.matches("- name: ").count(),
         3,
@@ -154,7 +155,7 @@ fn promtool_passes_the_generated_rules_on_synthetic_burns() {
     );
     let check = Command::new(&promtool)
         .args(["check", "rules"])
-        .arg(dir.0.join("rules.yaml"))
+        .arg(dir.join("rules.yaml"))
         .output()
         .unwrap();
     assert!(
@@ -162,7 +163,7 @@ fn promtool_passes_the_generated_rules_on_synthetic_burns() {
         "{}",
         String::from_utf8_lossy(&check.stdout)
     );
-    let run = promtool_test(&promtool, &dir.0, &test_file());
+    let run = promtool_test(&promtool, &dir, &test_file());
     assert!(
         run.status.success(),
         "promtool test rules failed:\n{}{}\n--- test file ---\n{}",
@@ -177,9 +178,9 @@ fn promtool_fails_a_wrong_expectation_so_the_test_above_can_fail() {
     let Some(promtool) = promtool("rules_promtool") else {
         return;
     };
-    let dir = TempDir::new("rules-wrong");
+    let dir = Scratch::new("rules-wrong");
     generated_rules(
-        &dir.0,
+        &dir,
         &[
             MANIFESTS.to_owned(),
             lane("healthy", Some(r#"{withinDeadlinePercent: "99.9"}"#)),
@@ -193,6 +194,6 @@ fn promtool_fails_a_wrong_expectation_so_the_test_above_can_fail() {
     t += &series("healthy", 9995, 5);
     t += "    alert_rule_test:\n";
     t += &alert_case("2h", "LanekeeperErrorBudgetFastBurn", &["healthy"]);
-    let run = promtool_test(&promtool, &dir.0, &t);
+    let run = promtool_test(&promtool, &dir, &t);
     assert!(!run.status.success(), "a healthy lane must not page");
 }

@@ -3,12 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::cli::{lanekeeper, root, stdout_of};
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lanekeeper-sim-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use crate::scratch::Scratch;
 
 /// INC-47 shortened to the incident and a little recovery (debug builds).
 fn short_scenario(dir: &Path) -> PathBuf {
@@ -22,7 +17,7 @@ fn short_scenario(dir: &Path) -> PathBuf {
 
 #[test]
 fn simulate_prints_the_table_json_and_a_chart_reproducibly() {
-    let dir = tmpdir("simulate");
+    let dir = Scratch::new("sim-cli-simulate");
     let sc = short_scenario(&dir);
     let sc = sc.to_str().unwrap();
     let a = lanekeeper([
@@ -107,7 +102,7 @@ fn simulate_prints_the_table_json_and_a_chart_reproducibly() {
 
 #[test]
 fn a_bad_scenario_exits_2_naming_the_field() {
-    let dir = tmpdir("bad");
+    let dir = Scratch::new("sim-cli-bad");
     let p = dir.join("bad.yaml");
     std::fs::write(&p, "durationSeconds: 60\nlanes:\n  p0-disruption-assist:\n    service: {p50Seconds: 3, p95Seconds: 1}\n").unwrap();
     let o = lanekeeper([
@@ -156,7 +151,7 @@ fn edited_example(dir: &Path, from: &str, to: &str) -> (PathBuf, PathBuf) {
 
 #[test]
 fn diff_shows_what_removing_the_p3_cap_does() {
-    let dir = tmpdir("diff");
+    let dir = Scratch::new("sim-cli-diff");
     let sc = short_scenario(&dir);
     let cap = "      cap: [{lanes: [p3-shift-batch], unitsPerSecond: \"60\"}]\n";
     let (base, head) = edited_example(&dir, cap, "");
@@ -214,7 +209,7 @@ fn diff_shows_what_removing_the_p3_cap_does() {
 /// values; no step is said to differ with the same words on both sides.
 #[test]
 fn diff_names_a_moved_watermark() {
-    let dir = tmpdir("diff-stop-at");
+    let dir = Scratch::new("sim-cli-diff-stop-at");
     let (base, head) = edited_example(&dir, "stopAt: 1500,", "stopAt: 1400,");
     let o = lanekeeper([
         "diff",

@@ -10,9 +10,9 @@ use std::fmt::Write as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::scratch::Scratch;
 use lanekeeper::policy::World;
 use lanekeeper::snapshot::SignalsFile;
 
@@ -71,34 +71,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A temporary directory removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "lanekeeper-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A running Prometheus.
 pub struct Prom {
     child: Child,
     pub port: u16,
-    _dir: TempDir,
+    _dir: Scratch,
 }
 
 impl Prom {
@@ -111,13 +88,13 @@ impl Prom {
     /// it. None (after SKIPPED) without the binaries.
     pub fn start(test: &str, openmetrics: &str) -> Option<Prom> {
         let (prometheus, promtool) = binaries(test)?;
-        let dir = TempDir::new("prom");
-        let data = dir.0.join("data");
+        let dir = Scratch::new("prom");
+        let data = dir.join("data");
         std::fs::create_dir_all(&data).unwrap();
-        let series = dir.0.join("series.om");
+        let series = dir.join("series.om");
         std::fs::write(&series, openmetrics).unwrap();
         backfill(&promtool, &series, &data);
-        let config = dir.0.join("prometheus.yml");
+        let config = dir.join("prometheus.yml");
         std::fs::write(&config, "global:\n  scrape_interval: 1m\n").unwrap();
         let port = free_port();
         let child = Command::new(prometheus)
@@ -152,10 +129,10 @@ impl Prom {
             .map(|t| format!("'{t}'"))
             .collect::<Vec<_>>()
             .join(", ");
-        let dir = TempDir::new("prom");
-        let data = dir.0.join("data");
+        let dir = Scratch::new("prom");
+        let data = dir.join("data");
         std::fs::create_dir_all(&data).unwrap();
-        let config = dir.0.join("prometheus.yml");
+        let config = dir.join("prometheus.yml");
         std::fs::write(
             &config,
             format!(
