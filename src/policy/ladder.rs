@@ -177,9 +177,10 @@ pub fn trigger(level: &LevelSpec, k: u32, i: &LevelInputs<'_>) -> TriggerState {
                     round6(t)
                 ));
             }
-            Some(_) => {}
-            None if i.retries_unknown || !i.lanes_known => unknown = true,
-            None => {}
+            // Calm over the lanes measured says nothing of a lane whose
+            // retries (or rate) went missing: that may be the storming one.
+            _ if i.retries_unknown || !i.lanes_known => unknown = true,
+            _ => {}
         }
     }
     if let Some(b) = &e.burn_rate_above {

@@ -478,3 +478,44 @@ fn retries_are_not_demand_but_a_storm_is_a_trigger() {
     assert_eq!(d.demand_units_per_second, 80.0);
     assert_eq!(lane_of(&d, "b").retry_amplification, None, "not measured");
 }
+
+/// A storm seen on one lane is not over because that lane's retries went
+/// missing: the amplification over the lanes still measured (here 1.0) is
+/// no evidence about the storming one, so the level holds; it is left once
+/// every lane's retries are measured again and calm.
+#[test]
+fn a_storm_is_not_over_when_the_storming_lanes_retries_go_missing() {
+    let body = r#"  hysteresis: {stableForSeconds: 0}
+  levels:
+  - name: storm
+    enterWhen: {retryAmplificationAbove: "1.25"}
+"#;
+    let mut run = Run::new(world(body, &lanes_ab()));
+    let lanes = |at, a_retries: Option<f64>| {
+        let mut s = snap(at, Some(200.0), Some(0.0), &[]);
+        for (lane, retries) in [("a", a_retries), ("b", Some(0.0))] {
+            let mut l = LaneSignals {
+                requests_per_second: Some(40.0),
+                retry_requests_per_second: retries,
+                ..Default::default()
+            };
+            if retries.is_none() {
+                l.unknown
+                    .insert("retryRequestsPerSecond".into(), "timeout".into());
+            }
+            s.lanes.insert(format!("t/{lane}"), l);
+        }
+        s
+    };
+    assert_eq!(run.step(&lanes(0, Some(40.0))).level, 1, "(80 + 40) / 80");
+    for at in [10, 20, 30] {
+        let d = run.step(&lanes(at, None));
+        assert_eq!(d.level, 1, "at {at}: a's retries are Unknown");
+        assert_eq!(lane_of(&d, "b").retry_amplification, Some(1.0));
+    }
+    assert_eq!(
+        run.step(&lanes(40, Some(0.0))).level,
+        0,
+        "measured and calm"
+    );
+}
