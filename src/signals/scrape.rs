@@ -173,21 +173,48 @@ pub async fn scrape_pool(
         .await
 }
 
+/// The totals this source gives, each under its `scrape:<name>` key, and
+/// the metric names it reads them from (an empty name: not wanted from this
+/// source).
+fn wanted(cfg: &ScrapeSignals) -> [(&'static str, String); 3] {
+    [
+        ("scrape:inFlight", cfg.metrics.requests_running.clone()),
+        ("scrape:queueDepth", cfg.metrics.requests_waiting.clone()),
+        (
+            "scrape:kvCacheUsagePercent",
+            cfg.metrics.kv_cache_usage.join(" or "),
+        ),
+    ]
+}
+
+/// Nothing could be scraped: every total this source gives is Unknown for
+/// `why` (each under its own key, as the triggers read them), and so is the
+/// source as a whole (`scrape`).
+fn nothing_scraped(
+    cfg: &ScrapeSignals,
+    why: &str,
+    reason: &str,
+) -> (SourceOutput, BTreeMap<String, String>) {
+    let mut out = SourceOutput::default();
+    let mut reasons = BTreeMap::new();
+    let signals = wanted(cfg).into_iter().filter(|(_, name)| !name.is_empty());
+    for signal in std::iter::once("scrape").chain(signals.map(|(s, _)| s)) {
+        out.unknown.insert(signal.into(), why.into());
+        reasons.insert(signal.into(), reason.into());
+    }
+    (out, reasons)
+}
+
 /// Turns per-pod results into a source output (and metric reasons).
 pub fn to_output(
     cfg: &ScrapeSignals,
     results: &BTreeMap<String, Result<PodMetrics, ScrapeError>>,
 ) -> (SourceOutput, BTreeMap<String, String>) {
+    if results.is_empty() {
+        return nothing_scraped(cfg, "empty: no ready pod with an IP to scrape", "empty");
+    }
     let mut out = SourceOutput::default();
     let mut reasons = BTreeMap::new();
-    if results.is_empty() {
-        out.unknown.insert(
-            "scrape".into(),
-            "empty: no ready pod with an IP to scrape".into(),
-        );
-        reasons.insert("scrape".into(), "empty".into());
-        return (out, reasons);
-    }
     let mut failed = Vec::new();
     let mut reason = "";
     let (mut running, mut waiting, mut kv) = (Some(0.0), Some(0.0), Some(0.0));
@@ -230,24 +257,7 @@ pub fn to_output(
             shown.join("; ")
         ))
     };
-    for (signal, v, name) in [
-        (
-            "scrape:inFlight",
-            running,
-            cfg.metrics.requests_running.clone(),
-        ),
-        (
-            "scrape:queueDepth",
-            waiting,
-            cfg.metrics.requests_waiting.clone(),
-        ),
-        (
-            "scrape:kvCacheUsagePercent",
-            kv,
-            cfg.metrics.kv_cache_usage.join(" or "),
-        ),
-    ] {
-        // An empty name list: the signal is not wanted from this source.
+    for ((signal, name), v) in wanted(cfg).into_iter().zip([running, waiting, kv]) {
         if v.is_none() && !name.is_empty() {
             let text = why
                 .clone()
@@ -309,10 +319,7 @@ impl ScrapeSource {
             return out.clone();
         }
         let Some(pods) = input.pods else {
-            let mut out = SourceOutput::default();
-            out.unknown
-                .insert("scrape".into(), "the pod index has not synced yet".into());
-            return out;
+            return nothing_scraped(cfg, "the pod index has not synced yet", "unsynced").0;
         };
         let targets: Vec<(String, String)> = pods
             .iter()

@@ -192,3 +192,44 @@ async fn scrapes_pods_and_a_slow_pod_makes_totals_unknown() {
     assert_eq!(scrapes(), before, "a scrape within intervalSeconds");
     assert_eq!(again, out);
 }
+
+/// With nothing to scrape (no ready pod with an IP, or the pod index not
+/// synced yet) every total the source gives is Unknown under its own key,
+/// the key the ladder's `inFlightAbove` and `queueDepthAbove` read: a level
+/// entered on the in-flight figure is not left because the figure's source
+/// went blind.
+#[tokio::test]
+async fn nothing_to_scrape_makes_every_total_unknown_under_its_own_key() {
+    let p = profile(prometheus_support::free_port());
+    let source = ScrapeSource::new(None);
+    let not_ready = [PoolPod {
+        containers_ready: false,
+        ..pod("vllm-0", "127.0.0.1")
+    }];
+    for (now, pods, why) in [
+        (1000, Some(&not_ready[..]), "no ready pod"),
+        (2000, None, "has not synced"),
+    ] {
+        let input = SourceInput {
+            profile: &p,
+            lanes: &[],
+            target_ready_replicas: None,
+            pods,
+            now,
+        };
+        let out = source.observe(&input).await;
+        for key in [
+            "scrape",
+            "scrape:inFlight",
+            "scrape:queueDepth",
+            "scrape:kvCacheUsagePercent",
+        ] {
+            assert!(
+                out.unknown.get(key).is_some_and(|w| w.contains(why)),
+                "{key} at {now}: {:?}",
+                out.unknown
+            );
+        }
+        assert_eq!(out.profile.in_flight, None);
+    }
+}
