@@ -704,8 +704,9 @@ fn lanes_unknown(e: &mut QueryEvaluation, lanes: &[&LaneContract], signal: &str,
 }
 
 /// A lane query's vector: each lane's rate from the series whose `laneLabel`
-/// is its name; a lane without a usable series is Unknown (in the lane's
-/// `unknown`, and named under the query signal in the profile's).
+/// is its name; a lane without a usable series, or with more than one (which
+/// would be the right one?), is Unknown (in the lane's `unknown`, and named
+/// under the query signal in the profile's).
 fn lane_values(
     e: &mut QueryEvaluation,
     cfg: &PrometheusSignals,
@@ -715,10 +716,12 @@ fn lane_values(
     rate: LaneRate,
 ) {
     let signal = rate.signal();
-    let by_lane: HashMap<&str, &Point> = pts
-        .iter()
-        .filter_map(|p| p.labels.get(&cfg.lane_label).map(|l| (l.as_str(), p)))
-        .collect();
+    let mut by_lane: HashMap<&str, (&Point, usize)> = HashMap::new();
+    for p in pts {
+        if let Some(l) = p.labels.get(&cfg.lane_label) {
+            by_lane.entry(l).or_insert((p, 0)).1 += 1;
+        }
+    }
     let missing_why = || format!("missing: no series with {}=<lane name>", cfg.lane_label);
     let mut missing = Vec::new();
     let mut worst: Option<(&'static str, String)> = None;
@@ -728,7 +731,15 @@ fn lane_values(
         let k = key(&lane.namespace().unwrap_or_default(), &name);
         let failed = match by_lane.get(name.as_str()) {
             None => missing_why(),
-            Some(p) => match check_value(p, at, cfg.staleness_seconds, rate.signed()) {
+            Some((_, n)) if *n > 1 => {
+                let why = format!(
+                    "ambiguous: {n} series with {}={name}; aggregate them to one per lane",
+                    cfg.lane_label
+                );
+                worst.get_or_insert(("ambiguous", why.clone()));
+                why
+            }
+            Some((p, _)) => match check_value(p, at, cfg.staleness_seconds, rate.signed()) {
                 Ok(v) => {
                     rate.set(e.output.lanes.entry(k).or_default(), v);
                     let a = age(p, at);

@@ -76,6 +76,11 @@ fn series(t: i64) -> String {
     // Retries of two lanes: lane-0001 fresh, lane-0002 stale.
     s.add("lane_retry_rps", "lane=\"lane-0001\"", t - 30, 0.25);
     s.add("lane_retry_rps", "lane=\"lane-0002\"", t - 240, 3.0);
+    // One series a gateway replica: lane-0000 has two, lane-0001 one.
+    for (lane, replica, v) in [("0000", "a", 3.0), ("0000", "b", 4.0), ("0001", "a", 5.0)] {
+        let labels = format!("lane=\"lane-{lane}\",replica=\"{replica}\"");
+        s.add("lane_rps_by_replica", &labels, t - 30, v);
+    }
     s.render()
 }
 
@@ -214,6 +219,39 @@ async fn server_down_is_unknown() {
     let url = format!("http://127.0.0.1:{}", free_port());
     let e = eval_at(&url, json!({"inFlight": "x"}), &[], t0()).await;
     assert_eq!(e.reasons["inFlight"], "unreachable");
+}
+
+/// A lane query that is not aggregated to one series a lane (here one a
+/// gateway replica) gives each lane with several series no rate: taking one
+/// of them would read a third of the lane's demand as all of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lane_with_more_than_one_series_is_unknown() {
+    let t = t0();
+    let test = "a_lane_with_more_than_one_series_is_unknown";
+    let Some(prom) = Prom::start(test, &series(t)) else {
+        return;
+    };
+    let owned: Vec<LaneContract> = (0..2).map(|l| lane(&format!("lane-{l:04}"))).collect();
+    let lanes: Vec<&LaneContract> = owned.iter().collect();
+    let rate_of = |query: &str| json!({"laneRequestsPerSecond": query});
+    let e = eval_at(&prom.url(), rate_of("lane_rps_by_replica"), &lanes, t).await;
+    let l0 = &e.output.lanes["ns/lane-0000"];
+    assert_eq!(l0.requests_per_second, None);
+    assert!(
+        l0.unknown["requestsPerSecond"].contains("ambiguous: 2 series with lane=lane-0000"),
+        "{l0:?}"
+    );
+    assert_eq!(
+        e.output.lanes["ns/lane-0001"].requests_per_second,
+        Some(5.0)
+    );
+    assert_eq!(e.reasons["laneRequestsPerSecond"], "ambiguous");
+    let summed = rate_of("sum by (lane) (lane_rps_by_replica)");
+    let e = eval_at(&prom.url(), summed, &lanes, t).await;
+    assert_eq!(
+        e.output.lanes["ns/lane-0000"].requests_per_second,
+        Some(7.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
