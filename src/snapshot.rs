@@ -429,8 +429,41 @@ impl ProfileSignals {
         self.pods.values().filter(|p| p.is_ready()).count() as u32
     }
 
+    /// `unknown`, and each figure given that is garbage (not a finite,
+    /// non-negative number; a percentage outside 0..100) under the name the
+    /// engine reads it by: garbage is a failed measurement, as a source's
+    /// reported failure is, not a signal nobody provides (which would let a
+    /// trigger clear, or the capacity fall back to ready replicas).
+    fn unknown_with_garbage(&self) -> BTreeMap<String, String> {
+        let mut u = self.unknown.clone();
+        let figures = [
+            ("availableUnitsPerSecond", self.available_units_per_second),
+            (GOODPUT_SIGNAL, self.gateway_goodput_while_saturated),
+            ("inFlight", self.in_flight),
+            ("queueDepth", self.queue_depth),
+            ("p95LatencySeconds", self.p95_latency_seconds),
+            ("errorRatio", self.error_ratio),
+        ];
+        for (name, v) in figures {
+            if let Some(v) = v
+                && !(v.is_finite() && v >= 0.0)
+            {
+                u.entry(name.to_owned())
+                    .or_insert_with(|| format!("{v} is not a finite, non-negative number"));
+            }
+        }
+        if let Some(v) = self.kv_cache_usage_percent
+            && !(v.is_finite() && (0.0..=100.0).contains(&v))
+        {
+            u.entry(KV_CACHE_SIGNAL.to_owned())
+                .or_insert_with(|| format!("{v} is not a percentage (0..100)"));
+        }
+        u
+    }
+
     /// Drops values that are not finite numbers or are negative: such a value
-    /// is garbage and counts as unknown, never as zero.
+    /// is garbage and counts as Unknown (listed in `unknown`), never as zero
+    /// and never as absent.
     pub fn sanitized(&self) -> Self {
         let clean = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0);
         Self {
@@ -444,22 +477,7 @@ impl ProfileSignals {
             kv_cache_usage_percent: self
                 .kv_cache_usage_percent
                 .filter(|x| x.is_finite() && (0.0..=100.0).contains(x)),
-            unknown: {
-                let mut u = self.unknown.clone();
-                if let Some(v) = self.kv_cache_usage_percent
-                    && !(v.is_finite() && (0.0..=100.0).contains(&v))
-                {
-                    u.entry(KV_CACHE_SIGNAL.to_owned())
-                        .or_insert_with(|| format!("{v} is not a percentage (0..100)"));
-                }
-                if self.gateway_goodput_while_saturated.is_some()
-                    && clean(self.gateway_goodput_while_saturated).is_none()
-                {
-                    u.entry(GOODPUT_SIGNAL.to_owned())
-                        .or_insert_with(|| "not a finite, non-negative number".to_owned());
-                }
-                u
-            },
+            unknown: self.unknown_with_garbage(),
             calibration_stale: self.calibration_stale,
             rollout_in_progress: self.rollout_in_progress,
             current_revision: self.current_revision.clone(),

@@ -479,6 +479,30 @@ fn retries_are_not_demand_but_a_storm_is_a_trigger() {
     assert_eq!(lane_of(&d, "b").retry_amplification, None, "not measured");
 }
 
+/// A garbage figure (`.nan`, infinite, negative) in the signals is a
+/// failed measurement, as a source's reported failure is: a level entered
+/// on it is not left while it stays garbage, and left once it is measured
+/// below the threshold again.
+#[test]
+fn a_garbage_figure_holds_a_level_entered_on_it() {
+    let body = r#"  hysteresis: {stableForSeconds: 0}
+  levels:
+  - name: slow
+    enterWhen: {p95LatencySecondsAbove: "2"}
+"#;
+    let mut run = Run::new(world(body, &lanes_ab()));
+    let with_p95 = |at, p95| {
+        let mut s = snap(at, Some(200.0), Some(0.0), &[("a", 10.0), ("b", 10.0)]);
+        s.profiles.get_mut(POOL).unwrap().p95_latency_seconds = Some(p95);
+        s
+    };
+    assert_eq!(run.step(&with_p95(0, 3.0)).level, 1);
+    for (at, bad) in [(10, f64::NAN), (20, f64::INFINITY), (30, -1.0)] {
+        assert_eq!(run.step(&with_p95(at, bad)).level, 1, "p95 {bad}");
+    }
+    assert_eq!(run.step(&with_p95(40, 1.0)).level, 0);
+}
+
 /// A storm seen on one lane is not over because that lane's retries went
 /// missing: the amplification over the lanes still measured (here 1.0) is
 /// no evidence about the storming one, so the level holds; it is left once

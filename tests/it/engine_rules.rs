@@ -293,8 +293,10 @@ fn garbage_available_figure_is_unknown_not_zero() {
             ..Default::default()
         };
         let d = run.step(&snap(0, Some(sig), &[]));
-        assert_eq!(d.capacity_units_per_second, Some(40.0), "available {bad}");
-        assert_eq!(d.capacity_source.as_deref(), Some("readyReplicas"));
+        // The measurement the profile was told to trust failed: no fall
+        // back to ready replicas (all ready while the provider degrades).
+        assert_eq!(d.capacity_units_per_second, None, "available {bad}");
+        assert_eq!(d.telemetry, Telemetry::Unknown, "available {bad}");
     }
 }
 
