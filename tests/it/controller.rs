@@ -239,3 +239,32 @@ async fn telemetry_is_judged_only_once_the_pools_watches_have_synced() {
     assert_eq!(judged_unknown, Vec::<Value>::new());
     c.stop().await;
 }
+
+/// A profile new to a pool starts from the pool's size: demand that wants
+/// fewer replicas (INC-47's 488.1 units/s want 9 of 70 at 85 %) waits out
+/// `scaleDownStabilizationSeconds` (300) like any scale-down, instead of
+/// shrinking the 16 replicas it just adopted on its first reconcile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_profile_does_not_shrink_the_pool_it_adopts() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    s.put_direct(deployment(POOL, 16, 16)).unwrap();
+    let c = start(&s, settings(false, "a"));
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["engine"]["scaleDownSince"]
+            .is_i64())
+            .await,
+        "{}",
+        profile_status(&s)
+    );
+    let engine = &profile_status(&s)["engine"];
+    assert_eq!(engine["desiredReplicas"], 16, "{engine}");
+    assert_eq!(engine["scaleDownWant"], 9, "{engine}");
+    let replicas = |s: &ApiServer| {
+        s.get_object("apps/v1", "deployments", Some(NS), POOL)
+            .unwrap()["spec"]["replicas"]
+            .clone()
+    };
+    assert_eq!(replicas(&s), 16);
+    c.stop().await;
+}

@@ -245,10 +245,15 @@ async fn scale_target(
 }
 
 /// The engine's last state, from status, with the drained set read from the
-/// cluster (when the pods are known).
+/// cluster (when the pods are known). A profile that never sized its pool
+/// starts from the pool's current `replicas`: demand that wants fewer waits
+/// out the stabilization window (and any degradation) like every other
+/// scale-down, instead of shrinking the pool it just adopted on its first
+/// reconcile.
 fn engine_state(
     profile: &CapacityProfile,
     pods: Option<&[Arc<CachedPod>]>,
+    current_replicas: Option<i32>,
     now: i64,
 ) -> ProfileState {
     let mut prev: ProfileState = profile
@@ -256,6 +261,7 @@ fn engine_state(
         .as_ref()
         .and_then(|s| s.engine.clone())
         .unwrap_or_default();
+    prev.desired_replicas = prev.desired_replicas.or(current_replicas);
     if let Some(ps) = pods {
         prev.drained = drained_from_cluster(ps, &prev.drained, now);
     }
@@ -343,7 +349,8 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observe
     snapshot.profiles.insert(profile.key(), profile_signals);
     snapshot.lanes = out.lanes;
 
-    let prev = engine_state(&profile, raw_pods.as_deref(), now);
+    let current_replicas = target.as_ref().and_then(|t| t.replicas);
+    let prev = engine_state(&profile, raw_pods.as_deref(), current_replicas, now);
     Ok(Observed::Ready(Box::new(Observation {
         now,
         profile,
