@@ -367,7 +367,9 @@ struct PlanArgs {
     /// Read the signals from a live Prometheus at this base URL instead of a
     /// file: each profile's `spec.signals.prometheus.queries` are evaluated
     /// (this URL replaces the profile's own). Profiles without queries are
-    /// Unknown in every step (said on stderr).
+    /// read through the conventional recording rules (`pool:*`, `lane:*`,
+    /// `pod:error_ratio`; see docs/telemetry.md). Signals that were Unknown
+    /// are named on stderr.
     #[arg(long, value_name = "URL", conflicts_with = "signals")]
     prometheus: Option<String>,
     /// With --prometheus: evaluate once at this time (RFC 3339 or Unix

@@ -113,11 +113,13 @@ pub struct HysteresisSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.stepsPercent.all(p, p >= 1 && p <= 100)").message("stepsPercent must be within 1..100").field_path(".stepsPercent"))]
 #[x_kube(validation = Rule::new("size(self.stepsPercent) < 2 || self.stepsPercent.all(p, self.stepsPercent.filter(q, q == p).size() == 1)").message("stepsPercent must not repeat a value").field_path(".stepsPercent"))]
+// The index list covers the ten items `stepsPercent` may hold (maxItems 10).
+#[x_kube(validation = Rule::new("[0, 1, 2, 3, 4, 5, 6, 7, 8].all(i, i + 1 >= size(self.stepsPercent) || self.stepsPercent[i] < self.stepsPercent[i + 1])").message("stepsPercent must increase: each stage larger than the one before").field_path(".stepsPercent"))]
 pub struct RecoverySpec {
     /// The stages, in percent of the amount released: for `stepSeconds` a
     /// released lane may exceed its pre-release rate by only the first
     /// percentage of what it regains, then the next, then all of it.
-    /// Increasing, e.g. `[1, 10]`.
+    /// Strictly increasing (applied in the order written), e.g. `[1, 10]`.
     #[schemars(length(min = 1, max = 10))]
     pub steps_percent: Vec<i32>,
     /// How long each stage lasts, in seconds.

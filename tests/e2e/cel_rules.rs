@@ -1186,6 +1186,24 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
             "stepsPercent must not repeat a value",
         ),
         (
+            "recovery stages decreasing",
+            with(
+                d(),
+                "/spec/hysteresis/recovery/stepsPercent",
+                Some(json!([10, 1])),
+            ),
+            "stepsPercent must increase: each stage larger than the one before",
+        ),
+        (
+            "recovery stages decreasing at the tenth",
+            with(
+                d(),
+                "/spec/hysteresis/recovery/stepsPercent",
+                Some(json!([1, 2, 3, 4, 5, 6, 7, 8, 10, 9])),
+            ),
+            "stepsPercent must increase: each stage larger than the one before",
+        ),
+        (
             "Confirm without timeout",
             with(d(), "/spec/levels/2/approval/timeoutSeconds", None),
             "approval mode Confirm needs timeoutSeconds > 0",
@@ -1215,6 +1233,22 @@ fn good_variants() -> Vec<(&'static str, Value)> {
                 ),
                 "/spec/tokens",
                 Some(json!({"maxInputTokens": 1, "maxOutputTokens": 1})),
+            ),
+        ),
+        (
+            "recovery stages increasing, up to 100 %",
+            with(
+                policy(),
+                "/spec/hysteresis/recovery/stepsPercent",
+                Some(json!([1, 10, 100])),
+            ),
+        ),
+        (
+            "ten recovery stages, increasing",
+            with(
+                policy(),
+                "/spec/hysteresis/recovery/stepsPercent",
+                Some(json!([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])),
             ),
         ),
         (
