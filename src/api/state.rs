@@ -93,6 +93,11 @@ pub struct ProfileState {
     /// Per lane released by a step down: its staged recovery.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ramps: BTreeMap<String, Ramp>,
+    /// When this state was evaluated: a step on incomplete evidence moves
+    /// every ramp's start by the time since, so Unknown time does not count
+    /// toward a ramp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluated_at: Option<i64>,
     /// The approval last used to enter a level (it approves nothing more).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_used: Option<Approval>,

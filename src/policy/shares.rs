@@ -53,7 +53,7 @@ pub(super) fn share(
         hold_at_previous(&ev.lanes, &mut allocations, prev);
     }
     let before = apply_actions(b.policy, prev.level, &ev.lanes).0;
-    let ramps = ramps_after(b.policy, ladder, prev, &ev.lanes, &before, limits, at);
+    let ramps = ramps_after(b.policy, ladder, prev, ev, &before, limits, at);
     let recovery = recovery_of(b.policy);
     let ramp_stages = apply_ramps(&ev.lanes, &ramps, recovery, at, &mut allocations);
     let ramps = ramps
@@ -178,7 +178,7 @@ fn ramps_after(
     policy: Option<&DegradationPolicy>,
     ladder: &LadderOutcome,
     prev: &ProfileState,
-    lanes: &[&LaneContract],
+    ev: &Evidence<'_>,
     before: &[LaneLimits],
     after: &[LaneLimits],
     at: i64,
@@ -186,14 +186,15 @@ fn ramps_after(
     if recovery_of(policy).is_none() {
         return BTreeMap::new();
     }
+    let carried = carried_ramps(prev, ev.complete, at);
     let Some(t) = &ladder.transition else {
-        return prev.ramps.clone();
+        return carried;
     };
     if t.to > t.from {
         return BTreeMap::new();
     }
-    let mut ramps = prev.ramps.clone();
-    for ((l, b), a) in lanes.iter().zip(before).zip(after) {
+    let mut ramps = carried;
+    for ((l, b), a) in ev.lanes.iter().zip(before).zip(after) {
         let unpaused = b.paused && !a.paused;
         let raised = match (b.level_cap, a.level_cap) {
             (Some(_), None) => true,
@@ -211,6 +212,29 @@ fn ramps_after(
         }
     }
     ramps
+}
+
+/// The ramps carried into this step. A step on incomplete evidence, whose
+/// rates are held at the previous step's, does not count toward a ramp:
+/// each one's start moves by the time since the previous evaluation, so a
+/// lane held through blindness goes on from the stage it was in instead of
+/// skipping the stages that passed meanwhile (rule 8: Unknown time never
+/// counts toward a timer).
+fn carried_ramps(prev: &ProfileState, complete: bool, at: i64) -> BTreeMap<String, Ramp> {
+    let blind = match prev.evaluated_at {
+        Some(t) if !complete => (at - t).max(0),
+        _ => 0,
+    };
+    prev.ramps
+        .iter()
+        .map(|(lane, r)| {
+            let ramp = Ramp {
+                since: r.since + blind,
+                base: r.base,
+            };
+            (lane.clone(), ramp)
+        })
+        .collect()
 }
 
 /// Each lane's decision.

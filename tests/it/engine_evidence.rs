@@ -344,6 +344,41 @@ fn a_released_lane_ramps_and_the_next_window_waits_for_the_ramp() {
     assert_eq!(run.step(&s(330, 200.0, 0.0)).level, 0);
 }
 
+/// A ramp does not run while the evidence is Unknown (rates are held at the
+/// previous step's then): a lane held through blindness goes on from the
+/// stage it was in, instead of skipping the stages that passed meanwhile
+/// and jumping to its full rate.
+#[test]
+fn a_ramp_does_not_run_while_the_evidence_is_unknown() {
+    let body = r#"  hysteresis: {stableForSeconds: 60, recovery: {stepsPercent: [1, 10], stepSeconds: 100}}
+  levels:
+  - name: slow
+    enterWhen: {queueDepthAbove: 100}
+  - name: shed
+    enterWhen: {overCapacity: true}
+    actions: {cap: [{lanes: [b], unitsPerSecond: "10"}]}
+"#;
+    let mut run = Run::new(world(body, &lanes_ab()));
+    let s = |at, cap| snap(at, cap, Some(500.0), &[("a", 40.0), ("b", 40.0)]);
+    assert_eq!(run.step(&s(0, Some(60.0))).level, 2);
+    run.step(&s(10, Some(200.0)));
+    let d = run.step(&s(70, Some(200.0)));
+    assert_eq!(lane_of(&d, "b").limited_by.as_deref(), Some("recovery 1%"));
+    // Blind from 80 to 260: never above the 1 % stage (10 + 1 % of 30).
+    for at in (80..=260).step_by(10) {
+        let d = run.step(&s(at, None));
+        assert!(admitted(&d, "b") <= 10.3 + 1e-6, "at {at}");
+    }
+    // Known again: 10 s of the ramp have run (70 to 80), not 200.
+    let d = run.step(&s(270, Some(200.0)));
+    assert_eq!(lane_of(&d, "b").limited_by.as_deref(), Some("recovery 1%"));
+    assert!((admitted(&d, "b") - 10.3).abs() < 1e-6);
+    let d = run.step(&s(360, Some(200.0)));
+    assert!((admitted(&d, "b") - 13.0).abs() < 1e-6, "10 + 10% of 30");
+    let d = run.step(&s(460, Some(200.0)));
+    assert_eq!(admitted(&d, "b"), 40.0);
+}
+
 #[test]
 fn entering_a_level_again_ends_the_ramp() {
     let body = r#"  hysteresis: {stableForSeconds: 0, recovery: {stepsPercent: [1], stepSeconds: 1000}}
