@@ -314,7 +314,10 @@ mod tests {
         assert_eq!(core.admit(&req("y"), 6.0).attempt(), Attempt::Retry);
         core.note_returning("a", "y", 1.0);
         assert_eq!(core.admit(&req("y"), 7.0).attempt(), Attempt::Returning);
-        // Its deadline counts from its first arrival: 10 s after 1.0.
+        // Deferred again elsewhere (its return consumed the first
+        // deferral), it returns again; its deadline counts from its first
+        // arrival: 10 s after 1.0.
+        core.note_returning("a", "y", 1.0);
         let v = core.admit(&req("y"), 11.5);
         assert!(
             matches!(v, Verdict::Refuse(ref r) if r.limit == crate::Limit::Deadline),
