@@ -30,7 +30,8 @@
 //!   `lastMessages`), so tests can see what a gateway sent.
 //!   Every answer carries `usage`: `prompt_tokens` is the request body's
 //!   bytes / 4 (rounded up), `completion_tokens` the lower of the request's
-//!   `max_tokens` (or `max_completion_tokens`) and `completionTokens`; a
+//!   `max_completion_tokens` (else `max_tokens`, as vLLM reads them) and
+//!   `completionTokens`; a
 //!   stream ends with a usage chunk (empty `choices`) when the request sets
 //!   `stream_options.include_usage`. With `prefillMicrosPerToken` and
 //!   `decodeMicrosPerToken` an answer takes that long per prompt token
@@ -390,14 +391,14 @@ fn token_metrics(out: &mut String, labels: &str, t: &TokenCounters) {
 }
 
 /// A chat request's tokens: its prompt from the body's bytes (4 a token,
-/// rounded up), its completion the lower of what it asks for and the
+/// rounded up), its completion the lower of what it asks for (as vLLM
+/// reads it: `max_completion_tokens`, else `max_tokens`) and the
 /// configured answer length.
 fn request_tokens(body_len: usize, request: &serde_json::Value, configured: u64) -> (u64, u64) {
     let prompt = (body_len as u64).div_ceil(4);
-    let asked = ["max_tokens", "max_completion_tokens"]
-        .iter()
-        .filter_map(|f| request[*f].as_u64())
-        .min();
+    let asked = request
+        .as_object()
+        .and_then(lanes::request_shape::output_ceiling);
     (prompt, asked.map_or(configured, |a| a.min(configured)))
 }
 

@@ -113,6 +113,14 @@ impl Dispatch {
         (self.slot.tenant.take(), self.slot.charge.take())
     }
 
+    /// The body sent upstream had `bytes` (its history trimmed): what its
+    /// lane's bytes-per-token ratio learns from when it settles.
+    pub(super) fn sent_upstream(&mut self, bytes: usize) {
+        if let Some(c) = self.slot.charge.as_mut() {
+            c.sent_upstream(bytes);
+        }
+    }
+
     /// How its answer's usage is read (a request of a priced lane).
     pub(super) fn meter_usage(&mut self, metering: Option<Metering>) {
         self.slot.metering = metering;

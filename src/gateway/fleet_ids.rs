@@ -34,8 +34,9 @@ impl Fleet {
     }
 
     /// The fleet's sighting of `id` in `lane`: a retry has `attempt`
-    /// raised to at least 2; a return is noted in the core (its first
-    /// arrival on this replica's clock).
+    /// raised to at least 2 and any deferral of it this replica remembers
+    /// taken off (its return consumed it elsewhere); a return is noted in
+    /// the core (its first arrival on this replica's clock).
     pub(super) async fn count_sighting(
         &self,
         gw: &impl FleetHost,
@@ -55,7 +56,12 @@ impl Fleet {
                 self.metrics.call(StoreOp::Sighting, true);
                 match s {
                     Sighting::First => {}
-                    Sighting::Again => *attempt = Some(attempt.unwrap_or(1).max(2)),
+                    Sighting::Again => {
+                        *attempt = Some(attempt.unwrap_or(1).max(2));
+                        // A deferral this replica made may have been
+                        // consumed by a return elsewhere.
+                        gw.with_core(|c| c.note_retry(lane, id));
+                    }
                     Sighting::Deferred { age_seconds } => {
                         let first = gw.now() - age_seconds;
                         gw.with_core(|c| c.note_returning(lane, id, first));

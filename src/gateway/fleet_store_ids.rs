@@ -1,7 +1,8 @@
 //! Request ids across the fleet in the shared store: the first sighting of
-//! an id in its lane (an original), a later one (a retry), and one marked
-//! deferred (a request told to come back, which is neither, on whichever
-//! replica it comes back to). The id's key holds the store's clock at its
+//! an id in its lane (an original), a later one (a retry), and the first
+//! one after it was marked deferred (a request told to come back, which is
+//! neither, on whichever replica it comes back to; the return consumes the
+//! deferral). The id's key holds the store's clock at its
 //! first sighting, so a returning request keeps its first arrival (its
 //! deadline counts from there) whatever the replicas' clocks say.
 
@@ -13,8 +14,10 @@ use super::fleet_store::{FleetStore, FleetStoreError};
 /// `KEYS[1]` the id's key; `ARGV[1]` `see` or `defer`, `ARGV[2]` its expiry
 /// in milliseconds (the lane's deadline). The value is the first
 /// sighting's time in milliseconds of the store's clock, prefixed with `d`
-/// once deferred. Returns `{kind, age}`: kind 1 first, 0 seen before, 2
-/// seen and deferred (age: milliseconds since the first sighting).
+/// while deferred: the sighting that finds the `d` (the return) takes it
+/// off, so the next one is a retry unless the id is deferred again.
+/// Returns `{kind, age}`: kind 1 first, 0 seen before, 2 seen and deferred
+/// (age: milliseconds since the first sighting).
 const SIGHTING_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -32,7 +35,9 @@ if not v then
   return {1, 0}
 end
 if string.sub(v, 1, 1) == 'd' then
-  return {2, now - tonumber(string.sub(v, 2))}
+  local first = string.sub(v, 2)
+  redis.call('SET', KEYS[1], first, 'KEEPTTL')
+  return {2, now - tonumber(first)}
 end
 return {0, 0}
 ";
@@ -46,7 +51,8 @@ pub enum Sighting {
     First,
     /// Before, not deferred: a retry.
     Again,
-    /// Deferred, first seen this many seconds ago: a return.
+    /// Deferred, first seen this many seconds ago: a return (the first
+    /// sighting since its deferral; the next one is `Again`).
     Deferred {
         /// Seconds since its first sighting (the store's clock).
         age_seconds: f64,

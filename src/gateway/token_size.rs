@@ -159,14 +159,12 @@ pub(super) fn prepare(
     }
 }
 
-/// A priced request's output limit (the lower of its output fields) and how
+/// A priced request's output limit (the output field the server reads, see
+/// [`shape::output_ceiling`], after the lane's limit lowered both) and how
 /// its answer is read: a stream is asked for its usage chunk (`changed`),
 /// to be taken out again when the client did not ask for it.
 fn meter(obj: &mut Map<String, Value>, changed: &mut bool) -> (Option<u64>, Metering) {
-    let max_tokens = ["max_tokens", "max_completion_tokens"]
-        .iter()
-        .filter_map(|f| obj.get(*f).and_then(Value::as_u64))
-        .min();
+    let max_tokens = shape::output_ceiling(obj);
     let strip = obj.get("stream").and_then(Value::as_bool) == Some(true) && !asks_usage(obj);
     if strip {
         ask_usage(obj);
@@ -237,11 +235,12 @@ mod tests {
         let body = json!({"stream": true, "max_tokens": 9});
         let (sent, size, metering) = sized(false, body.clone());
         assert_eq!((sent, size.max_tokens, metering), (body, None, None));
-        // Priced, not streamed: its output limit read, read back as JSON.
-        let body = json!({"max_tokens": 90, "max_completion_tokens": 50});
+        // Priced, not streamed: its output limit read as the server reads
+        // it (max_completion_tokens when set), read back as JSON.
+        let body = json!({"max_tokens": 50, "max_completion_tokens": 90});
         let (sent, size, metering) = sized(true, body.clone());
         assert_eq!(sent, body);
-        assert_eq!(size.max_tokens, Some(50));
+        assert_eq!(size.max_tokens, Some(90));
         assert_eq!(
             metering,
             Some(Metering {
@@ -263,6 +262,27 @@ mod tests {
         assert_eq!((&s.body[..], s.metering), (&b"not json"[..], None));
         // A counted figure goes to the core either way.
         assert_eq!(s.size.input_tokens, Some(7));
+    }
+
+    /// A body that asks for 1 token in `max_tokens` and 4,096 in
+    /// `max_completion_tokens` gets up to 4,096 from the server: it
+    /// reserves 4,096, and a lane limit lowers what the server reads.
+    #[test]
+    fn a_low_max_tokens_beside_a_high_max_completion_tokens_reserves_the_high_one() {
+        let hostile = json!({"max_tokens": 1, "max_completion_tokens": 4096});
+        let (sent, size, _) = sized(true, hostile.clone());
+        assert_eq!((sent, size.max_tokens), (hostile.clone(), Some(4096)));
+        let limits = TokenLimits {
+            max_input_tokens: None,
+            max_output_tokens: Some(500),
+            cap_output_tokens: None,
+        };
+        let body = Bytes::from(hostile.to_string());
+        let s = prepare(&rules(true, Some(limits)), Some("p1"), CHAT, body, None).unwrap();
+        let sent: Value = serde_json::from_slice(&s.body).unwrap();
+        assert_eq!(sent["max_completion_tokens"], 500);
+        assert_eq!(sent["max_tokens"], 1);
+        assert_eq!(s.size.max_tokens, Some(500));
     }
 
     #[test]

@@ -271,6 +271,10 @@ pub(super) async fn forward(
         return respond::unknown_route(lane, &route);
     };
     let (body, trimmed) = trimmed(&out.parts, out.body.clone(), d.history_turns);
+    if trimmed {
+        // The answer's prompt tokens count the trimmed body.
+        d.sent_upstream(body.len());
+    }
     let mut req = match upstream_request(upstream, base, &mut out, body, &d) {
         Ok(r) => r,
         Err(e) => return respond::bad_route(lane, &route, &e),

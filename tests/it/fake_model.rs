@@ -234,6 +234,22 @@ fn chat_body(bytes: usize, extra: &str) -> String {
     format!("{head}{}{tail}", "x".repeat(pad))
 }
 
+/// With both output fields, the fake model reads `max_completion_tokens`,
+/// as vLLM does (not the lower of the two).
+#[test]
+fn max_completion_tokens_is_read_over_max_tokens() {
+    let s = start(&["--completion-tokens", "16", "--service-millis", "0"]);
+    let both = r#", "max_tokens": 1, "max_completion_tokens": 9"#;
+    let (_, answer) = request(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat_body(400, both)),
+    );
+    let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 9, "{answer}");
+}
+
 #[test]
 fn answers_carry_usage_from_the_body_and_max_tokens() {
     let s = start(&["--completion-tokens", "16", "--service-millis", "0"]);

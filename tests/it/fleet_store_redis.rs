@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::scratch::Scratch;
 use lanekeeper::gateway::fleet_store::FleetStore;
+use lanekeeper::gateway::fleet_store_ids::Sighting;
 use lanes::fleet_lease::{FleetLimits, LEASE_SECONDS, lease_size};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -244,6 +245,51 @@ async fn an_id_is_an_original_once_per_fleet_and_lane() {
     assert!(
         b.first_sighting("p1", "req-1", deadline).await.unwrap(),
         "forgotten after the deadline"
+    );
+}
+
+/// A deferral is consumed by the return: the first sighting after it (on
+/// any replica) is a return, with the age of the first sighting; a later
+/// one is a retry; deferred again, the next is a return again. The id
+/// keeps its expiry throughout.
+#[tokio::test]
+async fn a_return_consumes_its_deferral_across_the_fleet() {
+    let Some(server) = Server::start("a_return_consumes_its_deferral_across_the_fleet") else {
+        return;
+    };
+    let url = server.url();
+    let a = FleetStore::connect(&url, "fleet", DEADLINE).await.unwrap();
+    let b = FleetStore::connect(&url, "fleet", DEADLINE).await.unwrap();
+    let deadline = Duration::from_millis(1_500);
+    let is_return =
+        |s: Sighting| matches!(s, Sighting::Deferred { age_seconds } if age_seconds < 1.5);
+    assert_eq!(
+        a.sighting("p3", "x", deadline).await.unwrap(),
+        Sighting::First
+    );
+    a.deferred("p3", "x", deadline).await.unwrap();
+    let back = b.sighting("p3", "x", deadline).await.unwrap();
+    assert!(is_return(back), "the return on b: {back:?}");
+    // Passed upstream, failed: the client's retries are retries.
+    for store in [&a, &b, &a] {
+        assert_eq!(
+            store.sighting("p3", "x", deadline).await.unwrap(),
+            Sighting::Again
+        );
+    }
+    // A retry deferred again returns as a return once more.
+    b.deferred("p3", "x", deadline).await.unwrap();
+    let back = a.sighting("p3", "x", deadline).await.unwrap();
+    assert!(is_return(back), "the second return on a: {back:?}");
+    assert_eq!(
+        b.sighting("p3", "x", deadline).await.unwrap(),
+        Sighting::Again
+    );
+    // Forgotten at the first sighting's expiry.
+    tokio::time::sleep(deadline + Duration::from_millis(100)).await;
+    assert_eq!(
+        b.sighting("p3", "x", deadline).await.unwrap(),
+        Sighting::First
     );
 }
 

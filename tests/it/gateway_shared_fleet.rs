@@ -255,7 +255,7 @@ async fn a_request_deferred_by_one_replica_returns_to_another_as_a_return() {
     // is its second attempt.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = metrics(&c, &gws[1]).await;
-    p3(&c, &gws[1], &id, 2).await;
+    let mut back = p3(&c, &gws[1], &id, 2).await;
     let after = metrics(&c, &gws[1]).await;
     assert_eq!(
         attempts(&after, "retry") - attempts(&before, "retry"),
@@ -272,4 +272,31 @@ async fn a_request_deferred_by_one_replica_returns_to_another_as_a_return() {
     p3(&c, &gws[2], "fresh", 1).await;
     let m2 = metrics(&c, &gws[2]).await;
     assert_eq!(attempts(&m2, "retry"), 1.0, "{m2}");
+
+    // The return consumed the deferral. Until it passes, each deferral is
+    // followed by a return; once it passed, its next arrival is a retry,
+    // on the replica that deferred it first (which remembers that
+    // deferral) as on any other.
+    for _ in 0..5 {
+        if back != 429 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        back = p3(&c, &gws[1], &id, 2).await;
+    }
+    assert_eq!(back, 200, "the return passed");
+    for (gw, attempt) in [(&gws[0], 3), (&gws[1], 4)] {
+        let before = metrics(&c, gw).await;
+        p3(&c, gw, &id, attempt).await;
+        let after = metrics(&c, gw).await;
+        assert_eq!(
+            attempts(&after, "retry") - attempts(&before, "retry"),
+            1.0,
+            "attempt {attempt} is a retry:\n{after}"
+        );
+        assert_eq!(
+            attempts(&after, "returning") - attempts(&before, "returning"),
+            0.0
+        );
+    }
 }

@@ -401,3 +401,57 @@ async fn the_pools_model_slots_hold_every_lane() {
         .sum();
     assert_eq!(refused, 2.0);
 }
+
+/// A priced lane whose chat history is trimmed on its way upstream: the
+/// answers' prompt tokens count the trimmed body (4 bytes a token at the
+/// fake model), so the lane's bytes-per-token ratio learns 4 from the
+/// bytes sent. Learned from the longer body the client sent (about five
+/// times the bytes), it would drift towards 16 and a later prompt of 2,000
+/// tokens would be reserved at a fraction of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trimmed_history_teaches_the_ratio_the_bytes_sent() {
+    let m = model(&["--service-millis", "0", "--completion-tokens", "20"]);
+    let mut cfg = priced(1000.0);
+    lane_mut(&mut cfg, LANE)["optionalContext"] = json!({"historyTurns": 2, "degraded": false});
+    let file = config_file("settle-trimmed", &cfg);
+    let gw = gateway_to(&file, &m.addr, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    let mut messages = vec![json!({"role": "system", "content": "s"})];
+    for i in 0..12 {
+        let words = "w".repeat(120);
+        messages.push(json!({"role": "user", "content": format!("u{i} {words}")}));
+        messages.push(json!({"role": "assistant", "content": format!("a{i} {words}")}));
+    }
+    let long = json!({"model": "m", "messages": messages}).to_string();
+    for _ in 0..60 {
+        let r = send(&c, &gw, LANE, long.clone()).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let answer: Value = r.json().await.unwrap();
+        let sent = control(&c, &m).await["lastMessages"].clone();
+        assert_eq!(sent, 5, "trimmed to the system message and 2 turns");
+        assert!(answer["usage"]["prompt_tokens"].as_u64().unwrap() * 4 < long.len() as u64 / 3);
+    }
+    // One untrimmed prompt of 2,000 tokens: reserved at 2,000 input tokens
+    // (2 units), 0.1 a request and its output at the lane's P95 (20
+    // tokens, 0.08).
+    let reserved = |t: &str| {
+        sample(
+            t,
+            &[
+                "lanekeeper_gateway_lane_cost_units_total",
+                &format!("lane=\"{LANE}\""),
+                "stage=\"reserved\"",
+            ],
+        )
+    };
+    let before = reserved(&metrics(&c, &gw).await);
+    let r = send(&c, &gw, LANE, body_of(2000, "")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    let probe = reserved(&metrics(&c, &gw).await) - before;
+    assert!(
+        (2.1..2.3).contains(&probe),
+        "a 2,000-token prompt reserved {probe:.3} units"
+    );
+}

@@ -307,7 +307,9 @@ fn told_at_least(verdict: Verdict, slot_wait: f64) -> Verdict {
 
 /// How the request counts (a remembered id is a retry whatever the header
 /// says; a deferred one returns with its first arrival), remembered for the
-/// lane's deadline.
+/// lane's deadline. A return consumes its deferral: the id is remembered
+/// as not deferred, so its next arrival is a retry unless it is deferred
+/// again (on arrival or from the queue, which marks it deferred).
 fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, hint: IdHint, now: f64) -> Arrival {
     let key = req.request_id.map(|id| lane.seen.key(id));
     let header = req.attempt;
@@ -316,7 +318,7 @@ fn count_attempt(lane: &mut Lane, li: usize, req: &Request<'_>, hint: IdHint, no
     let mut classify = |seen: Option<&Seen>| {
         let c = classify(seen, header, now);
         counted = Some(c);
-        Seen::new(c.1, deadline, c.2, c.0 == Attempt::Returning)
+        Seen::new(c.1, deadline, c.2, false)
     };
     let key = match key {
         Some(k) => Some(lane.seen.write(k, hint, classify)),

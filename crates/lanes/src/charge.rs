@@ -119,6 +119,16 @@ pub struct Charge {
     pub long_context: bool,
 }
 
+impl Charge {
+    /// The body that went upstream had `body_bytes` (fewer than were
+    /// estimated when its chat history was trimmed): the answer's prompt
+    /// tokens count that body, so the lane's bytes-per-token ratio learns
+    /// from these bytes when it settles.
+    pub fn sent_upstream(&mut self, body_bytes: usize) {
+        self.body_bytes = body_bytes;
+    }
+}
+
 /// What a settlement did, for the gateway's metrics.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settled {

@@ -194,6 +194,35 @@ fn a_counted_request_is_reserved_at_its_count_and_teaches_no_ratio() {
     assert_eq!(e.input, 100);
 }
 
+/// A request whose history was trimmed on its way upstream: its answer's
+/// prompt tokens count the trimmed body, so the ratio learns from the
+/// bytes sent, not from the larger body that was estimated.
+#[test]
+fn the_ratio_learns_from_the_bytes_sent_upstream() {
+    let mut c = core(priced(1000.0, 1000));
+    let answer = Usage {
+        prompt_tokens: 250,
+        completion_tokens: 40,
+    };
+    // 4,000 bytes admitted, 1,000 sent (4 bytes a token, as assumed).
+    for _ in 0..50 {
+        let mut charge = pass(c.admit_sized(&req("a"), size(4000, 250), 0.0))
+            .charge
+            .unwrap();
+        assert_eq!(charge.body_bytes, 4000);
+        charge.sent_upstream(1000);
+        c.settle(&charge, Some(answer), 0.0).unwrap();
+    }
+    assert_eq!(c.lanes[0].estimator.bytes_per_token(), 4.0);
+    // Learned from the 4,000 bytes instead, the ratio would drift towards
+    // 16 and every later prompt would look a quarter of its size.
+    let charge = pass(c.admit_sized(&req("a"), size(4000, 250), 0.0))
+        .charge
+        .unwrap();
+    c.settle(&charge, Some(answer), 0.0).unwrap();
+    assert!(c.lanes[0].estimator.bytes_per_token() > 4.5);
+}
+
 #[test]
 fn a_config_swap_keeps_what_the_lane_learned() {
     let mut c = core(priced(1000.0, 1000));

@@ -124,6 +124,19 @@ impl Core {
         Some(!lane.queue.is_empty() && lane.bucket.tokens >= 1.0)
     }
 
+    /// Request `id` of lane `lane` was seen by the fleet before and is not
+    /// deferred now (a deferral this replica made was consumed by its
+    /// return to another replica): its next [`Core::admit`] here counts it
+    /// as a retry, not a return.
+    pub fn note_retry(&mut self, lane: &str, id: &str) {
+        let Some(li) = self.lane_index(lane) else {
+            return;
+        };
+        let lane = &mut self.lanes[li];
+        let key = lane.seen.key(id);
+        lane.seen.clear_deferred(key);
+    }
+
     /// Request `id` of lane `lane` was deferred (by any replica of the
     /// fleet) and first arrived at `first_arrival` (this core's clock): it
     /// comes back as a return, neither an original nor a retry, with its
@@ -314,12 +327,36 @@ mod tests {
         assert_eq!(core.admit(&req("y"), 6.0).attempt(), Attempt::Retry);
         core.note_returning("a", "y", 1.0);
         assert_eq!(core.admit(&req("y"), 7.0).attempt(), Attempt::Returning);
-        // Its deadline counts from its first arrival: 10 s after 1.0.
+        // Deferred again elsewhere (its return consumed the first
+        // deferral), it returns again; its deadline counts from its first
+        // arrival: 10 s after 1.0.
+        core.note_returning("a", "y", 1.0);
         let v = core.admit(&req("y"), 11.5);
         assert!(
             matches!(v, Verdict::Refuse(ref r) if r.limit == crate::Limit::Deadline),
             "{v:?}"
         );
+    }
+
+    /// A request this replica deferred returned to another replica and
+    /// passed there; the fleet says its next arrival is a retry: here too.
+    #[test]
+    fn a_deferral_consumed_elsewhere_leaves_a_retry_here() {
+        use crate::verdict::{Attempt, Request};
+        let mut l = lane("a", 30.0, 6);
+        l.deadline_seconds = 10;
+        let mut core = Core::new(config(vec![l]), 1.0, 0.0, 1e6).unwrap();
+        let req = |attempt| Request {
+            lane: "a",
+            tenant: None,
+            attempt: Some(attempt),
+            request_id: Some("x"),
+        };
+        core.note_returning("a", "x", 1.0);
+        core.note_retry("a", "x");
+        core.note_retry("nope", "x");
+        core.note_retry("a", "never-seen");
+        assert_eq!(core.admit(&req(3), 2.0).attempt(), Attempt::Retry);
     }
 
     #[test]

@@ -193,6 +193,14 @@ impl Remembered {
         }
     }
 
+    /// Takes the deferral off a remembered id (a return elsewhere in the
+    /// fleet consumed it): its next arrival here is a retry.
+    pub(crate) fn clear_deferred(&mut self, key: u64) {
+        if let Some(pos) = self.find(key) {
+            self.writes.get_mut(pos).deferred = false;
+        }
+    }
+
     /// Forgets the ids whose deadline has passed, and the oldest ones beyond
     /// [`MAX_REMEMBERED_IDS`].
     pub(crate) fn sweep(&mut self, now: f64) {

@@ -41,6 +41,19 @@ impl OutputField {
 
 const OUTPUT_FIELDS: [OutputField; 2] = [OutputField::MaxTokens, OutputField::MaxCompletionTokens];
 
+/// The most output tokens the server will generate for the request `obj`,
+/// as the server reads it: `max_completion_tokens` when it is set (OpenAI
+/// deprecated `max_tokens` for it; vLLM reads it first and falls back to
+/// `max_tokens` when it is absent, null or 0), else `max_tokens`. `None`
+/// when neither is a count. Not the lower of the two: a request that asks
+/// for 1 in `max_tokens` and 4,096 in `max_completion_tokens` gets 4,096.
+pub fn output_ceiling(obj: &Map<String, Value>) -> Option<u64> {
+    let count = |field: OutputField| obj.get(field.as_str()).and_then(Value::as_u64);
+    count(OutputField::MaxCompletionTokens)
+        .filter(|n| *n > 0)
+        .or_else(|| count(OutputField::MaxTokens))
+}
+
 /// Why a request's shape is refused.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ShapeRefusal {
@@ -156,11 +169,12 @@ pub fn check_input(
 }
 
 /// The output side, on a request already parsed as the JSON
-/// object `obj`: its output fields lowered to `limit` (or `max_tokens` set
-/// to it when it asks for none). Returns the most output tokens it may get
-/// and whether `obj` changed.
+/// object `obj`: each of its output fields lowered to `limit` (or
+/// `max_tokens` set to it when it asks for none), so whichever the server
+/// reads is within it. Returns the most output tokens it may get (its
+/// [`output_ceiling`] once lowered) and whether `obj` changed.
 pub fn limit_output(obj: &mut Map<String, Value>, limit: u64) -> Result<(u64, bool), ShapeRefusal> {
-    let mut asked = None;
+    let mut asked = false;
     let mut changed = false;
     for field in OUTPUT_FIELDS {
         let Some(v) = obj.get_mut(field.as_str()) else {
@@ -180,16 +194,16 @@ pub fn limit_output(obj: &mut Map<String, Value>, limit: u64) -> Result<(u64, bo
             *v = Value::from(limit);
             changed = true;
         }
-        asked = Some(asked.map_or(n.min(limit), |a: u64| a.min(n.min(limit))));
+        asked = true;
     }
-    if asked.is_none() {
+    if !asked {
         obj.insert(
             OutputField::MaxTokens.as_str().to_owned(),
             Value::from(limit),
         );
         changed = true;
     }
-    Ok((asked.unwrap_or(limit), changed))
+    Ok((output_ceiling(obj).unwrap_or(limit), changed))
 }
 
 #[cfg(test)]
@@ -271,7 +285,48 @@ mod tests {
             (v["max_tokens"].clone(), v["max_completion_tokens"].clone()),
             (json!(100), json!(50))
         );
+        // The server reads max_completion_tokens: 50.
         assert_eq!(s.output_tokens, Some(50));
+        // It reads max_completion_tokens over a lower max_tokens too.
+        let hostile = json!({"max_tokens": 1, "max_completion_tokens": 4096}).to_string();
+        let s = shape(hostile.as_bytes(), &l, true, None).unwrap();
+        let v = forwarded(hostile.as_bytes(), &s);
+        assert_eq!(
+            (v["max_tokens"].clone(), v["max_completion_tokens"].clone()),
+            (json!(1), json!(100))
+        );
+        assert_eq!(s.output_tokens, Some(100));
+    }
+
+    #[test]
+    fn the_output_ceiling_is_the_field_the_server_reads() {
+        for (body, want) in [
+            (
+                json!({"max_tokens": 1, "max_completion_tokens": 4096}),
+                Some(4096),
+            ),
+            (
+                json!({"max_tokens": 90, "max_completion_tokens": 50}),
+                Some(50),
+            ),
+            (json!({"max_tokens": 90}), Some(90)),
+            (json!({"max_completion_tokens": 7}), Some(7)),
+            (
+                json!({"max_tokens": 90, "max_completion_tokens": null}),
+                Some(90),
+            ),
+            (
+                json!({"max_tokens": 90, "max_completion_tokens": 0}),
+                Some(90),
+            ),
+            (json!({"max_tokens": "9"}), None),
+            (json!({}), None),
+        ] {
+            let Value::Object(obj) = body.clone() else {
+                unreachable!()
+            };
+            assert_eq!(output_ceiling(&obj), want, "{body}");
+        }
     }
 
     #[test]
@@ -396,6 +451,8 @@ mod tests {
                 prop_assert!(added.is_empty());
             }
             prop_assert!(s.output_tokens.unwrap() <= limit);
+            let read = max_completion.or(max_tokens).map_or(limit, |n| n.min(limit));
+            prop_assert_eq!(s.output_tokens, Some(read));
         }
     }
 }

@@ -394,6 +394,86 @@ fn a_deferred_request_returns_as_neither_and_keeps_its_arrival() {
     );
 }
 
+/// A return consumes its deferral: after a passed return, the id's next
+/// arrivals are retries (against `maxAttempts` and the budget), and only
+/// the first arrival after each deferral is a return again.
+#[test]
+fn a_return_consumes_its_deferral_and_later_arrivals_are_retries() {
+    let mut l = lane("d", 100.0, 40);
+    l.queue.ttl_seconds = 0;
+    l.retry.max_attempts = 3;
+    l.retry.budget_percent = 5;
+    l.deferral = Some(Deferral {
+        retry_after_seconds: 1,
+    });
+    let mut c = core(vec![l]);
+    let r = |id: &'static str, attempt: Option<u32>| Request {
+        lane: "d",
+        tenant: None,
+        attempt,
+        request_id: Some(id),
+    };
+    let originals = |c: &mut Core, from: usize, n: usize, now: f64| {
+        for i in from..from + n {
+            let id: &'static str = Box::leak(format!("o{i}").into_boxed_str());
+            assert!(matches!(c.admit(&r(id, None), now), Verdict::Pass(_)));
+        }
+    };
+    let deferred = |v: Verdict, attempt: Attempt| {
+        assert!(
+            matches!(v, Verdict::Refuse(ref x) if x.deferred() && x.attempt == attempt),
+            "{v:?}"
+        );
+    };
+    // 40 originals take the bucket: "x" is deferred, then deferred again
+    // on its return (still a return).
+    originals(&mut c, 0, 40, 0.0);
+    deferred(c.admit(&r("x", None), 0.0), Attempt::Original);
+    deferred(c.admit(&r("x", Some(2)), 0.001), Attempt::Returning);
+    // It returns and passes upstream.
+    let v = c.admit(&r("x", Some(2)), 1.0);
+    assert!(
+        matches!(v, Verdict::Pass(ref p) if p.attempt == Attempt::Returning),
+        "{v:?}"
+    );
+    // 80 originals in all ("x" one of them) allow 4 retries. The upstream
+    // failed: the
+    // client's retry is a retry (its second attempt), deferred here on an
+    // empty bucket.
+    originals(&mut c, 40, 39, 1.0);
+    deferred(c.admit(&r("x", Some(2)), 1.0), Attempt::Retry);
+    // Its return after that deferral is a return, and not counted.
+    let v = c.admit(&r("x", Some(2)), 2.0);
+    assert!(
+        matches!(v, Verdict::Pass(ref p) if p.attempt == Attempt::Returning),
+        "{v:?}"
+    );
+    // The next is its third attempt, and the one after beyond maxAttempts.
+    let v = c.admit(&r("x", Some(3)), 2.1);
+    assert!(
+        matches!(v, Verdict::Pass(ref p) if p.attempt == Attempt::Retry),
+        "{v:?}"
+    );
+    match c.admit(&r("x", Some(4)), 2.2) {
+        Verdict::Refuse(x) => {
+            assert_eq!((x.attempt, x.limit), (Attempt::Retry, Limit::MaxAttempts))
+        }
+        v => panic!("{v:?}"),
+    }
+    // x's two retries count against the budget: two more fit, not three.
+    for (id, now) in [("o0", 2.3), ("o1", 2.35)] {
+        let v = c.admit(&r(id, Some(2)), now);
+        assert!(
+            matches!(v, Verdict::Pass(ref p) if p.attempt == Attempt::Retry),
+            "{v:?}"
+        );
+    }
+    match c.admit(&r("o2", Some(2)), 2.4) {
+        Verdict::Refuse(x) => assert_eq!(x.limit, Limit::RetryBudget),
+        v => panic!("{v:?}"),
+    }
+}
+
 #[test]
 fn the_floor_is_there_at_once_and_borrowers_give_it_back() {
     // P0: admitted 20 req/s, floor 90; P3 borrows 60 of P0's floor.

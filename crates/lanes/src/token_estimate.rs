@@ -165,7 +165,11 @@ impl Estimator {
         if let Some(body_bytes) = body_bytes.filter(|b| *b > 0)
             && prompt_tokens > 0
         {
-            let seen = body_bytes as f64 / prompt_tokens as f64;
+            // Each answer is bounded before it enters the average: one
+            // outlier (a huge unused field, an image sent as base64) moves
+            // the ratio by at most RATIO_WEIGHT of the bounded gap.
+            let seen =
+                (body_bytes as f64 / prompt_tokens as f64).clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
             let next = self.bytes_per_token + RATIO_WEIGHT * (seen - self.bytes_per_token);
             self.bytes_per_token = next.clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
         }
@@ -243,10 +247,15 @@ mod tests {
             "{}",
             e.bytes_per_token()
         );
+        // Many answers far above the bound take it to the bound, not past.
         for _ in 0..500 {
             e.learn(Some(100_000), 1, 10);
         }
-        assert_eq!(e.bytes_per_token(), 16.0);
+        assert!(
+            e.bytes_per_token() <= 16.0 && e.bytes_per_token() > 16.0 - 1e-6,
+            "{}",
+            e.bytes_per_token()
+        );
         // No prompt tokens, nothing learned about the ratio.
         let before = e.bytes_per_token();
         e.learn(Some(1000), 0, 10);
@@ -257,6 +266,32 @@ mod tests {
         e.learn(None, 1, 10);
         assert_eq!(e.bytes_per_token(), before);
         assert_eq!(e.output.count(), outputs + 1);
+    }
+
+    /// One answer whose body is far larger than its prompt tokens say (a
+    /// 64 KB unused field) moves the ratio by at most 5 % of the way to the
+    /// upper bound, and one far smaller by at most 5 % of the way to the
+    /// lower one; it takes many such answers to move it further.
+    #[test]
+    fn one_outlier_answer_moves_the_ratio_by_at_most_its_weight() {
+        let mut e = Estimator::default();
+        let start = e.bytes_per_token();
+        e.learn(Some(64 * 1024), 1, 10);
+        let most = start + RATIO_WEIGHT * (RATIO_BOUNDS.1 - start);
+        assert!(
+            e.bytes_per_token() <= most + 1e-12,
+            "{}",
+            e.bytes_per_token()
+        );
+        assert!(e.bytes_per_token() < 5.0, "{}", e.bytes_per_token());
+        let mut e = Estimator::default();
+        e.learn(Some(1), 1_000_000, 10);
+        let least = start - RATIO_WEIGHT * (start - RATIO_BOUNDS.0);
+        assert!(
+            e.bytes_per_token() >= least - 1e-12,
+            "{}",
+            e.bytes_per_token()
+        );
     }
 
     proptest! {
