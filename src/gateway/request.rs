@@ -11,14 +11,16 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::HeaderMap;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use http_body_util::BodyExt;
 use lanes::{Outcome, Resolution, Ticket, Verdict};
 use tokio::sync::oneshot;
 
-use super::decision::{self, MAX_REQUEST_ID, REQUEST_ID, Record, client_request_id};
+use super::decision::{
+    self, IDEMPOTENCY_KEY, MAX_REQUEST_ID, REQUEST_ID, Record, client_request_id,
+};
 use super::dispatch::Dispatch;
 use super::identity::{self, IdentityKind};
 use super::metrics::{LaneMeter, TenantClass};
@@ -62,14 +64,13 @@ fn attempt(h: &HeaderMap) -> Result<Option<u32>, Response> {
 }
 
 impl Asked {
-    fn read(h: &HeaderMap, gw: &Gateway) -> Result<Asked, Response> {
+    /// `request_id` is the one [`admissible`] checked.
+    fn read(h: &HeaderMap, gw: &Gateway, request_id: Option<String>) -> Result<Asked, Response> {
         Ok(Asked {
             lane: header_str(h, &gw.args.lane_header).map(str::to_owned),
             tenant: header_str(h, &gw.args.tenant_header).map(str::to_owned),
             attempt: attempt(h)?,
-            request_id: header_str(h, "idempotency-key")
-                .or_else(|| header_str(h, REQUEST_ID.as_str()))
-                .map(str::to_owned),
+            request_id,
         })
     }
 
@@ -121,22 +122,35 @@ pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> 
     response
 }
 
-/// The request id (the client's, checked, or a new one) and whether the
-/// request is on the forwarded surface.
-fn admissible(gw: &Gateway, parts: &Parts, record: &mut Record) -> Result<(), Response> {
-    match client_request_id(&parts.headers) {
-        Ok(Some(id)) => record.request_id = id.clone(),
-        Ok(None) => record.request_id = gw.ids.make(),
-        Err(()) => {
-            record.request_id = gw.ids.make();
-            return Err(respond::invalid_request_id(
-                REQUEST_ID.as_str(),
-                MAX_REQUEST_ID,
-            ));
-        }
-    }
+/// A client's request id in header `name`, checked: 400 when it is not
+/// 1 to [`MAX_REQUEST_ID`] visible ASCII characters.
+fn checked_id<'a>(
+    h: &'a HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a HeaderValue>, Response> {
+    client_request_id(h, name)
+        .map_err(|()| respond::invalid_request_id(name.as_str(), MAX_REQUEST_ID))
+}
+
+/// The request ids, checked: `x-request-id` names the answer (the client's,
+/// or a new one), and `Idempotency-Key` (else `x-request-id`) is the id
+/// retries are counted by, returned; then whether the request is on the
+/// forwarded surface.
+fn admissible(
+    gw: &Gateway,
+    parts: &Parts,
+    record: &mut Record,
+) -> Result<Option<String>, Response> {
+    let named = checked_id(&parts.headers, &REQUEST_ID);
+    record.request_id = match &named {
+        Ok(Some(id)) => (*id).clone(),
+        _ => gw.ids.make(),
+    };
+    let key = checked_id(&parts.headers, &IDEMPOTENCY_KEY)?.or(named?);
+    // Visible ASCII: always text.
+    let counted = key.and_then(|v| v.to_str().ok()).map(str::to_owned);
     match gw.surface.check(&parts.method, parts.uri.path()) {
-        OnSurface::Yes => Ok(()),
+        OnSurface::Yes => Ok(counted),
         OnSurface::NoPath => Err(respond::not_on_surface()),
         OnSurface::WrongMethod(allowed) => Err(respond::method_not_allowed(&allowed)),
     }
@@ -144,10 +158,11 @@ fn admissible(gw: &Gateway, parts: &Parts, record: &mut Record) -> Result<(), Re
 
 /// The request path: checks, body, decision, wait, forward.
 async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Record) -> Response {
-    if let Err(r) = admissible(gw, &parts, record) {
-        return r;
-    }
-    let mut asked = match Asked::read(&parts.headers, gw) {
+    let request_id = match admissible(gw, &parts, record) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let mut asked = match Asked::read(&parts.headers, gw, request_id) {
         Ok(a) => a,
         Err(r) => return r,
     };

@@ -438,3 +438,50 @@ fn a_lanes_completed_units_are_counted_by_route_and_nothing_makes_no_series() {
     );
     assert_eq!(metric(&gw, &format!("{series},route=\"elsewhere\"}}")), 2.5);
 }
+
+/// The request's answer with `value` in header `name`: its status, error
+/// code and message.
+async fn with_id(gw: &Arc<Gateway>, name: &str, value: &[u8]) -> (StatusCode, Value, Value) {
+    let req = Request::post("/v1/chat/completions")
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .header(name, axum::http::HeaderValue::from_bytes(value).unwrap())
+        .body(Body::empty())
+        .unwrap();
+    let (status, body, _) = send(gw, req).await;
+    let error = &body["error"];
+    (status, error["code"].clone(), error["message"].clone())
+}
+
+#[tokio::test]
+async fn an_idempotency_key_is_held_to_the_bounds_of_an_x_request_id() {
+    // The key is the request's id for the core and the shared store (a
+    // Redis key, an entry of the pending deferrals): a 400 KB key, or one
+    // of bytes no log or store key should hold, must not get that far.
+    let gw = gateway(Some(example()), &[]);
+    let too_long = vec![b'k'; 129];
+    let bad: [&[u8]; 5] = [&too_long, b"", b"a key", b"tab\there", b"caf\xc3\xa9"];
+    for value in bad {
+        let (status, code, _) = with_id(&gw, "x-request-id", value).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request_id"))
+        );
+        let (status, code, message) = with_id(&gw, "idempotency-key", value).await;
+        let shown = String::from_utf8_lossy(value);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{shown:?}");
+        assert_eq!(code, "invalid_request_id", "{shown:?}");
+        let message = message.as_str().unwrap();
+        assert!(message.contains("idempotency-key"), "{message}");
+    }
+    untouched(&gw);
+    let refused =
+        "lanekeeper_gateway_refused_before_admission_total{reason=\"invalid_request_id\"}";
+    assert_eq!(metric(&gw, refused), 10.0);
+    // At the bound the key is the request's id: sent again, a retry.
+    let longest = vec![b'k'; 128];
+    let (status, _, _) = with_id(&gw, "idempotency-key", &longest).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "admitted; no upstream");
+    let (status, code, _) = with_id(&gw, "idempotency-key", &longest).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(code, "rejected_retry_budget", "the core saw the same id");
+}
