@@ -111,7 +111,7 @@ impl IdMaker {
 }
 
 /// What the record says about one request.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Record {
     /// The request id on the answer and upstream (visible ASCII: the
     /// client's, checked, or one the gateway made), shared, not copied.

@@ -1,6 +1,8 @@
-//! The request path, step by step: read what the client asked (headers and
-//! a bounded body), decide under the core's lock (once), wait for a queued
-//! turn, count the outcome, and forward what passed.
+//! The request path, step by step: check what the head says (the request
+//! ids, the path, the attempt, the caller: [`check_head`], which the
+//! connection runs before it reads a byte of the body), read the bounded
+//! body, decide under the core's lock (once), wait for a queued turn, count
+//! the outcome, and forward what passed.
 
 #![expect(
     clippy::result_large_err,
@@ -34,6 +36,7 @@ use super::upstream::{Outgoing, forward};
 const ATTEMPT_HEADER: &str = "x-lanekeeper-attempt";
 
 /// What the client asked for, from its headers.
+#[derive(Clone)]
 struct Asked {
     lane: Option<String>,
     tenant: Option<String>,
@@ -103,18 +106,73 @@ enum Decided {
     },
 }
 
-/// Serves one client request and leaves its record: the request id and
-/// decision headers on the answer, and the decision's log line.
-pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
+/// What a request's head settled, left in its extensions by [`check_head`]
+/// for [`handle`]: its record so far and what it asks (the lane and tenant
+/// its caller's).
+#[derive(Clone)]
+struct Checked {
+    asked: Asked,
+    record: Record,
+}
+
+/// The steps that need only a request's head: its ids, its path and
+/// method, its attempt header and its caller. The connection runs them
+/// before it reads the body or counts the request as served
+/// (`conn::HeadCheck`), so a caller refused here costs no body read; the
+/// refusal is the whole answer, recorded.
+pub(super) async fn check_head(gw: Arc<Gateway>, parts: Parts) -> Result<Parts, Response> {
+    let (mut parts, checked) = checked_head(&gw, parts).await?;
+    parts.extensions.insert(checked);
+    Ok(parts)
+}
+
+/// [`head`], with a refusal recorded.
+async fn checked_head(gw: &Gateway, mut parts: Parts) -> Result<(Parts, Checked), Response> {
     let mut record = Record::default();
-    let mut response = answer(&gw, parts, body, &mut record).await;
+    match head(gw, &mut parts, &mut record).await {
+        Ok(asked) => Ok((parts, Checked { asked, record })),
+        Err(r) => Err(recorded(gw, &record, r)),
+    }
+}
+
+/// The head's steps: ids and surface, attempt, caller.
+async fn head(gw: &Gateway, parts: &mut Parts, record: &mut Record) -> Result<Asked, Response> {
+    let request_id = admissible(gw, parts, record)?;
+    let mut asked = Asked::read(&parts.headers, gw, request_id)?;
+    let kind = authenticate(gw, parts, &mut asked).await?;
+    record.identity = kind.map_or("trusted_header", IdentityKind::as_str);
+    record.tenant = asked
+        .tenant
+        .as_deref()
+        .map(|t| respond::prefix(t, 64).to_owned());
+    Ok(asked)
+}
+
+/// Serves one client request whose head passed [`check_head`] (checked
+/// here when the connection did not) and leaves its record.
+pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let checked = match parts.extensions.remove::<Checked>() {
+        Some(c) => Ok((parts, c)),
+        None => checked_head(&gw, parts).await,
+    };
+    let (parts, Checked { asked, mut record }) = match checked {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let response = answer(&gw, parts, body, asked, &mut record).await;
+    recorded(&gw, &record, response)
+}
+
+/// The record of an answer: the request id and decision headers on it, and
+/// the decision's log line.
+fn recorded(gw: &Gateway, record: &Record, mut response: Response) -> Response {
     let (verdict, reason) = record.stamp(&mut response);
     if verdict == decision::Verdict::Refused && record.lane.is_none() {
         gw.metrics.refused_before_admission(reason);
     }
     decision::log(
-        &record,
+        record,
         verdict,
         reason,
         gw.decisions.line(verdict, gw.now()),
@@ -156,24 +214,14 @@ fn admissible(
     }
 }
 
-/// The request path: checks, body, decision, wait, forward.
-async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Record) -> Response {
-    let request_id = match admissible(gw, &parts, record) {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
-    let mut asked = match Asked::read(&parts.headers, gw, request_id) {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
-    match authenticate(gw, &mut parts, &mut asked).await {
-        Ok(kind) => record.identity = kind.map_or("trusted_header", IdentityKind::as_str),
-        Err(r) => return r,
-    }
-    record.tenant = asked
-        .tenant
-        .as_deref()
-        .map(|t| respond::prefix(t, 64).to_owned());
+/// The request path after its head: body, decision, wait, forward.
+async fn answer(
+    gw: &Arc<Gateway>,
+    parts: Parts,
+    body: Body,
+    mut asked: Asked,
+    record: &mut Record,
+) -> Response {
     let body = match read_body(body, gw.args.max_body_bytes).await {
         Ok(b) => b,
         Err(r) => return r,

@@ -3,16 +3,21 @@
 //! is covered by tests/it/gateway.rs with the real binary.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use clap::Parser;
 use lanes::{GatewayConfig, Mode};
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 use super::args::GatewayArgs;
-use super::run::proxy_router;
+use super::conn::{self, Activity, Clocks, Serves};
+use super::run::{proxy_head_check, proxy_router};
 use super::state::Gateway;
 
 #[derive(Parser)]
@@ -484,4 +489,89 @@ async fn an_idempotency_key_is_held_to_the_bounds_of_an_x_request_id() {
     let (status, code, _) = with_id(&gw, "idempotency-key", &longest).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(code, "rejected_retry_budget", "the core saw the same id");
+}
+
+/// A gateway like [`gateway`]'s that checks callers (no
+/// `--trust-lane-header`) and knows none: every caller is refused.
+fn checking_gateway() -> Arc<Gateway> {
+    let mut argv = vec!["gw", "--config", "unused.json"];
+    argv.extend_from_slice(&DEAD_ROUTES);
+    let gw = Arc::new(Gateway::new(Cli::parse_from(argv).args, true));
+    gw.install(example(), "test");
+    gw
+}
+
+/// One in-memory connection to `gw`'s proxy, served as the listener
+/// serves one (the head check, then the router) with `body_read` as its
+/// body clock: the client's end, and the task serving it (with the
+/// shutdown signal it holds).
+fn connection(gw: &Arc<Gateway>, body_read: Duration) -> (DuplexStream, JoinHandle<()>) {
+    let (client, server) = tokio::io::duplex(1 << 16);
+    let clocks = Clocks {
+        header_read: Duration::from_secs(5),
+        idle: Duration::from_secs(5),
+        body_read,
+        max_body_bytes: 4 << 20,
+    };
+    let serves = Serves {
+        router: proxy_router(gw.clone()),
+        head: Some(proxy_head_check(gw.clone())),
+    };
+    let task = tokio::spawn(async move {
+        let (_shutdown, rx) = watch::channel(false);
+        let activity = Arc::new(Activity::new());
+        conn::serve(server, activity, serves, None, clocks, rx).await;
+    });
+    (client, task)
+}
+
+/// Writes `head` (no body follows) and reads until the gateway closes the
+/// connection, at most 3 s: what it said, and whether it closed.
+async fn head_alone(c: &mut DuplexStream, head: &str) -> (String, bool) {
+    c.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut got))
+        .await
+        .is_ok();
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// A chat request's head promising 1 MiB of body.
+fn big_head(path: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: gw\r\nx-lanekeeper-lane: p1-agent-assist\r\n\
+         content-length: 1048576\r\n\r\n"
+    )
+}
+
+#[tokio::test]
+async fn a_caller_refused_from_its_head_is_answered_before_its_body_arrives() {
+    // Checking callers: no credential is 401 at once, recorded, the body
+    // never waited for (30 s of body clock) and the connection closed.
+    let gw = checking_gateway();
+    let (mut c, _task) = connection(&gw, Duration::from_secs(30));
+    let (answer, closed) = head_alone(&mut c, &big_head("/v1/chat/completions")).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.contains("missing_credential"), "{answer}");
+    assert!(answer.contains("x-request-id: "), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert!(closed, "the connection stayed open, its body awaited");
+    let refused =
+        "lanekeeper_gateway_refused_before_admission_total{reason=\"missing_credential\"}";
+    assert_eq!(metric(&gw, refused), 1.0);
+    // Trusting the lane header there is no caller to check, but a path
+    // that is not forwarded is still refused from the head...
+    let gw = gateway(Some(example()), &[]);
+    let (mut c, _task) = connection(&gw, Duration::from_millis(300));
+    let (answer, closed) = head_alone(&mut c, &big_head("/anything")).await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(closed);
+    // ... while a request the head lets through has its body read, under
+    // the body clock.
+    let (mut c, _task) = connection(&gw, Duration::from_millis(300));
+    let (answer, closed) = head_alone(&mut c, &big_head("/v1/chat/completions")).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+    assert!(closed);
+    untouched(&gw);
 }
