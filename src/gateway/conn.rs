@@ -410,6 +410,8 @@ pub(super) async fn serve<T>(
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
 
     fn clocks(header: u64, idle: u64) -> Clocks {
@@ -488,5 +490,50 @@ mod tests {
         assert!(again.as_mut().poll(&mut cx).is_pending());
         drop(in_flight);
         assert!(again.as_mut().poll(&mut cx).is_ready());
+    }
+
+    #[tokio::test]
+    async fn a_head_being_checked_is_on_the_header_clock_and_may_be_evicted() {
+        // A check that never ends (a caller whose credential cannot be
+        // checked, say) must not make its connection a busy one: it is
+        // closed at the header deadline, or when a new connection needs
+        // its place, without an answer.
+        let c = clocks(1, 75);
+        for evict in [false, true] {
+            let (mut client, server) = tokio::io::duplex(4096);
+            let a = Arc::new(Activity::new());
+            let (_stop, shutdown) = watch::channel(false);
+            let never = |_| -> Checking { Box::pin(std::future::pending()) };
+            let serves = Serves {
+                router: Router::new(),
+                head: Some(Arc::new(never)),
+            };
+            tokio::spawn(serve(server, a.clone(), serves, None, c, shutdown));
+            let start = Instant::now();
+            client
+                .write_all(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: 9\r\n\r\n",
+                )
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(a.is_idle(), "a head being checked is no request served");
+            if evict {
+                a.evict();
+            }
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(3), client.read_to_end(&mut got))
+                .await
+                .expect("the connection was never closed")
+                .unwrap();
+            assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+            let took = start.elapsed();
+            if evict {
+                assert!(took < Duration::from_millis(700), "evicted after {took:?}");
+            } else {
+                let ok = took >= Duration::from_millis(900) && took < Duration::from_secs(2);
+                assert!(ok, "closed after {took:?}, not at the 1 s header clock");
+            }
+        }
     }
 }
