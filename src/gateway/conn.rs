@@ -536,4 +536,49 @@ mod tests {
             }
         }
     }
+
+    /// Reads one answer with no body (its head only).
+    async fn one_head(client: &mut tokio::io::DuplexStream) -> String {
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            let n = tokio::time::timeout(Duration::from_secs(2), client.read(&mut b))
+                .await
+                .expect("an answer")
+                .unwrap();
+            assert_eq!(n, 1, "closed: {}", String::from_utf8_lossy(&got));
+            got.push(b[0]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_request_refused_from_its_head_ends_its_header_clock() {
+        // Refused without a body, the connection is kept alive as after
+        // any answer: on the idle clock, not on the refused head's.
+        let (mut client, server) = tokio::io::duplex(4096);
+        let (_stop, shutdown) = watch::channel(false);
+        let refuse = |_| -> Checking {
+            let mut r = Response::new(Body::empty());
+            *r.status_mut() = StatusCode::UNAUTHORIZED;
+            Box::pin(std::future::ready(Err(r)))
+        };
+        let serves = Serves {
+            router: Router::new(),
+            head: Some(Arc::new(refuse)),
+        };
+        let a = Arc::new(Activity::new());
+        tokio::spawn(serve(server, a, serves, None, clocks(1, 75), shutdown));
+        for _ in 0..2 {
+            client
+                .write_all(b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n\r\n")
+                .await
+                .unwrap();
+            let answer = one_head(&mut client).await;
+            assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+            assert!(!answer.contains("connection: close"), "{answer}");
+            // Past the 1 s header clock of the head just answered.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
+    }
 }
