@@ -3,7 +3,11 @@
 //! `--header-read-timeout-seconds` (from the connection's start, TLS
 //! handshake included, or from the first byte of a later request), the body
 //! within `--body-read-timeout-seconds` (408 beyond), the next request of a
-//! keep-alive connection within `--idle-timeout-seconds`. A watchdog closes
+//! keep-alive connection within `--idle-timeout-seconds`. A listener may
+//! check each request's head before its body is read ([`HeadCheck`]: the
+//! proxy's caller, path and request ids): a request it refuses is answered
+//! without its body read and is never counted as served, and the check
+//! runs on the header clock. A watchdog closes
 //! the connection at the first deadline that passes; while a request is
 //! being served there is none (the request's own deadline bounds it).
 //!
@@ -18,6 +22,7 @@
 //! [`Activity::next_look`]).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -27,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::{Frame, Incoming, SizeHint};
@@ -45,6 +51,24 @@ pub(super) struct Clocks {
     pub(super) idle: Duration,
     pub(super) body_read: Duration,
     pub(super) max_body_bytes: usize,
+}
+
+/// A request's head being checked: the head to go on with (what the check
+/// found in its extensions), or the whole answer.
+pub(super) type Checking = Pin<Box<dyn Future<Output = Result<Parts, Response<Body>>> + Send>>;
+
+/// What a listener checks of every request from its head alone, before the
+/// connection counts it as served and before a byte of its body is read
+/// (the proxy: request ids, path, caller). While it runs the connection is
+/// as one still sending its head: on the header clock, and evictable.
+pub(super) type HeadCheck = Arc<dyn Fn(Parts) -> Checking + Send + Sync>;
+
+/// What a listener's connections serve: each request's head checked by
+/// `head` when there is one, then `router`.
+#[derive(Clone)]
+pub(super) struct Serves {
+    pub(super) router: Router,
+    pub(super) head: Option<HeadCheck>,
 }
 
 /// `head_since` between requests.
@@ -267,20 +291,48 @@ async fn read_body(body: Incoming, c: &Clocks) -> Result<Bytes, Response<Body>> 
     }
 }
 
-/// One request: counted in flight, its body read under the body clock, the
-/// connection's client certificate attached, then the router.
+/// An answer to a request refused from its head. Its body is left unread:
+/// hyper takes at most what already arrived and then closes the
+/// connection, which the answer says. Counted in flight only while it is
+/// written (the head is done; the idle clock runs from its end).
+fn refused_at_head(
+    activity: &Arc<Activity>,
+    mut r: Response<Body>,
+    body: &Incoming,
+) -> Response<Tracked> {
+    if !hyper::body::Body::is_end_stream(body) {
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    let in_flight = activity.begin();
+    r.map(|body| Tracked {
+        body,
+        _in_flight: in_flight,
+    })
+}
+
+/// One request: the connection's client certificate attached, its head
+/// checked (when the listener checks heads), then counted in flight, its
+/// body read under the body clock, then the router.
 async fn serve_request(
     mut router: Router,
     activity: Arc<Activity>,
     peer: Option<PeerCertificate>,
     clocks: Clocks,
+    head: Option<HeadCheck>,
     request: Request<Incoming>,
 ) -> Response<Tracked> {
-    let in_flight = activity.begin();
     let (mut parts, body) = request.into_parts();
     if let Some(p) = peer {
         parts.extensions.insert(p);
     }
+    if let Some(check) = head {
+        parts = match check(parts).await {
+            Ok(p) => p,
+            Err(r) => return refused_at_head(&activity, r, &body),
+        };
+    }
+    let in_flight = activity.begin();
     let response = match read_body(body, &clocks).await {
         Ok(bytes) => match router
             .call(Request::from_parts(parts, Body::from(bytes)))
@@ -302,7 +354,7 @@ async fn serve_request(
 pub(super) async fn serve<T>(
     io: T,
     activity: Arc<Activity>,
-    router: Router,
+    serves: Serves,
     peer: Option<PeerCertificate>,
     clocks: Clocks,
     mut shutdown: watch::Receiver<bool>,
@@ -312,7 +364,8 @@ pub(super) async fn serve<T>(
     let svc = {
         let activity = activity.clone();
         hyper::service::service_fn(move |req| {
-            let fut = serve_request(router.clone(), activity.clone(), peer.clone(), clocks, req);
+            let Serves { router, head } = serves.clone();
+            let fut = serve_request(router, activity.clone(), peer.clone(), clocks, head, req);
             async move { Ok::<_, Infallible>(fut.await) }
         })
     };
@@ -357,6 +410,8 @@ pub(super) async fn serve<T>(
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
 
     fn clocks(header: u64, idle: u64) -> Clocks {
@@ -435,5 +490,95 @@ mod tests {
         assert!(again.as_mut().poll(&mut cx).is_pending());
         drop(in_flight);
         assert!(again.as_mut().poll(&mut cx).is_ready());
+    }
+
+    #[tokio::test]
+    async fn a_head_being_checked_is_on_the_header_clock_and_may_be_evicted() {
+        // A check that never ends (a caller whose credential cannot be
+        // checked, say) must not make its connection a busy one: it is
+        // closed at the header deadline, or when a new connection needs
+        // its place, without an answer.
+        let c = clocks(1, 75);
+        for evict in [false, true] {
+            let (mut client, server) = tokio::io::duplex(4096);
+            let a = Arc::new(Activity::new());
+            let (_stop, shutdown) = watch::channel(false);
+            let never = |_| -> Checking { Box::pin(std::future::pending()) };
+            let serves = Serves {
+                router: Router::new(),
+                head: Some(Arc::new(never)),
+            };
+            tokio::spawn(serve(server, a.clone(), serves, None, c, shutdown));
+            let start = Instant::now();
+            client
+                .write_all(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: 9\r\n\r\n",
+                )
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(a.is_idle(), "a head being checked is no request served");
+            if evict {
+                a.evict();
+            }
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(3), client.read_to_end(&mut got))
+                .await
+                .expect("the connection was never closed")
+                .unwrap();
+            assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+            let took = start.elapsed();
+            if evict {
+                assert!(took < Duration::from_millis(700), "evicted after {took:?}");
+            } else {
+                let ok = took >= Duration::from_millis(900) && took < Duration::from_secs(2);
+                assert!(ok, "closed after {took:?}, not at the 1 s header clock");
+            }
+        }
+    }
+
+    /// Reads one answer with no body (its head only).
+    async fn one_head(client: &mut tokio::io::DuplexStream) -> String {
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            let n = tokio::time::timeout(Duration::from_secs(2), client.read(&mut b))
+                .await
+                .expect("an answer")
+                .unwrap();
+            assert_eq!(n, 1, "closed: {}", String::from_utf8_lossy(&got));
+            got.push(b[0]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_request_refused_from_its_head_ends_its_header_clock() {
+        // Refused without a body, the connection is kept alive as after
+        // any answer: on the idle clock, not on the refused head's.
+        let (mut client, server) = tokio::io::duplex(4096);
+        let (_stop, shutdown) = watch::channel(false);
+        let refuse = |_| -> Checking {
+            let mut r = Response::new(Body::empty());
+            *r.status_mut() = StatusCode::UNAUTHORIZED;
+            Box::pin(std::future::ready(Err(r)))
+        };
+        let serves = Serves {
+            router: Router::new(),
+            head: Some(Arc::new(refuse)),
+        };
+        let a = Arc::new(Activity::new());
+        tokio::spawn(serve(server, a, serves, None, clocks(1, 75), shutdown));
+        for _ in 0..2 {
+            client
+                .write_all(b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n\r\n")
+                .await
+                .unwrap();
+            let answer = one_head(&mut client).await;
+            assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+            assert!(!answer.contains("connection: close"), "{answer}");
+            // Past the 1 s header clock of the head just answered.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
     }
 }

@@ -18,6 +18,9 @@ use axum::response::Response;
 pub(super) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The header saying what the gateway decided.
 pub(super) const DECISION: HeaderName = HeaderName::from_static("x-lanekeeper-decision");
+/// The header a client names a request by for retry counting (before
+/// `x-request-id`).
+pub(super) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// The longest client request id accepted, in bytes.
 pub(super) const MAX_REQUEST_ID: usize = 128;
 
@@ -66,10 +69,15 @@ impl Verdict {
     }
 }
 
-/// A client's request id when it is short, visible ASCII; `Err` when the
-/// client sent one that is not.
-pub(super) fn client_request_id(h: &HeaderMap) -> Result<Option<&HeaderValue>, ()> {
-    let Some(v) = h.get(REQUEST_ID) else {
+/// A client's request id in header `name` ([`REQUEST_ID`] or
+/// [`IDEMPOTENCY_KEY`]) when it is short, visible ASCII; `Err` when the
+/// client sent one that is not. One rule for both: either may become the id
+/// the core, the shared store's keys and the logs hold.
+pub(super) fn client_request_id<'a>(
+    h: &'a HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a HeaderValue>, ()> {
+    let Some(v) = h.get(name) else {
         return Ok(None);
     };
     let ok = !v.is_empty()
@@ -103,7 +111,7 @@ impl IdMaker {
 }
 
 /// What the record says about one request.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Record {
     /// The request id on the answer and upstream (visible ASCII: the
     /// client's, checked, or one the gateway made), shared, not copied.
@@ -283,23 +291,25 @@ mod tests {
 
     #[test]
     fn request_ids_are_short_visible_ascii_or_refused() {
-        let mut h = HeaderMap::new();
-        assert_eq!(client_request_id(&h), Ok(None));
-        h.insert(REQUEST_ID, HeaderValue::from_static("abc-123"));
-        assert_eq!(
-            client_request_id(&h),
-            Ok(Some(&HeaderValue::from_static("abc-123")))
-        );
-        for bad in [
-            "a b".to_owned(),
-            "x".repeat(MAX_REQUEST_ID + 1),
-            String::new(),
-        ] {
-            h.insert(REQUEST_ID, HeaderValue::from_str(&bad).unwrap());
-            assert_eq!(client_request_id(&h), Err(()), "{bad:?}");
+        for name in [REQUEST_ID, IDEMPOTENCY_KEY] {
+            let mut h = HeaderMap::new();
+            assert_eq!(client_request_id(&h, &name), Ok(None));
+            h.insert(&name, HeaderValue::from_static("abc-123"));
+            assert_eq!(
+                client_request_id(&h, &name),
+                Ok(Some(&HeaderValue::from_static("abc-123")))
+            );
+            for bad in [
+                "a b".to_owned(),
+                "x".repeat(MAX_REQUEST_ID + 1),
+                String::new(),
+            ] {
+                h.insert(&name, HeaderValue::from_str(&bad).unwrap());
+                assert_eq!(client_request_id(&h, &name), Err(()), "{bad:?}");
+            }
+            h.insert(&name, HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap());
+            assert_eq!(client_request_id(&h, &name), Err(()));
         }
-        h.insert(REQUEST_ID, HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap());
-        assert_eq!(client_request_id(&h), Err(()));
         let ids = IdMaker::new();
         let (a, b) = (ids.make(), ids.make());
         assert_ne!(a, b);

@@ -13,11 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use super::conn::{self, Activity, Clocks};
+use super::conn::{self, Activity, Clocks, Serves};
 use super::fds;
 use super::tls::ServerTls;
 
@@ -111,7 +110,7 @@ impl Slots {
 /// What one listener serves, and how.
 pub(super) struct Listener {
     pub(super) tcp: TcpListener,
-    pub(super) router: Router,
+    pub(super) serves: Serves,
     pub(super) tls: Option<Arc<ServerTls>>,
     pub(super) clocks: Clocks,
     pub(super) slots: Arc<Slots>,
@@ -142,7 +141,7 @@ pub(super) async fn serve(l: Listener, stop: impl Future<Output = ()>, grace: Du
             stream,
             slot,
             l.tls.clone(),
-            l.router.clone(),
+            l.serves.clone(),
             l.clocks,
             draining.clone(),
         ));
@@ -185,14 +184,14 @@ async fn connection(
     stream: TcpStream,
     slot: Slot,
     tls: Option<Arc<ServerTls>>,
-    router: Router,
+    serves: Serves,
     clocks: Clocks,
     draining: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
     let activity = slot.activity.clone();
     match tls {
-        None => conn::serve(stream, activity, router, None, clocks, draining).await,
+        None => conn::serve(stream, activity, serves, None, clocks, draining).await,
         Some(tls) => {
             // The handshake counts against the header clock, and a
             // connection still shaking hands may be evicted like an idle one.
@@ -212,7 +211,7 @@ async fn connection(
                 () = activity.until_evicted() => return,
             };
             let peer = super::tls::peer_certificate(stream.get_ref().1);
-            conn::serve(stream, activity, router, peer, clocks, draining).await;
+            conn::serve(stream, activity, serves, peer, clocks, draining).await;
         }
     }
     drop(slot);

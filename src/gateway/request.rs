@@ -1,6 +1,8 @@
-//! The request path, step by step: read what the client asked (headers and
-//! a bounded body), decide under the core's lock (once), wait for a queued
-//! turn, count the outcome, and forward what passed.
+//! The request path, step by step: check what the head says (the request
+//! ids, the path, the attempt, the caller: [`check_head`], which the
+//! connection runs before it reads a byte of the body), read the bounded
+//! body, decide under the core's lock (once), wait for a queued turn, count
+//! the outcome, and forward what passed.
 
 #![expect(
     clippy::result_large_err,
@@ -11,14 +13,16 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::HeaderMap;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::Response;
 use http_body_util::BodyExt;
 use lanes::{Outcome, Resolution, Ticket, Verdict};
 use tokio::sync::oneshot;
 
-use super::decision::{self, MAX_REQUEST_ID, REQUEST_ID, Record, client_request_id};
+use super::decision::{
+    self, IDEMPOTENCY_KEY, MAX_REQUEST_ID, REQUEST_ID, Record, client_request_id,
+};
 use super::dispatch::Dispatch;
 use super::identity::{self, IdentityKind};
 use super::metrics::{LaneMeter, TenantClass};
@@ -32,6 +36,7 @@ use super::upstream::{Outgoing, forward};
 const ATTEMPT_HEADER: &str = "x-lanekeeper-attempt";
 
 /// What the client asked for, from its headers.
+#[derive(Clone)]
 struct Asked {
     lane: Option<String>,
     tenant: Option<String>,
@@ -62,14 +67,13 @@ fn attempt(h: &HeaderMap) -> Result<Option<u32>, Response> {
 }
 
 impl Asked {
-    fn read(h: &HeaderMap, gw: &Gateway) -> Result<Asked, Response> {
+    /// `request_id` is the one [`admissible`] checked.
+    fn read(h: &HeaderMap, gw: &Gateway, request_id: Option<String>) -> Result<Asked, Response> {
         Ok(Asked {
             lane: header_str(h, &gw.args.lane_header).map(str::to_owned),
             tenant: header_str(h, &gw.args.tenant_header).map(str::to_owned),
             attempt: attempt(h)?,
-            request_id: header_str(h, "idempotency-key")
-                .or_else(|| header_str(h, REQUEST_ID.as_str()))
-                .map(str::to_owned),
+            request_id,
         })
     }
 
@@ -102,18 +106,73 @@ enum Decided {
     },
 }
 
-/// Serves one client request and leaves its record: the request id and
-/// decision headers on the answer, and the decision's log line.
-pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
+/// What a request's head settled, left in its extensions by [`check_head`]
+/// for [`handle`]: its record so far and what it asks (the lane and tenant
+/// its caller's).
+#[derive(Clone)]
+struct Checked {
+    asked: Asked,
+    record: Record,
+}
+
+/// The steps that need only a request's head: its ids, its path and
+/// method, its attempt header and its caller. The connection runs them
+/// before it reads the body or counts the request as served
+/// (`conn::HeadCheck`), so a caller refused here costs no body read; the
+/// refusal is the whole answer, recorded.
+pub(super) async fn check_head(gw: Arc<Gateway>, parts: Parts) -> Result<Parts, Response> {
+    let (mut parts, checked) = checked_head(&gw, parts).await?;
+    parts.extensions.insert(checked);
+    Ok(parts)
+}
+
+/// [`head`], with a refusal recorded.
+async fn checked_head(gw: &Gateway, mut parts: Parts) -> Result<(Parts, Checked), Response> {
     let mut record = Record::default();
-    let mut response = answer(&gw, parts, body, &mut record).await;
+    match head(gw, &mut parts, &mut record).await {
+        Ok(asked) => Ok((parts, Checked { asked, record })),
+        Err(r) => Err(recorded(gw, &record, r)),
+    }
+}
+
+/// The head's steps: ids and surface, attempt, caller.
+async fn head(gw: &Gateway, parts: &mut Parts, record: &mut Record) -> Result<Asked, Response> {
+    let request_id = admissible(gw, parts, record)?;
+    let mut asked = Asked::read(&parts.headers, gw, request_id)?;
+    let kind = authenticate(gw, parts, &mut asked).await?;
+    record.identity = kind.map_or("trusted_header", IdentityKind::as_str);
+    record.tenant = asked
+        .tenant
+        .as_deref()
+        .map(|t| respond::prefix(t, 64).to_owned());
+    Ok(asked)
+}
+
+/// Serves one client request whose head passed [`check_head`] (checked
+/// here when the connection did not) and leaves its record.
+pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let checked = match parts.extensions.remove::<Checked>() {
+        Some(c) => Ok((parts, c)),
+        None => checked_head(&gw, parts).await,
+    };
+    let (parts, Checked { asked, mut record }) = match checked {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let response = answer(&gw, parts, body, asked, &mut record).await;
+    recorded(&gw, &record, response)
+}
+
+/// The record of an answer: the request id and decision headers on it, and
+/// the decision's log line.
+fn recorded(gw: &Gateway, record: &Record, mut response: Response) -> Response {
     let (verdict, reason) = record.stamp(&mut response);
     if verdict == decision::Verdict::Refused && record.lane.is_none() {
         gw.metrics.refused_before_admission(reason);
     }
     decision::log(
-        &record,
+        record,
         verdict,
         reason,
         gw.decisions.line(verdict, gw.now()),
@@ -121,44 +180,48 @@ pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> 
     response
 }
 
-/// The request id (the client's, checked, or a new one) and whether the
-/// request is on the forwarded surface.
-fn admissible(gw: &Gateway, parts: &Parts, record: &mut Record) -> Result<(), Response> {
-    match client_request_id(&parts.headers) {
-        Ok(Some(id)) => record.request_id = id.clone(),
-        Ok(None) => record.request_id = gw.ids.make(),
-        Err(()) => {
-            record.request_id = gw.ids.make();
-            return Err(respond::invalid_request_id(
-                REQUEST_ID.as_str(),
-                MAX_REQUEST_ID,
-            ));
-        }
-    }
+/// A client's request id in header `name`, checked: 400 when it is not
+/// 1 to [`MAX_REQUEST_ID`] visible ASCII characters.
+fn checked_id<'a>(
+    h: &'a HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a HeaderValue>, Response> {
+    client_request_id(h, name)
+        .map_err(|()| respond::invalid_request_id(name.as_str(), MAX_REQUEST_ID))
+}
+
+/// The request ids, checked: `x-request-id` names the answer (the client's,
+/// or a new one), and `Idempotency-Key` (else `x-request-id`) is the id
+/// retries are counted by, returned; then whether the request is on the
+/// forwarded surface.
+fn admissible(
+    gw: &Gateway,
+    parts: &Parts,
+    record: &mut Record,
+) -> Result<Option<String>, Response> {
+    let named = checked_id(&parts.headers, &REQUEST_ID);
+    record.request_id = match &named {
+        Ok(Some(id)) => (*id).clone(),
+        _ => gw.ids.make(),
+    };
+    let key = checked_id(&parts.headers, &IDEMPOTENCY_KEY)?.or(named?);
+    // Visible ASCII: always text.
+    let counted = key.and_then(|v| v.to_str().ok()).map(str::to_owned);
     match gw.surface.check(&parts.method, parts.uri.path()) {
-        OnSurface::Yes => Ok(()),
+        OnSurface::Yes => Ok(counted),
         OnSurface::NoPath => Err(respond::not_on_surface()),
         OnSurface::WrongMethod(allowed) => Err(respond::method_not_allowed(&allowed)),
     }
 }
 
-/// The request path: checks, body, decision, wait, forward.
-async fn answer(gw: &Arc<Gateway>, mut parts: Parts, body: Body, record: &mut Record) -> Response {
-    if let Err(r) = admissible(gw, &parts, record) {
-        return r;
-    }
-    let mut asked = match Asked::read(&parts.headers, gw) {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
-    match authenticate(gw, &mut parts, &mut asked).await {
-        Ok(kind) => record.identity = kind.map_or("trusted_header", IdentityKind::as_str),
-        Err(r) => return r,
-    }
-    record.tenant = asked
-        .tenant
-        .as_deref()
-        .map(|t| respond::prefix(t, 64).to_owned());
+/// The request path after its head: body, decision, wait, forward.
+async fn answer(
+    gw: &Arc<Gateway>,
+    parts: Parts,
+    body: Body,
+    mut asked: Asked,
+    record: &mut Record,
+) -> Response {
     let body = match read_body(body, gw.args.max_body_bytes).await {
         Ok(b) => b,
         Err(r) => return r,

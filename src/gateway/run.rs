@@ -14,13 +14,13 @@ use axum::response::{IntoResponse, Response};
 use tokio::task::JoinHandle;
 
 use super::args::{GatewayArgs, GatewayError, split_namespaced};
-use super::conn::Clocks;
+use super::conn::{Clocks, HeadCheck, Serves};
 use super::fds;
 use super::fleet_round::keep_leases;
 use super::fleet_share::Fleet;
 use super::identity::{follow_secrets, watch_credentials};
 use super::listen::{self, Listener, Slots};
-use super::request::handle;
+use super::request::{check_head, handle};
 use super::sources::{watch_configmap, watch_endpoints, watch_file};
 use super::state::{Gateway, drive};
 use super::tls::ServerTls;
@@ -30,6 +30,12 @@ use super::upstream::Upstream;
 /// The client routes: every path and method goes through [`handle`].
 pub(super) fn proxy_router(gw: Arc<Gateway>) -> Router {
     Router::new().fallback(handle).with_state(gw)
+}
+
+/// The proxy's check of a request's head (its ids, its path, its caller),
+/// run by the connection before the body is read.
+pub(super) fn proxy_head_check(gw: Arc<Gateway>) -> HeadCheck {
+    Arc::new(move |parts| Box::pin(check_head(gw.clone(), parts)))
 }
 
 fn admin_router(gw: Arc<Gateway>) -> Router {
@@ -91,7 +97,10 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
     let grace = args.conn.shutdown_grace_seconds;
     let admin = Listener {
         tcp: admin,
-        router: admin_router(gw.clone()),
+        serves: Serves {
+            router: admin_router(gw.clone()),
+            head: None,
+        },
         tls: None,
         clocks,
         slots: Slots::new(budget.admin),
@@ -103,7 +112,10 @@ pub async fn run(args: GatewayArgs) -> Result<(), GatewayError> {
     )));
     let proxy = Listener {
         tcp: listener,
-        router: proxy_router(gw),
+        serves: Serves {
+            router: proxy_router(gw.clone()),
+            head: Some(proxy_head_check(gw)),
+        },
         tls,
         clocks,
         slots: Slots::new(budget.proxy),

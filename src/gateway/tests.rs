@@ -3,16 +3,21 @@
 //! is covered by tests/it/gateway.rs with the real binary.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use clap::Parser;
 use lanes::{GatewayConfig, Mode};
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 use super::args::GatewayArgs;
-use super::run::proxy_router;
+use super::conn::{self, Activity, Clocks, Serves};
+use super::run::{proxy_head_check, proxy_router};
 use super::state::Gateway;
 
 #[derive(Parser)]
@@ -437,4 +442,136 @@ fn a_lanes_completed_units_are_counted_by_route_and_nothing_makes_no_series() {
         1.5
     );
     assert_eq!(metric(&gw, &format!("{series},route=\"elsewhere\"}}")), 2.5);
+}
+
+/// The request's answer with `value` in header `name`: its status, error
+/// code and message.
+async fn with_id(gw: &Arc<Gateway>, name: &str, value: &[u8]) -> (StatusCode, Value, Value) {
+    let req = Request::post("/v1/chat/completions")
+        .header("x-lanekeeper-lane", "p1-agent-assist")
+        .header(name, axum::http::HeaderValue::from_bytes(value).unwrap())
+        .body(Body::empty())
+        .unwrap();
+    let (status, body, _) = send(gw, req).await;
+    let error = &body["error"];
+    (status, error["code"].clone(), error["message"].clone())
+}
+
+#[tokio::test]
+async fn an_idempotency_key_is_held_to_the_bounds_of_an_x_request_id() {
+    // The key is the request's id for the core and the shared store (a
+    // Redis key, an entry of the pending deferrals): a 400 KB key, or one
+    // of bytes no log or store key should hold, must not get that far.
+    let gw = gateway(Some(example()), &[]);
+    let too_long = vec![b'k'; 129];
+    let bad: [&[u8]; 5] = [&too_long, b"", b"a key", b"tab\there", b"caf\xc3\xa9"];
+    for value in bad {
+        let (status, code, _) = with_id(&gw, "x-request-id", value).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request_id"))
+        );
+        let (status, code, message) = with_id(&gw, "idempotency-key", value).await;
+        let shown = String::from_utf8_lossy(value);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{shown:?}");
+        assert_eq!(code, "invalid_request_id", "{shown:?}");
+        let message = message.as_str().unwrap();
+        assert!(message.contains("idempotency-key"), "{message}");
+    }
+    untouched(&gw);
+    let refused =
+        "lanekeeper_gateway_refused_before_admission_total{reason=\"invalid_request_id\"}";
+    assert_eq!(metric(&gw, refused), 10.0);
+    // At the bound the key is the request's id: sent again, a retry.
+    let longest = vec![b'k'; 128];
+    let (status, _, _) = with_id(&gw, "idempotency-key", &longest).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "admitted; no upstream");
+    let (status, code, _) = with_id(&gw, "idempotency-key", &longest).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(code, "rejected_retry_budget", "the core saw the same id");
+}
+
+/// A gateway like [`gateway`]'s that checks callers (no
+/// `--trust-lane-header`) and knows none: every caller is refused.
+fn checking_gateway() -> Arc<Gateway> {
+    let mut argv = vec!["gw", "--config", "unused.json"];
+    argv.extend_from_slice(&DEAD_ROUTES);
+    let gw = Arc::new(Gateway::new(Cli::parse_from(argv).args, true));
+    gw.install(example(), "test");
+    gw
+}
+
+/// One in-memory connection to `gw`'s proxy, served as the listener
+/// serves one (the head check, then the router) with `body_read` as its
+/// body clock: the client's end, and the task serving it (with the
+/// shutdown signal it holds).
+fn connection(gw: &Arc<Gateway>, body_read: Duration) -> (DuplexStream, JoinHandle<()>) {
+    let (client, server) = tokio::io::duplex(1 << 16);
+    let clocks = Clocks {
+        header_read: Duration::from_secs(5),
+        idle: Duration::from_secs(5),
+        body_read,
+        max_body_bytes: 4 << 20,
+    };
+    let serves = Serves {
+        router: proxy_router(gw.clone()),
+        head: Some(proxy_head_check(gw.clone())),
+    };
+    let task = tokio::spawn(async move {
+        let (_shutdown, rx) = watch::channel(false);
+        let activity = Arc::new(Activity::new());
+        conn::serve(server, activity, serves, None, clocks, rx).await;
+    });
+    (client, task)
+}
+
+/// Writes `head` (no body follows) and reads until the gateway closes the
+/// connection, at most 3 s: what it said, and whether it closed.
+async fn head_alone(c: &mut DuplexStream, head: &str) -> (String, bool) {
+    c.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut got))
+        .await
+        .is_ok();
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// A chat request's head promising 1 MiB of body.
+fn big_head(path: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: gw\r\nx-lanekeeper-lane: p1-agent-assist\r\n\
+         content-length: 1048576\r\n\r\n"
+    )
+}
+
+#[tokio::test]
+async fn a_caller_refused_from_its_head_is_answered_before_its_body_arrives() {
+    // Checking callers: no credential is 401 at once, recorded, the body
+    // never waited for (30 s of body clock) and the connection closed.
+    let gw = checking_gateway();
+    let (mut c, _task) = connection(&gw, Duration::from_secs(30));
+    let (answer, closed) = head_alone(&mut c, &big_head("/v1/chat/completions")).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.contains("missing_credential"), "{answer}");
+    assert!(answer.contains("x-request-id: "), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert!(closed, "the connection stayed open, its body awaited");
+    let refused =
+        "lanekeeper_gateway_refused_before_admission_total{reason=\"missing_credential\"}";
+    assert_eq!(metric(&gw, refused), 1.0);
+    // Trusting the lane header there is no caller to check, but a path
+    // that is not forwarded is still refused from the head...
+    let gw = gateway(Some(example()), &[]);
+    let (mut c, _task) = connection(&gw, Duration::from_millis(300));
+    let (answer, closed) = head_alone(&mut c, &big_head("/anything")).await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(closed);
+    // ... while a request the head lets through has its body read, under
+    // the body clock.
+    let (mut c, _task) = connection(&gw, Duration::from_millis(300));
+    let (answer, closed) = head_alone(&mut c, &big_head("/v1/chat/completions")).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+    assert!(closed);
+    untouched(&gw);
 }

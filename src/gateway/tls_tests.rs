@@ -20,7 +20,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::args::{ClientCert, TlsArgs};
-use super::conn::Clocks;
+use super::conn::{Clocks, Serves};
 use super::listen::{self, Listener, Slots};
 use super::peer::PeerCertificate;
 use super::tls::ServerTls;
@@ -92,7 +92,7 @@ async fn serve(tls: Arc<ServerTls>) -> SocketAddr {
     };
     let l = Listener {
         tcp,
-        router,
+        serves: Serves { router, head: None },
         tls: Some(tls),
         clocks,
         slots: Slots::new(8),

@@ -916,7 +916,7 @@ async fn each_replica_enforces_its_share() {
 }
 
 /// The SHA-256 of a key, in hex, as a credentials file holds it.
-fn key_hash(key: &str) -> String {
+pub(crate) fn key_hash(key: &str) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(key.as_bytes())
         .iter()

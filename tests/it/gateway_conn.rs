@@ -110,11 +110,13 @@ pub(crate) fn gateway(dir: &Path, upstream: &str, extra: &[&str], wrapper: &[&st
         "127.0.0.1:0",
         "--reload-millis",
         "50",
-        // Connections and TLS are tested here; who may use a lane in
-        // gateway.rs and the identity tests.
-        "--trust-lane-header",
     ] {
         argv.push(a.to_owned());
+    }
+    // Connections and TLS are tested here; who may use a lane in
+    // gateway.rs and the identity tests (unless a test gives credentials).
+    if !extra.contains(&"--credentials") {
+        argv.push("--trust-lane-header".to_owned());
     }
     argv.extend(["--config".to_owned(), config.display().to_string()]);
     for r in ["agent-large", "extract-small", "batch-medium", "eval-large"] {
@@ -371,6 +373,146 @@ async fn over_the_connection_limit_new_connections_are_refused_at_once_or_take_a
         "{:?}",
         start.elapsed()
     );
+}
+
+/// A key of the credentials file `dir/credentials.yaml` written here, for
+/// the open lane.
+const KEY: &str = "sk-conn-test-0123456789abcdef";
+
+fn credentials(dir: &Path) -> String {
+    let file = dir.join("credentials.yaml");
+    let yaml = format!(
+        "apiKeys:\n  - sha256: {}\n    tenant: team-a\n    lanes: [{OPEN_LANE}]\n",
+        crate::gateway::key_hash(KEY)
+    );
+    std::fs::write(&file, yaml).unwrap();
+    file.display().to_string()
+}
+
+/// A chat request with [`KEY`] on a new connection; its status.
+async fn chat_with_key(gw: &Proc) -> reqwest::StatusCode {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+        .post(format!("http://{}/v1/chat/completions", gw.addr))
+        .bearer_auth(KEY)
+        .body(chat_body())
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// Heads of requests the gateway must refuse from the head alone, each
+/// promising a 4 MiB body (the default `--max-body-bytes`), and the status:
+/// no credential (a length, or chunked), a key nobody holds, a path that is
+/// not forwarded.
+fn refusable_heads() -> [(String, &'static str); 4] {
+    let big = 4 << 20;
+    let chat = "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json";
+    [
+        (format!("{chat}\r\ncontent-length: {big}\r\n\r\n"), "401"),
+        (
+            format!("{chat}\r\ntransfer-encoding: chunked\r\n\r\n"),
+            "401",
+        ),
+        (
+            format!(
+                "{chat}\r\nauthorization: Bearer sk-nobody-holds-this-key-0000\r\n\
+                 content-length: {big}\r\n\r\n"
+            ),
+            "401",
+        ),
+        (
+            format!("POST /anything HTTP/1.1\r\nhost: gw\r\ncontent-length: {big}\r\n\r\n"),
+            "404",
+        ),
+    ]
+}
+
+/// Sends `head`, then trickles body bytes (one every 200 ms, as a chunk
+/// when chunked) until the gateway stops taking them.
+async fn head_then_trickle(
+    gw: &Proc,
+    head: &str,
+) -> (tokio::net::tcp::OwnedReadHalf, tokio::task::JoinHandle<()>) {
+    let (rx, mut tx) = TcpStream::connect(&gw.addr).await.unwrap().into_split();
+    tx.write_all(head.as_bytes()).await.unwrap();
+    let piece: &'static [u8] = if head.contains("chunked") {
+        b"1\r\nx\r\n"
+    } else {
+        b"x"
+    };
+    let trickle = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if tx.write_all(piece).await.is_err() {
+                return;
+            }
+        }
+    });
+    (rx, trickle)
+}
+
+#[tokio::test]
+async fn callers_refused_from_the_head_are_answered_before_their_body_and_hold_no_place() {
+    let dir = Scratch::new("head-first");
+    let m = model(&dir);
+    let creds = credentials(&dir);
+    let flags = ["--credentials", creds.as_str(), "--max-connections", "8"];
+    let gw = gateway(&dir, &format!("http://{}", m.addr), &flags, &[]);
+    ready(&gw).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while chat_with_key(&gw).await != 200 {
+        assert!(Instant::now() < deadline, "the key was never admitted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Each is answered at once, its body neither waited for (30 s of body
+    // clock) nor read: the gateway closes the connection after the answer.
+    for (head, status) in refusable_heads() {
+        let (mut rx, trickle) = head_then_trickle(&gw, &head).await;
+        let start = Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let closed = loop {
+            match tokio::time::timeout(Duration::from_secs(3), rx.read(&mut buf)).await {
+                Err(_) => break None,
+                Ok(Ok(0) | Err(_)) => break Some(start.elapsed()),
+                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            }
+        };
+        trickle.abort();
+        let answer = String::from_utf8_lossy(&got);
+        let first = head.lines().next().unwrap_or_default();
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{first}: {answer}"
+        );
+        let closed = closed.unwrap_or_else(|| panic!("{first}: kept open, reading the body"));
+        assert!(
+            closed < Duration::from_secs(2),
+            "{first}: closed after {closed:?}"
+        );
+    }
+    // As many such clients as there are places, their bodies still
+    // trickling: a caller with a key is still served.
+    let mut held = Vec::new();
+    for (head, _) in refusable_heads().iter().chain(&refusable_heads()) {
+        held.push(head_then_trickle(&gw, head).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let start = Instant::now();
+    assert_eq!(chat_with_key(&gw).await, 200);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    for (_, trickle) in held {
+        trickle.abort();
+    }
 }
 
 /// `prlimit` on PATH, or a loud skip (a failure with
