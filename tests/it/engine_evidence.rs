@@ -309,9 +309,10 @@ fn the_first_step_down_waits_factor_times_the_time_degraded() {
 
 // --- Rule 4: staged recovery ----------------------------------------------
 
-#[test]
-fn a_released_lane_ramps_and_the_next_window_waits_for_the_ramp() {
-    let body = r#"  hysteresis: {stableForSeconds: 60, recovery: {stepsPercent: [1, 10], stepSeconds: 100}}
+/// Level 2 caps `b` at 10 while over capacity, level 1 holds while the
+/// queue is above 100; a released lane regains its rate 1 % and then 10 %
+/// of the way, 100 s each.
+const RAMPED: &str = r#"  hysteresis: {stableForSeconds: 60, recovery: {stepsPercent: [1, 10], stepSeconds: 100}}
   levels:
   - name: slow
     enterWhen: {queueDepthAbove: 100}
@@ -319,12 +320,27 @@ fn a_released_lane_ramps_and_the_next_window_waits_for_the_ramp() {
     enterWhen: {overCapacity: true}
     actions: {cap: [{lanes: [b], unitsPerSecond: "10"}]}
 "#;
-    let mut run = Run::new(world(body, &lanes_ab()));
-    let s = |at, cap, q| snap(at, Some(cap), Some(q), &[("a", 40.0), ("b", 40.0)]);
-    assert_eq!(run.step(&s(0, 60.0, 500.0)).level, 2);
-    run.step(&s(10, 200.0, 500.0));
-    let d = run.step(&s(70, 200.0, 500.0));
+
+/// A and b at 40 units/s each, with `capacity` and `queue`.
+fn ramp_step(at: i64, capacity: Option<f64>, queue: f64) -> Snapshot {
+    snap(at, capacity, Some(queue), &[("a", 40.0), ("b", 40.0)])
+}
+
+/// [`RAMPED`] over capacity at 0, then at 70 the step 2 -> 1 that releases
+/// b's cap (the queue of 500 holds level 1); the run and that decision.
+fn released_at_70() -> (Run, ProfileDecision) {
+    let mut run = Run::new(world(RAMPED, &lanes_ab()));
+    assert_eq!(run.step(&ramp_step(0, Some(60.0), 500.0)).level, 2);
+    run.step(&ramp_step(10, Some(200.0), 500.0));
+    let d = run.step(&ramp_step(70, Some(200.0), 500.0));
     assert_eq!(d.level, 1, "2 -> 1 releases b's cap");
+    (run, d)
+}
+
+#[test]
+fn a_released_lane_ramps_and_the_next_window_waits_for_the_ramp() {
+    let (mut run, d) = released_at_70();
+    let s = |at, cap, q| ramp_step(at, Some(cap), q);
     let b = lane_of(&d, "b");
     assert_eq!(b.state, LaneState::Recovering);
     assert_eq!(b.limited_by.as_deref(), Some("recovery 1%"));
@@ -350,19 +366,8 @@ fn a_released_lane_ramps_and_the_next_window_waits_for_the_ramp() {
 /// and jumping to its full rate.
 #[test]
 fn a_ramp_does_not_run_while_the_evidence_is_unknown() {
-    let body = r#"  hysteresis: {stableForSeconds: 60, recovery: {stepsPercent: [1, 10], stepSeconds: 100}}
-  levels:
-  - name: slow
-    enterWhen: {queueDepthAbove: 100}
-  - name: shed
-    enterWhen: {overCapacity: true}
-    actions: {cap: [{lanes: [b], unitsPerSecond: "10"}]}
-"#;
-    let mut run = Run::new(world(body, &lanes_ab()));
-    let s = |at, cap| snap(at, cap, Some(500.0), &[("a", 40.0), ("b", 40.0)]);
-    assert_eq!(run.step(&s(0, Some(60.0))).level, 2);
-    run.step(&s(10, Some(200.0)));
-    let d = run.step(&s(70, Some(200.0)));
+    let (mut run, d) = released_at_70();
+    let s = |at, cap| ramp_step(at, cap, 500.0);
     assert_eq!(lane_of(&d, "b").limited_by.as_deref(), Some("recovery 1%"));
     // Blind from 80 to 260: never above the 1 % stage (10 + 1 % of 30).
     for at in (80..=260).step_by(10) {

@@ -141,16 +141,21 @@ fn chat_body() -> String {
     json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string()
 }
 
-/// A chat request on `lane` on a new connection; its status.
-async fn chat(gw: &Proc, lane: &str) -> reqwest::StatusCode {
+/// A chat request on a new connection (none kept for the next), to send.
+pub(crate) fn chat_on_a_new_connection(gw: &Proc) -> reqwest::RequestBuilder {
     reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap()
         .post(format!("http://{}/v1/chat/completions", gw.addr))
-        .header("x-lanekeeper-lane", lane)
         .body(chat_body())
+}
+
+/// A chat request on `lane` on a new connection; its status.
+async fn chat(gw: &Proc, lane: &str) -> reqwest::StatusCode {
+    chat_on_a_new_connection(gw)
+        .header("x-lanekeeper-lane", lane)
         .send()
         .await
         .unwrap()
@@ -391,14 +396,8 @@ fn credentials(dir: &Path) -> String {
 
 /// A chat request with [`KEY`] on a new connection; its status.
 async fn chat_with_key(gw: &Proc) -> reqwest::StatusCode {
-    reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-        .post(format!("http://{}/v1/chat/completions", gw.addr))
+    chat_on_a_new_connection(gw)
         .bearer_auth(KEY)
-        .body(chat_body())
         .send()
         .await
         .unwrap()
