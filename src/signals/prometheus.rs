@@ -703,6 +703,23 @@ fn lanes_unknown(e: &mut QueryEvaluation, lanes: &[&LaneContract], signal: &str,
     }
 }
 
+/// A vector's series by the value of `label` (series without it left
+/// out), each with how many series have that value.
+fn series_by<'a>(pts: &'a [Point], label: &str) -> BTreeMap<&'a str, (&'a Point, usize)> {
+    let mut by: BTreeMap<&str, (&Point, usize)> = BTreeMap::new();
+    for p in pts {
+        if let Some(v) = p.labels.get(label) {
+            by.entry(v).or_insert((p, 0)).1 += 1;
+        }
+    }
+    by
+}
+
+/// Why `n` series for one `label=value` are no evidence.
+fn ambiguous(n: usize, label: &str, value: &str, per: &str) -> String {
+    format!("ambiguous: {n} series with {label}={value}; aggregate them to one per {per}")
+}
+
 /// A lane query's vector: each lane's rate from the series whose `laneLabel`
 /// is its name; a lane without a usable series, or with more than one (which
 /// would be the right one?), is Unknown (in the lane's `unknown`, and named
@@ -716,12 +733,7 @@ fn lane_values(
     rate: LaneRate,
 ) {
     let signal = rate.signal();
-    let mut by_lane: HashMap<&str, (&Point, usize)> = HashMap::new();
-    for p in pts {
-        if let Some(l) = p.labels.get(&cfg.lane_label) {
-            by_lane.entry(l).or_insert((p, 0)).1 += 1;
-        }
-    }
+    let by_lane = series_by(pts, &cfg.lane_label);
     let missing_why = || format!("missing: no series with {}=<lane name>", cfg.lane_label);
     let mut missing = Vec::new();
     let mut worst: Option<(&'static str, String)> = None;
@@ -732,10 +744,7 @@ fn lane_values(
         let failed = match by_lane.get(name.as_str()) {
             None => missing_why(),
             Some((_, n)) if *n > 1 => {
-                let why = format!(
-                    "ambiguous: {n} series with {}={name}; aggregate them to one per lane",
-                    cfg.lane_label
-                );
+                let why = ambiguous(*n, &cfg.lane_label, &name, "lane");
                 worst.get_or_insert(("ambiguous", why.clone()));
                 why
             }
@@ -774,6 +783,11 @@ fn lane_values(
     }
 }
 
+/// The pod query's vector: each of the pool's pods' error ratio from the
+/// series whose `podLabel` is its name. A pod without a series has no
+/// evidence (no drain decision either way); one with a bad value or more
+/// than one series is named under `podErrorRatio` in the profile's
+/// `unknown`.
 fn pod_values(
     e: &mut QueryEvaluation,
     cfg: &PrometheusSignals,
@@ -784,26 +798,29 @@ fn pod_values(
     let mut bad = Vec::new();
     let mut worst: Option<(&'static str, String)> = None;
     let mut oldest: Option<f64> = None;
-    for p in pts {
-        let Some(pod) = p.labels.get(&cfg.pod_label) else {
-            continue;
-        };
+    for (pod, (p, n)) in series_by(pts, &cfg.pod_label) {
         if pods.is_some_and(|known| !known.iter().any(|k| k == pod)) {
             continue;
         }
-        match check(p, at, cfg.staleness_seconds) {
+        // Several series for one pod: which would be its error ratio?
+        let checked = if n > 1 {
+            Err(("ambiguous", ambiguous(n, &cfg.pod_label, pod, "pod")))
+        } else {
+            check(p, at, cfg.staleness_seconds)
+        };
+        match checked {
             Ok(v) => {
                 e.output
                     .profile
                     .pods
-                    .entry(pod.clone())
+                    .entry(pod.to_owned())
                     .or_default()
                     .error_ratio = Some(v);
                 let a = age(p, at);
                 oldest = Some(oldest.map_or(a, |o: f64| o.max(a)));
             }
             Err(r) => {
-                bad.push(pod.clone());
+                bad.push(pod.to_owned());
                 worst.get_or_insert(r);
             }
         }

@@ -81,6 +81,11 @@ fn series(t: i64) -> String {
         let labels = format!("lane=\"lane-{lane}\",replica=\"{replica}\"");
         s.add("lane_rps_by_replica", &labels, t - 30, v);
     }
+    // Pod error ratios: pod-b has one series a container.
+    for (pod, container, v) in [("a", "x", 0.1), ("b", "x", 0.2), ("b", "y", 0.5)] {
+        let labels = format!("pod=\"pod-{pod}\",container=\"{container}\"");
+        s.add("pod_err", &labels, t - 30, v);
+    }
     s.render()
 }
 
@@ -251,6 +256,33 @@ async fn a_lane_with_more_than_one_series_is_unknown() {
     assert_eq!(
         e.output.lanes["ns/lane-0000"].requests_per_second,
         Some(7.0)
+    );
+}
+
+/// The same for a pod: several series for one pod give it no error ratio
+/// (a drain would follow whichever came last), the others keep theirs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_with_more_than_one_series_has_no_error_ratio() {
+    let t = t0();
+    let test = "a_pod_with_more_than_one_series_has_no_error_ratio";
+    let Some(prom) = Prom::start(test, &series(t)) else {
+        return;
+    };
+    let c = cfg(&prom.url(), json!({"podErrorRatio": "pod_err"}));
+    let client = PromClient::new(&prom.url(), Duration::from_secs(2), None, None).unwrap();
+    let pods = ["pod-a".to_owned(), "pod-b".to_owned()];
+    let e = evaluate(&client, &c, &[], Some(&pods), &Window::At(t))
+        .await
+        .pop()
+        .unwrap();
+    let p = &e.output.profile;
+    assert_eq!(p.pods["pod-a"].error_ratio, Some(0.1));
+    assert!(!p.pods.contains_key("pod-b"), "{:?}", p.pods);
+    assert_eq!(e.reasons["podErrorRatio"], "ambiguous");
+    let why = &e.output.unknown["podErrorRatio"];
+    assert!(
+        why.contains("ambiguous: 2 series with pod=pod-b") && why.ends_with("pods: pod-b"),
+        "{why}"
     );
 }
 
