@@ -93,11 +93,6 @@ pub struct ProfileState {
     /// Per lane released by a step down: its staged recovery.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ramps: BTreeMap<String, Ramp>,
-    /// When this state was evaluated: a step on incomplete evidence moves
-    /// every ramp's start by the time since, so Unknown time does not count
-    /// toward a ramp.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evaluated_at: Option<i64>,
     /// The approval last used to enter a level (it approves nothing more).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_used: Option<Approval>,
@@ -111,10 +106,16 @@ pub struct ProfileState {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Ramp {
-    /// When the lane was released (the ramp's start).
+    /// When the lane was released (the ramp's start), moved on by the time
+    /// the evidence was Unknown since.
     pub since: i64,
     /// Its admitted work units/s before the release.
     pub base: f64,
+    /// Since when the evidence has been Unknown (capacity or a lane's rate),
+    /// while it is: the ramp stays at its stage of that moment, and `since`
+    /// moves on by that time once the evidence is back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blind_since: Option<i64>,
 }
 
 /// An approval: levels up to `level`, given at `givenAt` (absent: given

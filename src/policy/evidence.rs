@@ -143,7 +143,9 @@ pub fn ramping_until(ramps: &BTreeMap<String, Ramp>, spec: Option<&RecoverySpec>
 
 /// The stage of a ramp at `at`: the percentage in force, or None once done.
 pub fn ramp_stage(ramp: &Ramp, spec: &RecoverySpec, at: i64) -> Option<i32> {
-    let elapsed = (at - ramp.since).max(0);
+    // While the evidence is Unknown the ramp stays where it was then.
+    let now = ramp.blind_since.map_or(at, |b| b.min(at));
+    let elapsed = (now - ramp.since).max(0);
     let idx = elapsed / spec.step_seconds.max(1);
     spec.steps_percent.get(idx as usize).copied()
 }
@@ -381,16 +383,24 @@ mod tests {
         let r = Ramp {
             since: 1000,
             base: 0.0,
+            blind_since: None,
         };
         assert_eq!(ramp_stage(&r, &spec(), 1000), Some(1));
         assert_eq!(ramp_stage(&r, &spec(), 1299), Some(1));
         assert_eq!(ramp_stage(&r, &spec(), 1300), Some(10));
         assert_eq!(ramp_stage(&r, &spec(), 1599), Some(10));
         assert_eq!(ramp_stage(&r, &spec(), 1600), None);
+        // Blind since 1299: it stays at 1 % however long that lasts.
+        let blind = Ramp {
+            blind_since: Some(1299),
+            ..r.clone()
+        };
+        assert_eq!(ramp_stage(&blind, &spec(), 5000), Some(1));
         assert!((ramped(49.0, &r, 1) - 0.49).abs() < 1e-9);
         let capped = Ramp {
             since: 0,
             base: 60.0,
+            blind_since: None,
         };
         assert!((ramped(99.0, &capped, 10) - 63.9).abs() < 1e-9);
         assert_eq!(

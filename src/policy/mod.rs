@@ -118,7 +118,6 @@ pub fn evaluate_profile(
     let (sizing, drain, drained) = pool_step(profile, &ev, level, at, prev);
     let mut next = next_state(&ev, &ladder, &sizing, drained, shares, prev);
     next.objectives = bands;
-    next.evaluated_at = Some(at);
     let decision = ProfileDecision {
         namespace: profile.namespace_str().to_owned(),
         name: profile.metadata.name.clone().unwrap_or_default(),
@@ -298,7 +297,6 @@ fn next_state(
         ramps: shares.ramps,
         approval_used: ladder.approval_consumed.or(prev.approval_used),
         objectives: BTreeMap::new(),
-        evaluated_at: None,
     }
 }
 

@@ -207,6 +207,7 @@ fn ramps_after(
                 Ramp {
                     since: at,
                     base: prev.admitted.get(l.name_str()).copied().unwrap_or(0.0),
+                    blind_since: None,
                 },
             );
         }
@@ -214,26 +215,30 @@ fn ramps_after(
     ramps
 }
 
-/// The ramps carried into this step. A step on incomplete evidence, whose
-/// rates are held at the previous step's, does not count toward a ramp:
-/// each one's start moves by the time since the previous evaluation, so a
+/// The ramps carried into this step. Time on incomplete evidence, whose
+/// rates are held at the previous step's, does not count toward a ramp
+/// (rule 8: Unknown time never counts toward a timer): the first such step
+/// marks when it began, the ramp stays at its stage of that moment, and the
+/// first step with complete evidence moves its start on by that time, so a
 /// lane held through blindness goes on from the stage it was in instead of
-/// skipping the stages that passed meanwhile (rule 8: Unknown time never
-/// counts toward a timer).
+/// skipping the stages that passed meanwhile. Only those two steps change
+/// the state.
 fn carried_ramps(prev: &ProfileState, complete: bool, at: i64) -> BTreeMap<String, Ramp> {
-    let blind = match prev.evaluated_at {
-        Some(t) if !complete => (at - t).max(0),
-        _ => 0,
+    let carried = |r: &Ramp| match (complete, r.blind_since) {
+        (false, None) => Ramp {
+            blind_since: Some(at),
+            ..r.clone()
+        },
+        (true, Some(b)) => Ramp {
+            since: r.since + (at - b).max(0),
+            base: r.base,
+            blind_since: None,
+        },
+        _ => r.clone(),
     };
     prev.ramps
         .iter()
-        .map(|(lane, r)| {
-            let ramp = Ramp {
-                since: r.since + blind,
-                base: r.base,
-            };
-            (lane.clone(), ramp)
-        })
+        .map(|(lane, r)| (lane.clone(), carried(r)))
         .collect()
 }
 
