@@ -135,7 +135,7 @@ async fn checked_head(gw: &Gateway, mut parts: Parts) -> Result<(Parts, Checked)
     }
 }
 
-/// The head's steps: ids and surface, attempt, caller.
+/// The head's steps: ids and surface, attempt, caller, its lane.
 async fn head(gw: &Gateway, parts: &mut Parts, record: &mut Record) -> Result<Asked, Response> {
     let request_id = admissible(gw, parts, record)?;
     let mut asked = Asked::read(&parts.headers, gw, request_id)?;
@@ -145,7 +145,25 @@ async fn head(gw: &Gateway, parts: &mut Parts, record: &mut Record) -> Result<As
         .tenant
         .as_deref()
         .map(|t| respond::prefix(t, 64).to_owned());
+    known_lane(gw, &asked)?;
     Ok(asked)
+}
+
+/// 503 without a config, 400 for a lane the config does not name, from the
+/// rules in force (no lock): answered before the body is read. The core
+/// looks the lane up again under its lock, so a config swapped in between
+/// is answered there.
+fn known_lane(gw: &Gateway, asked: &Asked) -> Result<(), Response> {
+    let rules = gw.rules.load();
+    let Some(lanes) = rules.lanes() else {
+        return Err(respond::no_config());
+    };
+    let lane = asked.lane.as_deref();
+    if lane.is_some_and(|l| lanes.iter().any(|n| n == l)) {
+        return Ok(());
+    }
+    let known: Vec<&str> = lanes.iter().map(String::as_str).collect();
+    Err(respond::unknown_lane(&gw.args.lane_header, lane, &known))
 }
 
 /// Serves one client request whose head passed [`check_head`] (checked

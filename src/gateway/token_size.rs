@@ -41,6 +41,9 @@ pub(super) struct LaneRules {
 /// lock once, for the decision.
 #[derive(Debug, Default)]
 pub(super) struct RulesInForce {
+    /// The config's lane names, in its order; None before a config is
+    /// loaded. A request's head is refused on them before its body is read.
+    lanes: Option<Vec<String>>,
     /// Lane names are the config's own (a client's header only looks one
     /// up), so a cheap hasher will do.
     by_lane: HashMap<String, LaneRules, FxBuildHasher>,
@@ -49,8 +52,12 @@ pub(super) struct RulesInForce {
 impl RulesInForce {
     /// The rules of `core`'s config (none when it only observes).
     pub(super) fn of(core: &Core, tokenizers: &Tokenizers) -> RulesInForce {
+        let lanes = Some(core.lane_names().map(str::to_owned).collect());
         if !core.enforcing() {
-            return RulesInForce::default();
+            return RulesInForce {
+                lanes,
+                by_lane: HashMap::default(),
+            };
         }
         let by_lane = core
             .lane_names()
@@ -68,7 +75,12 @@ impl RulesInForce {
                 (name.to_owned(), rules)
             })
             .collect();
-        RulesInForce { by_lane }
+        RulesInForce { lanes, by_lane }
+    }
+
+    /// The config's lane names; None before a config is loaded.
+    pub(super) fn lanes(&self) -> Option<&[String]> {
+        self.lanes.as_deref()
     }
 
     /// The rules of `lane` (none for an unknown lane or no lane).

@@ -98,8 +98,21 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) {
 /// `dir/lanes.json`), every route at `upstream`, with `extra` flags; run
 /// through `wrapper` (e.g. `prlimit …`) when given.
 pub(crate) fn gateway(dir: &Path, upstream: &str, extra: &[&str], wrapper: &[&str]) -> Proc {
-    let config = dir.join("lanes.json");
-    write_atomically(&config, &serde_json::to_vec(&inc47()).unwrap());
+    gateway_with(dir, Some(&inc47()), upstream, extra, wrapper)
+}
+
+/// [`gateway`] with `config` as its `lanes.json` (none: the file is absent).
+fn gateway_with(
+    dir: &Path,
+    config: Option<&Value>,
+    upstream: &str,
+    extra: &[&str],
+    wrapper: &[&str],
+) -> Proc {
+    let path = dir.join("lanes.json");
+    if let Some(config) = config {
+        write_atomically(&path, &serde_json::to_vec(config).unwrap());
+    }
     let mut argv: Vec<String> = wrapper.iter().map(|s| (*s).to_owned()).collect();
     argv.push(env!("CARGO_BIN_EXE_lanekeeper").to_owned());
     for a in [
@@ -118,7 +131,7 @@ pub(crate) fn gateway(dir: &Path, upstream: &str, extra: &[&str], wrapper: &[&st
     if !extra.contains(&"--credentials") {
         argv.push("--trust-lane-header".to_owned());
     }
-    argv.extend(["--config".to_owned(), config.display().to_string()]);
+    argv.extend(["--config".to_owned(), path.display().to_string()]);
     for r in ["agent-large", "extract-small", "batch-medium", "eval-large"] {
         argv.extend(["--route".to_owned(), format!("{r}={upstream}")]);
     }
@@ -455,6 +468,62 @@ async fn head_then_trickle(
     (rx, trickle)
 }
 
+/// Sends `head` and trickles its body: the gateway answers `status` at
+/// once and closes the connection, neither waiting for the body (30 s of
+/// body clock) nor reading it. Returns the answer.
+async fn answered_before_the_body(gw: &Proc, head: &str, status: &str) -> String {
+    let (mut rx, trickle) = head_then_trickle(gw, head).await;
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match tokio::time::timeout(Duration::from_secs(3), rx.read(&mut buf)).await {
+            Err(_) => break None,
+            Ok(Ok(0) | Err(_)) => break Some(start.elapsed()),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    };
+    trickle.abort();
+    let answer = String::from_utf8_lossy(&got).into_owned();
+    let first = head.lines().next().unwrap_or_default();
+    assert!(
+        answer.starts_with(&format!("HTTP/1.1 {status}")),
+        "{first}: {answer}"
+    );
+    let closed = closed.unwrap_or_else(|| panic!("{first}: kept open, reading the body"));
+    assert!(
+        closed < Duration::from_secs(2),
+        "{first}: closed after {closed:?}"
+    );
+    answer
+}
+
+/// A chat head promising a 4 MiB body, with `lane` as its lane header.
+fn chat_head(lane: Option<&str>) -> String {
+    let lane = lane.map_or(String::new(), |l| format!("x-lanekeeper-lane: {l}\r\n"));
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n{lane}content-length: {}\r\n\r\n",
+        4 << 20
+    )
+}
+
+#[tokio::test]
+async fn a_lane_the_config_lacks_and_no_config_are_refused_from_the_head() {
+    let dir = Scratch::new("head-lane");
+    let m = model(&dir);
+    let upstream = format!("http://{}", m.addr);
+    let gw = gateway(&dir, &upstream, &[], &[]);
+    ready(&gw).await;
+    for lane in [Some("nope"), None] {
+        let answer = answered_before_the_body(&gw, &chat_head(lane), "400").await;
+        assert!(answer.contains("unknown_lane"), "{answer}");
+    }
+    let none = Scratch::new("head-none");
+    let gw = gateway_with(&none, None, &upstream, &[], &[]);
+    let answer = answered_before_the_body(&gw, &chat_head(Some(OPEN_LANE)), "503").await;
+    assert!(answer.contains("no_config"), "{answer}");
+}
+
 #[tokio::test]
 async fn callers_refused_from_the_head_are_answered_before_their_body_and_hold_no_place() {
     let dir = Scratch::new("head-first");
@@ -471,29 +540,7 @@ async fn callers_refused_from_the_head_are_answered_before_their_body_and_hold_n
     // Each is answered at once, its body neither waited for (30 s of body
     // clock) nor read: the gateway closes the connection after the answer.
     for (head, status) in refusable_heads() {
-        let (mut rx, trickle) = head_then_trickle(&gw, &head).await;
-        let start = Instant::now();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        let closed = loop {
-            match tokio::time::timeout(Duration::from_secs(3), rx.read(&mut buf)).await {
-                Err(_) => break None,
-                Ok(Ok(0) | Err(_)) => break Some(start.elapsed()),
-                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
-            }
-        };
-        trickle.abort();
-        let answer = String::from_utf8_lossy(&got);
-        let first = head.lines().next().unwrap_or_default();
-        assert!(
-            answer.starts_with(&format!("HTTP/1.1 {status}")),
-            "{first}: {answer}"
-        );
-        let closed = closed.unwrap_or_else(|| panic!("{first}: kept open, reading the body"));
-        assert!(
-            closed < Duration::from_secs(2),
-            "{first}: closed after {closed:?}"
-        );
+        answered_before_the_body(&gw, &head, status).await;
     }
     // As many such clients as there are places, their bodies still
     // trickling: a caller with a key is still served.
