@@ -89,6 +89,11 @@ pub struct GatewayArgs {
     /// The largest request body accepted, in bytes (413 beyond).
     #[arg(long, env = "LANEKEEPER_GATEWAY_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// The most bytes all request bodies together may hold at once (503
+    /// `body_memory_full` beyond; a quarter is kept for the lanes of the
+    /// highest priority). At least `--max-body-bytes`.
+    #[arg(long, env = "LANEKEEPER_GATEWAY_MAX_BODY_MEMORY_BYTES", default_value_t = 256 << 20)]
+    pub max_body_memory_bytes: usize,
     /// How often a `--config` file is checked for changes, in milliseconds.
     #[arg(long, env = "LANEKEEPER_GATEWAY_RELOAD_MILLIS", default_value_t = 500)]
     pub reload_millis: u64,
@@ -290,6 +295,16 @@ pub enum GatewayError {
     /// A `--tokenizer` names no `--route` or its file does not load.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// `--max-body-memory-bytes` below `--max-body-bytes`.
+    #[error(
+        "--max-body-memory-bytes {memory} is below --max-body-bytes {body}: no body of the largest size could be held"
+    )]
+    BodyMemory {
+        /// `--max-body-memory-bytes`.
+        memory: usize,
+        /// `--max-body-bytes`.
+        body: usize,
+    },
 }
 
 impl GatewayError {
@@ -303,6 +318,7 @@ impl GatewayError {
                 | GatewayError::Credential(_)
                 | GatewayError::SharedState(_)
                 | GatewayError::Tokenizer(_)
+                | GatewayError::BodyMemory { .. }
         )
     }
 }

@@ -41,6 +41,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 use tower_service::Service;
 
+use super::body_budget::BodyHold;
 use super::peer::PeerCertificate;
 use super::respond;
 
@@ -311,6 +312,15 @@ fn refused_at_head(
     })
 }
 
+/// The request's share of body memory (when its head check took one) cut
+/// to the body that arrived.
+fn held_to(parts: Parts, bytes: usize) -> Parts {
+    if let Some(hold) = parts.extensions.get::<BodyHold>() {
+        hold.shrink_to(bytes);
+    }
+    parts
+}
+
 /// One request: the connection's client certificate attached, its head
 /// checked (when the listener checks heads), then counted in flight, its
 /// body read under the body clock, then the router.
@@ -335,7 +345,10 @@ async fn serve_request(
     let in_flight = activity.begin();
     let response = match read_body(body, &clocks).await {
         Ok(bytes) => match router
-            .call(Request::from_parts(parts, Body::from(bytes)))
+            .call(Request::from_parts(
+                held_to(parts, bytes.len()),
+                Body::from(bytes),
+            ))
             .await
         {
             Ok(r) => r,

@@ -100,6 +100,7 @@ pub struct GatewayMetrics {
     replicas: IntGauge,
     cuts: IntCounterVec,
     refused_before_admission: IntCounterVec,
+    body_bytes_held: IntGauge,
     auth_refusals: IntCounterVec,
     qualified: IntCounterVec,
     /// Completed units, the in-flight limit and saturation.
@@ -137,8 +138,16 @@ fn refused_before_admission(r: &Registry) -> IntCounterVec {
     counters(
         r,
         "lanekeeper_gateway_refused_before_admission_total",
-        "Requests answered by the gateway before admission (no lane's bucket touched), by reason: not_found, method_not_allowed, invalid_attempt, invalid_request_id, unknown_lane, no_config, body_too_large, body_unreadable.",
+        "Requests answered by the gateway before admission (no lane's bucket touched), by reason: not_found, method_not_allowed, invalid_attempt, invalid_request_id, unknown_lane, no_config, body_memory_full, body_too_large, body_unreadable, and the caller's and the request shape's refusals.",
         &["reason"],
+    )
+}
+
+fn body_bytes_held(r: &Registry) -> IntGauge {
+    gauge(
+        r,
+        "lanekeeper_gateway_body_bytes_held",
+        "Bytes request bodies hold now (read, or promised by their content-length while read), against --max-body-memory-bytes.",
     )
 }
 
@@ -254,6 +263,7 @@ impl GatewayMetrics {
                 &["lane", "reason"],
             ),
             refused_before_admission: refused_before_admission(&r),
+            body_bytes_held: body_bytes_held(&r),
             auth_refusals: auth_refusals(&r),
             qualified: qualified(&r),
             capacity: Arc::new(CapacityMetrics::new(&r)),
@@ -265,6 +275,11 @@ impl GatewayMetrics {
     /// The registry, for the families other files own (the routes').
     pub(super) fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The gauge of the bytes request bodies hold.
+    pub(super) fn body_bytes_held(&self) -> IntGauge {
+        self.body_bytes_held.clone()
     }
 
     /// Requests the gateway answered before the core saw them, by reason.

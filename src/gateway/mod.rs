@@ -26,6 +26,7 @@
 #![deny(clippy::too_many_lines)]
 
 mod args;
+mod body_budget;
 mod capacity_metrics;
 mod conn;
 mod credential;

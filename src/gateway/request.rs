@@ -14,12 +14,13 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::Response;
 use http_body_util::BodyExt;
 use lanes::{Outcome, Resolution, Ticket, Verdict};
 use tokio::sync::oneshot;
 
+use super::body_budget::{BodyClass, BodyHold};
 use super::decision::{
     self, IDEMPOTENCY_KEY, MAX_REQUEST_ID, REQUEST_ID, Record, client_request_id,
 };
@@ -135,7 +136,9 @@ async fn checked_head(gw: &Gateway, mut parts: Parts) -> Result<(Parts, Checked)
     }
 }
 
-/// The head's steps: ids and surface, attempt, caller, its lane.
+/// The head's steps: ids and surface, attempt, caller, its lane, the
+/// memory its body may take (held in its extensions for the connection and
+/// the handler).
 async fn head(gw: &Gateway, parts: &mut Parts, record: &mut Record) -> Result<Asked, Response> {
     let request_id = admissible(gw, parts, record)?;
     let mut asked = Asked::read(&parts.headers, gw, request_id)?;
@@ -145,7 +148,9 @@ async fn head(gw: &Gateway, parts: &mut Parts, record: &mut Record) -> Result<As
         .tenant
         .as_deref()
         .map(|t| respond::prefix(t, 64).to_owned());
-    known_lane(gw, &asked)?;
+    let class = known_lane(gw, &asked)?;
+    let hold = hold_body(gw, parts, class)?;
+    parts.extensions.insert(hold);
     Ok(asked)
 }
 
@@ -153,17 +158,39 @@ async fn head(gw: &Gateway, parts: &mut Parts, record: &mut Record) -> Result<As
 /// rules in force (no lock): answered before the body is read. The core
 /// looks the lane up again under its lock, so a config swapped in between
 /// is answered there.
-fn known_lane(gw: &Gateway, asked: &Asked) -> Result<(), Response> {
+/// Returns the share of body memory the lane may use.
+fn known_lane(gw: &Gateway, asked: &Asked) -> Result<BodyClass, Response> {
     let rules = gw.rules.load();
     let Some(lanes) = rules.lanes() else {
         return Err(respond::no_config());
     };
     let lane = asked.lane.as_deref();
-    if lane.is_some_and(|l| lanes.iter().any(|n| n == l)) {
-        return Ok(());
+    match lanes.iter().find(|l| lane == Some(l.name.as_str())) {
+        Some(l) if l.top => Ok(BodyClass::Reserved),
+        Some(_) => Ok(BodyClass::Shared),
+        None => {
+            let known: Vec<&str> = lanes.iter().map(|l| l.name.as_str()).collect();
+            Err(respond::unknown_lane(&gw.args.lane_header, lane, &known))
+        }
     }
-    let known: Vec<&str> = lanes.iter().map(String::as_str).collect();
-    Err(respond::unknown_lane(&gw.args.lane_header, lane, &known))
+}
+
+/// The body's share of `--max-body-memory-bytes`, taken before it is read:
+/// its `content-length` (at most `--max-body-bytes`: a longer one is 413 at
+/// once), or `--max-body-bytes` while a chunked body is read (none without
+/// either: HTTP/1.1 has no body then).
+fn hold_body(gw: &Gateway, parts: &Parts, class: BodyClass) -> Result<BodyHold, Response> {
+    let limit = gw.args.max_body_bytes;
+    let h = &parts.headers;
+    let promised = match h.get(header::CONTENT_LENGTH) {
+        Some(v) => v.to_str().ok().and_then(|v| v.parse::<u64>().ok()),
+        None if h.contains_key(header::TRANSFER_ENCODING) => None,
+        None => Some(0),
+    };
+    let bytes = promised.map_or(limit, |n| usize::try_from(n).unwrap_or(limit).min(limit));
+    gw.bodies
+        .hold(bytes, class)
+        .ok_or_else(|| respond::body_memory_full(gw.args.max_body_memory_bytes))
 }
 
 /// Serves one client request whose head passed [`check_head`] (checked
@@ -174,10 +201,12 @@ pub(super) async fn handle(State(gw): State<Arc<Gateway>>, request: Request) -> 
         Some(c) => Ok((parts, c)),
         None => checked_head(&gw, parts).await,
     };
-    let (parts, Checked { asked, mut record }) = match checked {
+    let (mut parts, Checked { asked, mut record }) = match checked {
         Ok(c) => c,
         Err(r) => return r,
     };
+    // The body's memory stays held until the handler is done with it.
+    let _body_hold = parts.extensions.remove::<BodyHold>();
     let response = answer(&gw, parts, body, asked, &mut record).await;
     recorded(&gw, &record, response)
 }

@@ -132,6 +132,23 @@ pub(super) fn lane_gone(lane: &str) -> Response {
     bad_request("unknown_lane", format!("lane {lane} is gone"))
 }
 
+/// 503: the bodies held already fill `--max-body-memory-bytes` (or the
+/// part of it this lane may use); come back in a second.
+pub(super) fn body_memory_full(limit: usize) -> Response {
+    let mut r = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lanekeeper_overloaded",
+        "body_memory_full",
+        format!(
+            "the gateway holds as many request bodies as its memory for them allows ({limit} bytes, --max-body-memory-bytes); come back in about 1 s (Retry-After)"
+        ),
+    );
+    let h = r.headers_mut();
+    h.insert(header::RETRY_AFTER, HeaderValue::from(1));
+    h.insert(SHOULD_RETRY, HeaderValue::from_static("true"));
+    r
+}
+
 /// 413: the body is over `--max-body-bytes`.
 pub(super) fn body_too_large(limit: usize) -> Response {
     error(

@@ -163,14 +163,20 @@ fn announce(
     }
 }
 
-/// The flags that clap cannot check: a config source, header names,
-/// `NAMESPACE/NAME` values.
+/// The flags that clap cannot check: a config source, the body limits,
+/// header names, `NAMESPACE/NAME` values.
 #[expect(clippy::type_complexity, reason = "two optional NAMESPACE/NAME pairs")]
 fn check_flags(
     args: &GatewayArgs,
 ) -> Result<(Option<(String, String)>, Option<(String, String)>), GatewayError> {
     if args.config.is_none() && args.configmap.is_none() {
         return Err(GatewayError::NoConfigSource);
+    }
+    if args.max_body_memory_bytes < args.max_body_bytes {
+        return Err(GatewayError::BodyMemory {
+            memory: args.max_body_memory_bytes,
+            body: args.max_body_bytes,
+        });
     }
     Fleet::check(&args.fleet).map_err(GatewayError::SharedState)?;
     for h in [&args.lane_header, &args.tenant_header]

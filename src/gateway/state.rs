@@ -12,6 +12,7 @@ use lanes::{Core, GatewayConfig, Resolution, Ticket};
 use tokio::sync::{Notify, oneshot};
 
 use super::args::GatewayArgs;
+use super::body_budget::BodyBudget;
 use super::decision::{DecisionLog, IdMaker};
 use super::dispatch::{Dispatch, Finished, InFlightSink};
 use super::fleet_share::Fleet;
@@ -52,6 +53,8 @@ pub(super) struct Gateway {
     /// What the request path reads of each lane before admission, for the
     /// config in force (replaced with it; read without the lock).
     pub(super) rules: ArcSwap<RulesInForce>,
+    /// The memory request bodies hold (`--max-body-memory-bytes`).
+    pub(super) bodies: Arc<BodyBudget>,
 }
 
 /// Everything under the lock.
@@ -97,6 +100,7 @@ impl Gateway {
             fleet: Fleet::from_args(&args.fleet, metrics.registry(), 0.0),
             tokenizers: Tokenizers::new(metrics.registry()),
             rules: ArcSwap::from_pointee(RulesInForce::default()),
+            bodies: BodyBudget::new(args.max_body_memory_bytes, metrics.body_bytes_held()),
             start: Instant::now(),
             state: Mutex::new(State {
                 core: None,

@@ -41,9 +41,9 @@ pub(super) struct LaneRules {
 /// lock once, for the decision.
 #[derive(Debug, Default)]
 pub(super) struct RulesInForce {
-    /// The config's lane names, in its order; None before a config is
-    /// loaded. A request's head is refused on them before its body is read.
-    lanes: Option<Vec<String>>,
+    /// The config's lanes, in its order; None before a config is loaded. A
+    /// request's head is refused on them before its body is read.
+    lanes: Option<Vec<KnownLane>>,
     /// Lane names are the config's own (a client's header only looks one
     /// up), so a cheap hasher will do.
     by_lane: HashMap<String, LaneRules, FxBuildHasher>,
@@ -52,7 +52,7 @@ pub(super) struct RulesInForce {
 impl RulesInForce {
     /// The rules of `core`'s config (none when it only observes).
     pub(super) fn of(core: &Core, tokenizers: &Tokenizers) -> RulesInForce {
-        let lanes = Some(core.lane_names().map(str::to_owned).collect());
+        let lanes = Some(KnownLane::of(core));
         if !core.enforcing() {
             return RulesInForce {
                 lanes,
@@ -78,8 +78,8 @@ impl RulesInForce {
         RulesInForce { lanes, by_lane }
     }
 
-    /// The config's lane names; None before a config is loaded.
-    pub(super) fn lanes(&self) -> Option<&[String]> {
+    /// The config's lanes; None before a config is loaded.
+    pub(super) fn lanes(&self) -> Option<&[KnownLane]> {
         self.lanes.as_deref()
     }
 
@@ -87,6 +87,29 @@ impl RulesInForce {
     pub(super) fn of_lane(&self, lane: Option<&str>) -> LaneRules {
         lane.and_then(|lane| self.by_lane.get(lane).cloned())
             .unwrap_or_default()
+    }
+}
+
+/// A lane of the config in force, as a request's head is checked against it.
+#[derive(Debug)]
+pub(super) struct KnownLane {
+    pub(super) name: String,
+    /// Whether it is of the config's highest priority (its bodies may use
+    /// the memory kept for those lanes).
+    pub(super) top: bool,
+}
+
+impl KnownLane {
+    fn of(core: &Core) -> Vec<KnownLane> {
+        let n = core.lane_names().count();
+        let top = (0..n).map(|i| core.lane(i).priority).min();
+        core.lane_names()
+            .enumerate()
+            .map(|(i, name)| KnownLane {
+                name: name.to_owned(),
+                top: Some(core.lane(i).priority) == top,
+            })
+            .collect()
     }
 }
 

@@ -166,7 +166,7 @@ pub(crate) fn chat_on_a_new_connection(gw: &Proc) -> reqwest::RequestBuilder {
 }
 
 /// A chat request on `lane` on a new connection; its status.
-async fn chat(gw: &Proc, lane: &str) -> reqwest::StatusCode {
+pub(crate) async fn chat(gw: &Proc, lane: &str) -> reqwest::StatusCode {
     chat_on_a_new_connection(gw)
         .header("x-lanekeeper-lane", lane)
         .send()
@@ -446,7 +446,7 @@ fn refusable_heads() -> [(String, &'static str); 4] {
 
 /// Sends `head`, then trickles body bytes (one every 200 ms, as a chunk
 /// when chunked) until the gateway stops taking them.
-async fn head_then_trickle(
+pub(crate) async fn head_then_trickle(
     gw: &Proc,
     head: &str,
 ) -> (tokio::net::tcp::OwnedReadHalf, tokio::task::JoinHandle<()>) {
@@ -471,7 +471,7 @@ async fn head_then_trickle(
 /// Sends `head` and trickles its body: the gateway answers `status` at
 /// once and closes the connection, neither waiting for the body (30 s of
 /// body clock) nor reading it. Returns the answer.
-async fn answered_before_the_body(gw: &Proc, head: &str, status: &str) -> String {
+pub(crate) async fn answered_before_the_body(gw: &Proc, head: &str, status: &str) -> String {
     let (mut rx, trickle) = head_then_trickle(gw, head).await;
     let start = Instant::now();
     let mut got = Vec::new();
@@ -498,12 +498,12 @@ async fn answered_before_the_body(gw: &Proc, head: &str, status: &str) -> String
     answer
 }
 
-/// A chat head promising a 4 MiB body, with `lane` as its lane header.
-fn chat_head(lane: Option<&str>) -> String {
+/// A chat head promising a body of `length` bytes, with `lane` as its lane
+/// header.
+pub(crate) fn chat_head(lane: Option<&str>, length: usize) -> String {
     let lane = lane.map_or(String::new(), |l| format!("x-lanekeeper-lane: {l}\r\n"));
     format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n{lane}content-length: {}\r\n\r\n",
-        4 << 20
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n{lane}content-length: {length}\r\n\r\n"
     )
 }
 
@@ -515,12 +515,12 @@ async fn a_lane_the_config_lacks_and_no_config_are_refused_from_the_head() {
     let gw = gateway(&dir, &upstream, &[], &[]);
     ready(&gw).await;
     for lane in [Some("nope"), None] {
-        let answer = answered_before_the_body(&gw, &chat_head(lane), "400").await;
+        let answer = answered_before_the_body(&gw, &chat_head(lane, 4 << 20), "400").await;
         assert!(answer.contains("unknown_lane"), "{answer}");
     }
     let none = Scratch::new("head-none");
     let gw = gateway_with(&none, None, &upstream, &[], &[]);
-    let answer = answered_before_the_body(&gw, &chat_head(Some(OPEN_LANE)), "503").await;
+    let answer = answered_before_the_body(&gw, &chat_head(Some(OPEN_LANE), 4 << 20), "503").await;
     assert!(answer.contains("no_config"), "{answer}");
 }
 

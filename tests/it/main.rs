@@ -37,6 +37,7 @@ mod engine_rules;
 mod fake_model;
 mod fleet_store_redis;
 mod gateway;
+mod gateway_body_memory;
 mod gateway_breaker;
 mod gateway_capacity;
 mod gateway_ceiling;
