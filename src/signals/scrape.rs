@@ -8,6 +8,12 @@
 //! totals (`inFlight`, `queueDepth`) are given only when every scraped pod
 //! answered: a partial sum would understate the load, so it is Unknown with
 //! the pods that failed. Results are reused for `intervalSeconds`.
+//!
+//! A pod is not trusted with the controller's memory or its fetches: a page
+//! over [`MAX_PAGE_BYTES`] is malformed (read no further), and a redirect is
+//! an HTTP error, never followed. Only the families read are parsed, each
+//! on its own, so a page the text format allows (no `# TYPE` lines, or
+//! another family mixing label sets) still gives its evidence.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -22,6 +28,10 @@ use super::{SignalSource, SourceInput, SourceOutput};
 use crate::api::profile::{ScrapeMetrics, ScrapeSignals};
 use crate::metrics::Metrics;
 use crate::policy::key;
+
+/// The largest metrics page read from a pod (a vLLM page is tens to
+/// hundreds of KiB).
+pub const MAX_PAGE_BYTES: usize = 16 << 20;
 
 /// What one pod's page said.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -66,6 +76,9 @@ impl std::fmt::Display for ScrapeError {
         match self {
             ScrapeError::Timeout => write!(f, "timeout"),
             ScrapeError::Unreachable(e) => write!(f, "unreachable: {e}"),
+            ScrapeError::Http(c @ 300..=399) => {
+                write!(f, "http_error: HTTP {c} (a redirect, not followed)")
+            }
             ScrapeError::Http(c) => write!(f, "http_error: HTTP {c}"),
             ScrapeError::Malformed(e) => write!(f, "malformed: {e}"),
         }
@@ -76,38 +89,95 @@ impl std::fmt::Display for ScrapeError {
 /// series (one per model or engine) is summed; NaN, infinite or negative
 /// values give no evidence.
 pub fn parse_page(text: &str, names: &ScrapeMetrics) -> Result<PodMetrics, ScrapeError> {
-    let mut text = text.to_owned();
-    if !text.ends_with('\n') {
-        text.push('\n');
+    if !looks_like_text_format(text) {
+        return Err(ScrapeError::Malformed(
+            "not the Prometheus text format".to_owned(),
+        ));
     }
-    let exp = parse_prometheus(&text).map_err(|e| {
-        let e = format!("{e:?}");
+    let read = |name: &str| read_family(text, name);
+    let mut kv_cache_usage = None;
+    for n in &names.kv_cache_usage {
+        kv_cache_usage = read(n)?;
+        if kv_cache_usage.is_some() {
+            break;
+        }
+    }
+    Ok(PodMetrics {
+        running: read(&names.requests_running)?,
+        waiting: read(&names.requests_waiting)?,
+        kv_cache_usage,
+        error_ratio: match names.error_ratio.as_deref() {
+            Some(n) => read(n)?,
+            None => None,
+        },
+    })
+}
+
+/// Whether every line that is not blank or a comment starts like a sample
+/// (a metric name), as a metrics page's do and an HTML error page's do not.
+fn looks_like_text_format(text: &str) -> bool {
+    text.lines()
+        .map(str::trim_start)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .all(|l| {
+            l.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        })
+}
+
+/// The sum of the sample `name`'s series (None when absent, or when one is
+/// NaN, infinite or negative), parsed from its own lines alone.
+fn read_family(text: &str, name: &str) -> Result<Option<f64>, ScrapeError> {
+    let lines = family_lines(text, name);
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    let exp = parse_prometheus(&lines).map_err(|e| {
+        let e = format!("{name}: {e:?}");
         ScrapeError::Malformed(e.chars().take(200).collect())
     })?;
-    let read = |name: &str| -> Option<f64> {
-        let fam = exp.families.get(name)?;
-        let mut sum = 0.0;
-        let mut any = false;
-        for s in fam.iter_samples() {
-            let v = match &s.value {
-                PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => n.as_f64(),
-                PrometheusValue::Counter(c) => c.value.as_f64(),
-                _ => return None,
-            };
-            if !v.is_finite() || v < 0.0 {
-                return None;
-            }
-            sum += v;
-            any = true;
-        }
-        any.then_some(sum)
+    let Some(fam) = exp.families.get(name) else {
+        return Ok(None);
     };
-    Ok(PodMetrics {
-        running: read(&names.requests_running),
-        waiting: read(&names.requests_waiting),
-        kv_cache_usage: names.kv_cache_usage.iter().find_map(|n| read(n)),
-        error_ratio: names.error_ratio.as_deref().and_then(read),
-    })
+    let mut sum = 0.0;
+    let mut any = false;
+    for s in fam.iter_samples() {
+        let v = match &s.value {
+            PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => n.as_f64(),
+            PrometheusValue::Counter(c) => c.value.as_f64(),
+            _ => return Ok(None),
+        };
+        if !v.is_finite() || v < 0.0 {
+            return Ok(None);
+        }
+        sum += v;
+        any = true;
+    }
+    Ok(any.then_some(sum))
+}
+
+/// The lines of `text` about the sample `name`: its samples and its own
+/// `# TYPE` and `# HELP` lines, each ended by a newline.
+fn family_lines(text: &str, name: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let l = line.trim_start();
+        let about = match l.strip_prefix('#') {
+            Some(c) => {
+                let mut words = c.split_whitespace();
+                matches!(words.next(), Some("TYPE" | "HELP")) && words.next() == Some(name)
+            }
+            None => l
+                .strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ', '\t'])),
+        };
+        if about {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Fetches and parses one page.
@@ -128,18 +198,49 @@ pub async fn scrape_one(
         if !resp.status().is_success() {
             return Err(ScrapeError::Http(resp.status().as_u16()));
         }
-        resp.text().await.map_err(|e| {
-            if e.is_timeout() {
-                ScrapeError::Timeout
-            } else {
-                ScrapeError::Malformed(e.to_string())
-            }
-        })
+        read_page(resp).await
     };
     let text = tokio::time::timeout(timeout, fut)
         .await
         .map_err(|_| ScrapeError::Timeout)??;
     parse_page(&text, names)
+}
+
+/// The client pods are scraped with: it follows no redirect.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .user_agent(concat!("lanekeeper/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a plain HTTP client builds")
+}
+
+/// The page's body, at most [`MAX_PAGE_BYTES`] of it.
+async fn read_page(mut resp: reqwest::Response) -> Result<String, ScrapeError> {
+    let too_large = || ScrapeError::Malformed(format!("page larger than {MAX_PAGE_BYTES} bytes"));
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_PAGE_BYTES as u64)
+    {
+        return Err(too_large());
+    }
+    let mut page = Vec::new();
+    loop {
+        let chunk = resp.chunk().await.map_err(|e| {
+            if e.is_timeout() {
+                ScrapeError::Timeout
+            } else {
+                ScrapeError::Malformed(e.to_string())
+            }
+        })?;
+        let Some(chunk) = chunk else {
+            return Ok(String::from_utf8_lossy(&page).into_owned());
+        };
+        if page.len() + chunk.len() > MAX_PAGE_BYTES {
+            return Err(too_large());
+        }
+        page.extend_from_slice(&chunk);
+    }
 }
 
 /// The scrape of one pool: per-pod results.
@@ -288,10 +389,7 @@ impl ScrapeSource {
     /// A source reporting errors to `metrics`.
     pub fn new(metrics: Option<Metrics>) -> Self {
         Self {
-            http: reqwest::Client::builder()
-                .user_agent(concat!("lanekeeper/", env!("CARGO_PKG_VERSION")))
-                .build()
-                .expect("a plain HTTP client builds"),
+            http: client(),
             metrics,
             cache: Mutex::new(HashMap::new()),
         }

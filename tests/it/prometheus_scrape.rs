@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lanekeeper::api::CapacityProfile;
 use lanekeeper::api::profile::ScrapeMetrics;
-use lanekeeper::signals::scrape::{ScrapeSource, parse_page};
+use lanekeeper::signals::scrape::{self, ScrapeError, ScrapeSource, parse_page, scrape_one};
 use lanekeeper::signals::{PoolPod, SourceInput};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -50,6 +50,78 @@ fn parses_vllm_names_with_the_old_kv_cache_fallback() {
     assert!(parse_page("<html>not metrics</html>", &names).is_err());
     let nan = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running NaN\n";
     assert_eq!(parse_page(nan, &names).unwrap().running, None);
+}
+
+#[test]
+fn a_page_the_text_format_allows_gives_its_evidence() {
+    let names = ScrapeMetrics::default();
+    // No # TYPE lines: each sample line is a family of its own.
+    let m = parse_page(
+        "vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n",
+        &names,
+    )
+    .unwrap();
+    assert_eq!((m.running, m.waiting), (Some(3.0), Some(1.0)));
+    // A family lanekeeper does not read mixes label sets.
+    let mixed = "other 1\nother{x=\"a\"} 2\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 4\n";
+    assert_eq!(parse_page(mixed, &names).unwrap().running, Some(4.0));
+    // A family it reads that is broken still makes the page malformed.
+    let broken = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=} 4\n";
+    assert!(parse_page(broken, &names).is_err());
+}
+
+/// A fake pod answering `response` (status line, headers and body) to
+/// every request on `ip:port`.
+async fn fake_pod_answering(ip: &str, port: u16, response: Vec<u8>) -> Arc<AtomicUsize> {
+    let l = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counter = requests.clone();
+    let response = Arc::new(response);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let (counter, response) = (counter.clone(), response.clone());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                counter.fetch_add(1, Ordering::SeqCst);
+                let _ = s.write_all(&response).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    requests
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_cannot_redirect_the_scrape_or_fill_the_controllers_memory() {
+    let port = prometheus_support::free_port();
+    let names = ScrapeMetrics::default();
+    let elsewhere = fake_pod("127.0.0.12", port, OLD_VLLM_PAGE, Duration::ZERO).await;
+    let redirect = format!(
+        "HTTP/1.1 302 Found\r\nlocation: http://127.0.0.12:{port}/metrics\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    fake_pod_answering("127.0.0.11", port, redirect.into_bytes()).await;
+    let url = format!("http://127.0.0.11:{port}/metrics");
+    let http = scrape::client();
+    let got = scrape_one(&http, &url, Duration::from_secs(5), &names).await;
+    assert_eq!(got, Err(ScrapeError::Http(302)));
+    assert_eq!(
+        elsewhere.load(Ordering::SeqCst),
+        0,
+        "the redirect was followed"
+    );
+    // A page past the limit, with no length announced: read no further.
+    let mut huge = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_vec();
+    let line = b"vllm:num_requests_running 1\n";
+    while huge.len() < scrape::MAX_PAGE_BYTES + 1024 {
+        huge.extend_from_slice(line);
+    }
+    fake_pod_answering("127.0.0.13", port, huge).await;
+    let url = format!("http://127.0.0.13:{port}/metrics");
+    match scrape_one(&http, &url, Duration::from_secs(10), &names).await {
+        Err(ScrapeError::Malformed(e)) => assert!(e.contains("larger than"), "{e}"),
+        other => panic!("a page past the limit gave {other:?}"),
+    }
 }
 
 /// A fake pod serving `page` on `ip:port` after `delay`; the counter it
