@@ -185,6 +185,10 @@ pub enum Problem {
     Query(String),
     /// Credentials or CA bundle could not be read.
     Auth(String),
+    /// A successful answer that warns its data may be incomplete (a
+    /// Thanos or Mimir partial response, a store unreachable): the first
+    /// warning.
+    Partial(String),
 }
 
 impl Problem {
@@ -197,6 +201,7 @@ impl Problem {
             Problem::Malformed(_) => "malformed",
             Problem::Query(_) => "query_error",
             Problem::Auth(_) => "auth",
+            Problem::Partial(_) => "partial",
         }
     }
 }
@@ -211,6 +216,7 @@ impl std::fmt::Display for Problem {
             Problem::Malformed(e) => write!(f, "malformed: {e}"),
             Problem::Query(e) => write!(f, "query_error: {e}"),
             Problem::Auth(e) => write!(f, "auth: {e}"),
+            Problem::Partial(e) => write!(f, "partial: {e}"),
         }
     }
 }
@@ -274,6 +280,25 @@ struct ApiResponse {
     error: Option<String>,
     #[serde(default, rename = "errorType")]
     error_type: Option<String>,
+    #[serde(default)]
+    warnings: Vec<String>,
+}
+
+/// The largest answer read for an instant query (the controller's): a
+/// vector of a few thousand pods is a few MiB.
+pub const MAX_INSTANT_ANSWER_BYTES: usize = 16 << 20;
+
+/// The largest answer read for a range query (`plan --prometheus`).
+pub const MAX_RANGE_ANSWER_BYTES: usize = 256 << 20;
+
+/// The first warning that says the data may be incomplete. Prometheus
+/// before 2.52 put its PromQL notes ("PromQL info: …") among the warnings;
+/// those say nothing about the data's completeness and are skipped.
+fn partial_warning(warnings: &[String]) -> Option<&str> {
+    warnings
+        .iter()
+        .map(String::as_str)
+        .find(|w| !w.starts_with("PromQL info:"))
 }
 
 #[derive(Deserialize)]
@@ -342,9 +367,12 @@ impl PromClient {
         token: Option<String>,
         ca_pem: Option<&[u8]>,
     ) -> Result<Self, PrometheusError> {
+        // A redirect is not followed: the bearer token and the answer stay
+        // with the server the profile names.
         let mut b = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("lanekeeper/", env!("CARGO_PKG_VERSION")));
         if let Some(pem) = ca_pem {
             let certs =
@@ -364,14 +392,25 @@ impl PromClient {
         })
     }
 
-    async fn get(&self, path: &str, params: &[(&str, String)]) -> Result<ApiData, Problem> {
+    async fn get(
+        &self,
+        path: &str,
+        params: &[(&str, String)],
+        limit: usize,
+    ) -> Result<ApiData, Problem> {
         let mut req = self.http.get(format!("{}{path}", self.base)).query(params);
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
         let resp = req.send().await.map_err(classify)?;
         let code = resp.status();
-        let body = resp.bytes().await.map_err(classify)?;
+        if code.is_redirection() {
+            return Err(Problem::Http(
+                code.as_u16(),
+                "a redirect, not followed: give Prometheus' own URL".into(),
+            ));
+        }
+        let body = read_answer(resp, limit).await?;
         let parsed: Result<ApiResponse, _> = serde_json::from_slice(&body);
         if !code.is_success() {
             let msg = parsed
@@ -395,6 +434,9 @@ impl PromClient {
                 r.error.unwrap_or_default()
             )));
         }
+        if let Some(w) = partial_warning(&r.warnings) {
+            return Err(Problem::Partial(w.chars().take(200).collect()));
+        }
         r.data
             .ok_or_else(|| Problem::Malformed("success without data".into()))
     }
@@ -407,6 +449,7 @@ impl PromClient {
                 self.get(
                     "/api/v1/query",
                     &[("query", query.to_owned()), ("time", t.to_string())],
+                    MAX_INSTANT_ANSWER_BYTES,
                 )
                 .await?
             }
@@ -419,6 +462,7 @@ impl PromClient {
                         ("end", end.to_string()),
                         ("step", step.max(1).to_string()),
                     ],
+                    MAX_RANGE_ANSWER_BYTES,
                 )
                 .await?
             }
@@ -494,6 +538,23 @@ impl PromClient {
         }
         Ok(out)
     }
+}
+
+/// The answer's body, at most `limit` bytes of it (malformed beyond: a
+/// server the profile names cannot fill the controller's memory).
+async fn read_answer(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, Problem> {
+    let too_large = || Problem::Malformed(format!("answer larger than {limit} bytes"));
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(classify)? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 fn classify(e: reqwest::Error) -> Problem {

@@ -382,16 +382,20 @@ async fn a_failing_lane_query_makes_every_lane_rate_unknown() {
     assert_eq!(e.reasons["laneRetryRequestsPerSecond"], "unreachable");
 }
 
-/// A tiny fake HTTP server answering every request with `response` after
-/// `delay`.
+/// A tiny fake HTTP server answering every request with `body` under
+/// `status` after `delay`.
 async fn fake_server(status: &str, body: &str, delay: Duration) -> String {
-    let response: &'static str = Box::leak(
-        format!(
-            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .into_boxed_str(),
+    let response = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
     );
+    fake_server_answering(response, delay).await
+}
+
+/// A tiny fake HTTP server answering every request with the whole
+/// `response` (status line, headers, body) after `delay`.
+async fn fake_server_answering(response: String, delay: Duration) -> String {
+    let response: &'static str = Box::leak(response.into_boxed_str());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", l.local_addr().unwrap());
     tokio::spawn(async move {
@@ -452,6 +456,52 @@ async fn an_http_error_is_unknown() {
     assert!(e.output.unknown["inFlight"].contains("503"));
     assert!(e.output.unknown["inFlight"].contains("busy"));
     let _: BTreeMap<String, String> = e.reasons;
+}
+
+/// A vector answer of one series valued (and sampled at) 1000, with
+/// `warnings`.
+fn answer_warning(warnings: &[&str]) -> String {
+    json!({"status": "success", "warnings": warnings,
+           "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1000, "1000"]}]}})
+    .to_string()
+}
+
+#[tokio::test]
+async fn a_partial_answer_is_unknown_and_a_promql_note_is_not() {
+    let partial = answer_warning(&["partial response: store 10.0.0.7:10901 unreachable"]);
+    let url = fake_server("200 OK", &partial, Duration::ZERO).await;
+    let e = eval_at(&url, json!({"inFlight": "x"}), &[], 1000).await;
+    assert_eq!(e.reasons["inFlight"], "partial");
+    assert!(e.output.unknown["inFlight"].contains("10.0.0.7"));
+    assert_eq!(e.output.profile.in_flight, None);
+    let note = answer_warning(&[
+        "PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: \"x\"",
+    ]);
+    let url = fake_server("200 OK", &note, Duration::ZERO).await;
+    let e = eval_at(&url, json!({"inFlight": "x"}), &[], 1000).await;
+    assert_eq!(e.output.profile.in_flight, Some(1000.0), "{:?}", e.reasons);
+}
+
+#[tokio::test]
+async fn a_redirect_is_not_followed_and_a_huge_answer_not_read() {
+    let elsewhere = fake_server("200 OK", &answer_warning(&[]), Duration::ZERO).await;
+    let redirect = format!(
+        "HTTP/1.1 302 Found\r\nlocation: {elsewhere}/api/v1/query\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    let url = fake_server_answering(redirect, Duration::ZERO).await;
+    let e = eval_at(&url, json!({"inFlight": "x"}), &[], 1000).await;
+    assert_eq!(e.reasons["inFlight"], "http_error");
+    assert!(e.output.unknown["inFlight"].contains("redirect"));
+    // Past the limit with no length announced: read no further.
+    let limit = lanekeeper::signals::prometheus::MAX_INSTANT_ANSWER_BYTES;
+    let huge = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{{\"status\":\"success\",\"warnings\":[\"{}\"]}}",
+        "x".repeat(limit + 1)
+    );
+    let url = fake_server_answering(huge, Duration::ZERO).await;
+    let e = eval_at(&url, json!({"inFlight": "x"}), &[], 1000).await;
+    assert_eq!(e.reasons["inFlight"], "malformed");
+    assert!(e.output.unknown["inFlight"].contains("larger than"));
 }
 
 fn lane_with_objective(name: &str) -> LaneContract {
