@@ -374,7 +374,10 @@ pub struct PrometheusSignals {
     #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("intervalSeconds must be between 1 and 3600"))]
     pub interval_seconds: i64,
     /// A bearer token sent as `Authorization: Bearer ...`, read from a key of
-    /// a Secret in the profile's namespace.
+    /// a Secret in the profile's namespace. The Secret must carry the label
+    /// `lanekeeper.dev/prometheus-credential: "true"`; without it the
+    /// controller does not use the Secret and the queries are Unknown
+    /// (reason `auth`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bearer_token_secret_ref: Option<KeyRef>,
     /// A PEM bundle of certificate authorities to trust for an `https://`
@@ -432,10 +435,18 @@ pub struct CaBundleRef {
     /// A ConfigMap key holding the PEM bundle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map_key_ref: Option<KeyRef>,
-    /// A Secret key holding the PEM bundle.
+    /// A Secret key holding the PEM bundle. The Secret must carry the label
+    /// `lanekeeper.dev/prometheus-credential: "true"`, as for
+    /// `bearerTokenSecretRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_key_ref: Option<KeyRef>,
 }
+
+/// The label a Secret must carry, with the value `"true"`, for the
+/// controller to use it as a Prometheus credential (`bearerTokenSecretRef`,
+/// `caBundle.secretKeyRef`): only someone who may write the Secret can make
+/// it usable, not everyone who may write a CapacityProfile.
+pub const PROMETHEUS_CREDENTIAL_LABEL: &str = "lanekeeper.dev/prometheus-credential";
 
 /// PromQL expressions, one per signal. Scalar signals must return exactly one
 /// series (aggregate with `sum` or `max`); vectors one series per lane or pod.

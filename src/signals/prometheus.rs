@@ -28,7 +28,7 @@ use serde::Deserialize;
 use tokio::task::JoinHandle;
 
 use super::{SignalSource, SourceInput, SourceOutput, Trigger};
-use crate::api::profile::{PrometheusQueries, PrometheusSignals};
+use crate::api::profile::{PROMETHEUS_CREDENTIAL_LABEL, PrometheusQueries, PrometheusSignals};
 use crate::api::{CapacityProfile, LaneContract};
 use crate::metrics::Metrics;
 use crate::policy::{CAPACITY_SIGNAL, GOODPUT_SIGNAL, KV_CACHE_SIGNAL, World, bind, key};
@@ -948,7 +948,8 @@ pub fn configured(q: &PrometheusQueries) -> Vec<(&'static str, &str)> {
 /// is stuck), so a reconcile never waits on Prometheus while the poller
 /// keeps up. Credentials (bearer token, CA bundle) are read from the API
 /// server when a poller starts and again every [`CREDENTIALS_TTL`], or at
-/// once after Prometheus answers 401 or 403.
+/// once after Prometheus answers 401 or 403; a Secret only when it carries
+/// [`PROMETHEUS_CREDENTIAL_LABEL`].
 pub struct PrometheusSource {
     inner: Arc<Inner>,
 }
@@ -1233,19 +1234,25 @@ impl Inner {
         Ok(v)
     }
 
+    /// A key of a Secret that opted in with [`PROMETHEUS_CREDENTIAL_LABEL`].
+    /// A missing Secret, one without the label and a missing key are one
+    /// refusal with one text, so a profile learns nothing about Secrets it
+    /// may not use.
     async fn secret_key(&self, ns: &str, name: &str, key: &str) -> Result<Vec<u8>, Problem> {
         let kube = self
             .kube
             .clone()
             .ok_or_else(|| Problem::Auth("no Kubernetes client to read Secrets".into()))?;
         let s = Api::<Secret>::namespaced(kube, ns)
-            .get(name)
+            .get_opt(name)
             .await
             .map_err(|e| Problem::Auth(format!("Secret {ns}/{name}: {e}")))?;
-        s.data
-            .and_then(|mut d| d.remove(key))
-            .map(|b| b.0)
-            .ok_or_else(|| Problem::Auth(format!("Secret {ns}/{name} has no key {key}")))
+        s.and_then(|s| opted_in_value(s, key)).ok_or_else(|| {
+            Problem::Auth(format!(
+                "Secret {ns}/{name} key {key}: not found, or the Secret is not labeled \
+                 {PROMETHEUS_CREDENTIAL_LABEL}=true (only Secrets with that label are used)"
+            ))
+        })
     }
 
     async fn config_map_key(&self, ns: &str, name: &str, key: &str) -> Result<Vec<u8>, Problem> {
@@ -1262,6 +1269,19 @@ impl Inner {
             .map(String::into_bytes)
             .ok_or_else(|| Problem::Auth(format!("ConfigMap {ns}/{name} has no key {key}")))
     }
+}
+
+/// The value of `key`, if the Secret carries [`PROMETHEUS_CREDENTIAL_LABEL`]
+/// set to `"true"` (the label is checked before the data is looked at).
+fn opted_in_value(secret: Secret, key: &str) -> Option<Vec<u8>> {
+    let opted_in = secret
+        .labels()
+        .get(PROMETHEUS_CREDENTIAL_LABEL)
+        .is_some_and(|v| v == "true");
+    if !opted_in {
+        return None;
+    }
+    secret.data?.remove(key).map(|b| b.0)
 }
 
 fn unix_now() -> i64 {

@@ -7,7 +7,8 @@
 //! through scenarios that together use every permission: INC-47 with leader
 //! election, a capacity drop and drain requests beyond the bound; an HPA in
 //! `HPAMinReplicas` mode; a StatefulSet pool (with an objective: a LaneFreeze); a Prometheus source that reads
-//! its bearer token from a Secret and its CA bundle from a ConfigMap; an approval entered and consumed; an
+//! its bearer token from a Secret (refused until the Secret is labeled for
+//! lanekeeper) and its CA bundle from a ConfigMap; an approval entered and consumed; an
 //! object stored under a looser schema than the current CRD's. Every
 //! request in the audit log becomes (apiGroup, resource[/subresource],
 //! verb), and the set is compared with the rules of the ClusterRoles and
@@ -151,7 +152,8 @@ async fn scenario_statefulset(c: &Cluster, kc: &std::path::Path) -> String {
 
 /// The Prometheus source reads its bearer token from a Secret and its CA
 /// bundle from a ConfigMap (the cluster's own CA, from the kubeconfig: any
-/// valid PEM will do for an http:// URL).
+/// valid PEM will do for an http:// URL). The Secret is refused until it is
+/// labeled for lanekeeper.
 async fn scenario_prometheus_secret(c: &Cluster, kc: &std::path::Path) -> String {
     let w = World::new(c, "rbac-secret", 8, 0, None).await.unwrap();
     let kubeconfig: Value = serde_yaml::from_str(&std::fs::read_to_string(kc).unwrap()).unwrap();
@@ -182,6 +184,21 @@ async fn scenario_prometheus_secret(c: &Cluster, kc: &std::path::Path) -> String
         json!({"configMapKeyRef": {"name": "prometheus-ca", "key": "ca.crt"}});
     c.apply(&profile).await.unwrap();
     let _ctl = Controller::start(kc, w.name(), "rbac-secret", &["--leader-elect=false"]);
+    eventually("the unlabeled Secret refused", T, || async {
+        let st = w.status().await;
+        let why = st["unknownSignals"]["availableUnitsPerSecond"].as_str()?;
+        why.contains("not labeled lanekeeper.dev/prometheus-credential=true")
+            .then_some(())
+    })
+    .await;
+    c.kubectl_ok(&[
+        "-n",
+        w.name(),
+        "label",
+        "secret",
+        "prometheus-token",
+        "lanekeeper.dev/prometheus-credential=true",
+    ]);
     eventually("level 1 read with the token", T, || async {
         (w.status().await["level"] == 1).then_some(())
     })

@@ -25,6 +25,7 @@ mod controller;
 mod controller_approval;
 mod controller_cost;
 mod controller_freeze;
+mod controller_prometheus_credentials;
 mod crds;
 mod docs;
 mod drain;

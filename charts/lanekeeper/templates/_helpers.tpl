@@ -96,6 +96,8 @@ audit log).
   verbs: ["patch"]
 {{- end }}
 {{- if .Values.rbac.secrets }}
+# A Prometheus credential a profile names; the controller uses only a Secret
+# labeled lanekeeper.dev/prometheus-credential: "true".
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
