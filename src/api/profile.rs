@@ -615,7 +615,10 @@ fn default_scrape_concurrency() -> i32 {
     16
 }
 
-/// Model-server metric names (gauges; summed over every series of the name).
+/// Model-server metric names (gauges). Requests running and waiting are
+/// summed over their series (one per model or engine); the KV-cache usage is
+/// the fullest series'; an error ratio with more than one series gives no
+/// evidence (ambiguous), nor does a fraction over 1.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ScrapeMetrics {

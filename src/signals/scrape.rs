@@ -85,32 +85,61 @@ impl std::fmt::Display for ScrapeError {
     }
 }
 
-/// Parses a metrics page and reads the configured names. A name with several
-/// series (one per model or engine) is summed; NaN, infinite or negative
-/// values give no evidence.
+/// Parses a metrics page and reads the configured names. Requests running
+/// and waiting are summed over their series (one per model or engine); the
+/// KV-cache usage is the fullest engine's; an error ratio must be one
+/// series. NaN, infinite or negative values, and fractions over 1, give no
+/// evidence.
 pub fn parse_page(text: &str, names: &ScrapeMetrics) -> Result<PodMetrics, ScrapeError> {
     if !looks_like_text_format(text) {
         return Err(ScrapeError::Malformed(
             "not the Prometheus text format".to_owned(),
         ));
     }
-    let read = |name: &str| read_family(text, name);
+    let read = |name: &str, how: Combine| read_family(text, name, how);
     let mut kv_cache_usage = None;
     for n in &names.kv_cache_usage {
-        kv_cache_usage = read(n)?;
+        kv_cache_usage = read(n, Combine::Fullest)?;
         if kv_cache_usage.is_some() {
             break;
         }
     }
     Ok(PodMetrics {
-        running: read(&names.requests_running)?,
-        waiting: read(&names.requests_waiting)?,
+        running: read(&names.requests_running, Combine::Sum)?,
+        waiting: read(&names.requests_waiting, Combine::Sum)?,
         kv_cache_usage,
         error_ratio: match names.error_ratio.as_deref() {
-            Some(n) => read(n)?,
+            Some(n) => read(n, Combine::Single)?,
             None => None,
         },
     })
+}
+
+/// How a family's series make the pod's figure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Combine {
+    /// A count: the series (one per model or engine) add up.
+    Sum,
+    /// A fraction of a resource each series has its own of (an engine's KV
+    /// cache): the fullest, each at most 1.
+    Fullest,
+    /// The pod's one ratio (0..1): more than one series says nothing of
+    /// the pod as a whole (ambiguous, as in the Prometheus source).
+    Single,
+}
+
+impl Combine {
+    /// The pod's figure from its series' values (each finite, >= 0).
+    fn of(self, values: &[f64]) -> Option<f64> {
+        match self {
+            Combine::Sum => Some(values.iter().sum()),
+            Combine::Fullest if values.iter().all(|&v| v <= 1.0) => {
+                values.iter().copied().reduce(f64::max)
+            }
+            Combine::Single if values.len() == 1 && values[0] <= 1.0 => Some(values[0]),
+            Combine::Fullest | Combine::Single => None,
+        }
+    }
 }
 
 /// Whether every line that is not blank or a comment starts like a sample
@@ -126,9 +155,10 @@ fn looks_like_text_format(text: &str) -> bool {
         })
 }
 
-/// The sum of the sample `name`'s series (None when absent, or when one is
-/// NaN, infinite or negative), parsed from its own lines alone.
-fn read_family(text: &str, name: &str) -> Result<Option<f64>, ScrapeError> {
+/// The sample `name`'s series combined `how` (None when absent, when one is
+/// NaN, infinite or negative, or when they do not combine), parsed from its
+/// own lines alone.
+fn read_family(text: &str, name: &str, how: Combine) -> Result<Option<f64>, ScrapeError> {
     let lines = family_lines(text, name);
     if lines.is_empty() {
         return Ok(None);
@@ -140,8 +170,7 @@ fn read_family(text: &str, name: &str) -> Result<Option<f64>, ScrapeError> {
     let Some(fam) = exp.families.get(name) else {
         return Ok(None);
     };
-    let mut sum = 0.0;
-    let mut any = false;
+    let mut values = Vec::new();
     for s in fam.iter_samples() {
         let v = match &s.value {
             PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => n.as_f64(),
@@ -151,10 +180,12 @@ fn read_family(text: &str, name: &str) -> Result<Option<f64>, ScrapeError> {
         if !v.is_finite() || v < 0.0 {
             return Ok(None);
         }
-        sum += v;
-        any = true;
+        values.push(v);
     }
-    Ok(any.then_some(sum))
+    if values.is_empty() {
+        return Ok(None);
+    }
+    Ok(how.of(&values))
 }
 
 /// The lines of `text` about the sample `name`: its samples and its own

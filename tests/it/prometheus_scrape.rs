@@ -70,6 +70,34 @@ fn a_page_the_text_format_allows_gives_its_evidence() {
     assert!(parse_page(broken, &names).is_err());
 }
 
+#[test]
+fn several_series_combine_by_what_they_measure() {
+    let names = ScrapeMetrics {
+        error_ratio: Some("model:error_ratio".into()),
+        ..Default::default()
+    };
+    let page = |kv: &str, errors: &str| {
+        format!(
+            "vllm:num_requests_running{{engine=\"0\"}} 3\nvllm:num_requests_running{{engine=\"1\"}} 4\n\
+             {kv}{errors}"
+        )
+    };
+    let two_engines =
+        "vllm:kv_cache_usage_perc{engine=\"0\"} 0.3\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.9\n";
+    let two_models = "model:error_ratio{model=\"a\"} 0.03\nmodel:error_ratio{model=\"b\"} 0.04\n";
+    let m = parse_page(&page(two_engines, two_models), &names).unwrap();
+    assert_eq!(m.running, Some(7.0), "requests add up");
+    assert_eq!(m.kv_cache_usage, Some(0.9), "the fullest engine's cache");
+    assert_eq!(m.error_ratio, None, "two ratios say nothing of the pod");
+    let over = "vllm:kv_cache_usage_perc 1.3\n";
+    let m = parse_page(&page(over, "model:error_ratio 7.5\n"), &names).unwrap();
+    assert_eq!(
+        (m.kv_cache_usage, m.error_ratio),
+        (None, None),
+        "fractions over 1"
+    );
+}
+
 /// A fake pod answering `response` (status line, headers and body) to
 /// every request on `ip:port`.
 async fn fake_pod_answering(ip: &str, port: u16, response: Vec<u8>) -> Arc<AtomicUsize> {
