@@ -1439,14 +1439,29 @@ fn prom_config(profile: &CapacityProfile, url: Option<&str>) -> Option<Prometheu
     Some(cfg)
 }
 
+/// A PromQL regex (fully anchored, as `=~` is) of the names the workload
+/// `kind`/`name` gives its pods: a Deployment's `<name>-<template hash>-<5
+/// characters>`, a StatefulSet's `<name>-<ordinal>`, any other kind's
+/// `<name>-…`. `<name>-.*` alone would take a sibling's pods too
+/// (`vllm-canary-…` for `vllm`). The name's dots are escaped (in a PromQL
+/// string, a backslash is written twice).
+pub fn pods_of(kind: &str, name: &str) -> String {
+    let name = name.replace('.', "\\\\.");
+    match kind {
+        "Deployment" => format!("{name}-[a-z0-9]{{1,10}}-[a-z0-9]{{5}}"),
+        "StatefulSet" => format!("{name}-[0-9]+"),
+        _ => format!("{name}-.*"),
+    }
+}
+
 /// The queries of the recording rules docs/telemetry.md recommends, for a
 /// profile that configures none: `pool:*{namespace,profile}` for the pool
 /// signals, `lane:requests_per_second{namespace}` (originals) and
 /// `lane:retry_requests_per_second{namespace}` (retries) by `lane`,
 /// `lane:p95_input_tokens`, `lane:p95_output_tokens` and
 /// `lane:p95_cost_units_per_request` `{namespace}` by `lane` (read by the
-/// lanes with a `cost` only), and `pod:error_ratio{namespace}` by `pod` restricted to pods named after the
-/// scale target (`<name>-...`, as Deployments and StatefulSets name them).
+/// lanes with a `cost` only), and `pod:error_ratio{namespace}` by `pod`
+/// restricted to the scale target's pods ([`pods_of`]).
 pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
     let ns = profile.namespace().unwrap_or_default();
     let name = profile.name_any();
@@ -1473,7 +1488,8 @@ pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
             "lane:retry_requests_per_second{{namespace=\"{ns}\"}}"
         )),
         pod_error_ratio: Some(format!(
-            "pod:error_ratio{{namespace=\"{ns}\",pod=~\"{target}-.*\"}}"
+            "pod:error_ratio{{namespace=\"{ns}\",pod=~\"{}\"}}",
+            pods_of(&profile.spec.pool.scale_target_ref.kind, target)
         )),
         // The objectives' signals are configured, never assumed.
         lane_error_budget_remaining_percent: None,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lanekeeper::api::LaneContract;
 use lanekeeper::api::profile::PrometheusSignals;
-use lanekeeper::signals::prometheus::{PromClient, QueryEvaluation, Window, evaluate};
+use lanekeeper::signals::prometheus::{PromClient, QueryEvaluation, Window, evaluate, pods_of};
 use prometheus_support::{Prom, Series, free_port, minute_now};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -85,6 +85,18 @@ fn series(t: i64) -> String {
     for (pod, container, v) in [("a", "x", 0.1), ("b", "x", 0.2), ("b", "y", 0.5)] {
         let labels = format!("pod=\"pod-{pod}\",container=\"{container}\"");
         s.add("pod_err", &labels, t - 30, v);
+    }
+    // Pods of a Deployment `vllm`, a StatefulSet `vllm.v2`, and their
+    // siblings' that share the prefix.
+    for pod in [
+        "vllm-7d9f8b6c4-x2k9p",
+        "vllm-canary-7d9f8b6c4-q8w2z",
+        "vllm.v2-0",
+        "vllm.v2-canary-0",
+        "vllmxv2-1",
+    ] {
+        let labels = format!("namespace=\"ns\",pod=\"{pod}\"");
+        s.add("pod:error_ratio", &labels, t - 30, 0.01);
     }
     s.render()
 }
@@ -284,6 +296,32 @@ async fn a_pod_with_more_than_one_series_has_no_error_ratio() {
         why.contains("ambiguous: 2 series with pod=pod-b") && why.ends_with("pods: pod-b"),
         "{why}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_conventional_pod_query_takes_the_scale_targets_pods_only() {
+    let t = t0();
+    let test = "the_conventional_pod_query_takes_the_scale_targets_pods_only";
+    let Some(prom) = Prom::start(test, &series(t)) else {
+        return;
+    };
+    let client = PromClient::new(&prom.url(), Duration::from_secs(2), None, None).unwrap();
+    for (kind, name, want) in [
+        ("Deployment", "vllm", vec!["vllm-7d9f8b6c4-x2k9p"]),
+        ("StatefulSet", "vllm.v2", vec!["vllm.v2-0"]),
+    ] {
+        let query = format!(
+            "pod:error_ratio{{namespace=\"ns\",pod=~\"{}\"}}",
+            pods_of(kind, name)
+        );
+        let c = cfg(&prom.url(), json!({"podErrorRatio": query}));
+        let e = evaluate(&client, &c, &[], None, &Window::At(t))
+            .await
+            .pop()
+            .unwrap();
+        let got: Vec<&str> = e.output.profile.pods.keys().map(String::as_str).collect();
+        assert_eq!(got, want, "{kind} {name}: {:?}", e.reasons);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
