@@ -452,6 +452,9 @@ fn run_plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), CliError> {
     if loaded.world.profiles.is_empty() {
         eprintln!("note: no CapacityProfile found: nothing to evaluate");
     }
+    for n in plan::unmatched_signal_keys(&loaded.world, &timeline) {
+        eprintln!("note: {n}");
+    }
     let p = plan::plan(&loaded.world, &timeline, &approvals);
     if let Some(dir) = &args.emit_gateway_config {
         emit_gateway_configs(dir, &plan::emitted(&loaded.world, &p))?;

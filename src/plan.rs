@@ -1,5 +1,6 @@
 //! `lanekeeper plan`: evaluate manifests against a signal timeline.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,38 @@ pub fn default_timeline(world: &World) -> SignalsFile {
         );
     }
     SignalsFile { steps: vec![snap] }
+}
+
+/// The notes for a signals timeline's keys that name no loaded object (a
+/// misspelt lane would otherwise plan silently at its expected rate): one
+/// per key, naming the first step that has it.
+pub fn unmatched_signal_keys(world: &World, timeline: &SignalsFile) -> Vec<String> {
+    let name = |m: &kube::api::ObjectMeta| {
+        key(
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name.as_deref().unwrap_or_default(),
+        )
+    };
+    let profiles: BTreeSet<String> = world.profiles.iter().map(|p| name(&p.metadata)).collect();
+    let lanes: BTreeSet<String> = world.lanes.iter().map(|l| name(&l.metadata)).collect();
+    let mut seen = BTreeSet::new();
+    let mut notes = Vec::new();
+    for step in &timeline.steps {
+        let unknown_profiles = step.profiles.keys().filter(|k| !profiles.contains(*k));
+        let unknown_lanes = step.lanes.keys().filter(|k| !lanes.contains(*k));
+        for (kind, k) in unknown_profiles
+            .map(|k| ("profiles", k))
+            .chain(unknown_lanes.map(|k| ("lanes", k)))
+        {
+            if seen.insert((kind, k.clone())) {
+                notes.push(format!(
+                    "signals {kind}.{k} (from the step at {}) name no loaded object: ignored",
+                    step.at
+                ));
+            }
+        }
+    }
+    notes
 }
 
 /// Evaluates every step, carrying the engine state from one to the next.

@@ -344,6 +344,32 @@ fn the_signals_file_is_not_reported_as_a_skipped_manifest() {
 }
 
 #[test]
+fn signals_that_name_no_loaded_object_are_named_on_stderr() {
+    let path = write_temp(
+        "typo",
+        "steps:\n- at: 0\n  profiles:\n    ai-platform/agent-assist: {availableUnitsPerSecond: 420}\n  \
+         lanes:\n    ai-platform/p1-agent-asist: {requestsPerSecond: 400}\n\
+         - at: 15\n  lanes:\n    ai-platform/p1-agent-asist: {requestsPerSecond: 400}\n",
+    );
+    let out = lanekeeper([
+        "plan",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--signals",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let note = "note: signals lanes.ai-platform/p1-agent-asist (from the step at 0) name no loaded object: ignored";
+    assert_eq!(
+        stderr.matches(note).count(),
+        1,
+        "once, at its first step: {stderr}"
+    );
+    assert!(!stderr.contains("agent-assist (from"), "{stderr}");
+}
+
+#[test]
 fn bad_signals_file_exit_2() {
     let path = write_temp(
         "signals",
