@@ -3,8 +3,13 @@
 //! a token names a key id the set lacks, at most once per
 //! [`JWKS_MIN_REFETCH`] (a stream of made-up key ids cannot make the
 //! gateway hammer the issuer).
+//!
+//! A URL is read as configured, never through a redirect, and only when it
+//! is `https://` or `http://` to a loopback address ([`jwks_url`]):
+//! whoever can change the keys on the way decides who gets in.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::JwkSet;
@@ -23,6 +28,8 @@ struct Entry {
     set: Option<JwkSet>,
     fetched: Option<Instant>,
     tried: Option<Instant>,
+    /// Why the last fetch failed, while no set could be read.
+    error: Option<String>,
 }
 
 /// The key sets, fetched on demand and kept.
@@ -36,6 +43,10 @@ impl KeySets {
         KeySets {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
+                // A JWKS endpoint that redirects is a configuration error
+                // (reported by `read_url`), and a redirect could lead from
+                // https:// to http:// or to anywhere else.
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("an HTTP client"),
             sets: tokio::sync::Mutex::new(HashMap::new()),
@@ -67,14 +78,19 @@ impl KeySets {
                 Ok(set) => {
                     e.set = Some(set);
                     e.fetched = Some(now);
+                    e.error = None;
                 }
-                Err(err) => tracing::warn!(source = ?source, error = %err,
-                    "reading a JWKS failed; keeping the last one read"),
+                Err(err) => {
+                    tracing::warn!(source = ?source, error = %err,
+                        "reading a JWKS failed; keeping the last one read");
+                    e.error = Some(err);
+                }
             }
         }
-        e.set
-            .clone()
-            .ok_or_else(|| format!("the JWKS {source:?} could not be read yet"))
+        e.set.clone().ok_or_else(|| {
+            let why = e.error.as_deref().unwrap_or("not tried");
+            format!("the JWKS {source:?} could not be read yet: {why}")
+        })
     }
 
     async fn fetch(
@@ -83,12 +99,7 @@ impl KeySets {
         source: &JwksSource,
     ) -> Result<JwkSet, String> {
         let bytes = match source {
-            JwksSource::Url(url) => {
-                let r = self.http.get(url).send().await.map_err(|e| e.to_string())?;
-                let r = r.error_for_status().map_err(|e| e.to_string())?;
-                let b = r.bytes().await.map_err(|e| e.to_string())?;
-                b.to_vec()
-            }
+            JwksSource::Url(url) => read_url(&self.http, url).await?,
             JwksSource::ConfigMap(k) => {
                 let client = kube.cloned().ok_or("no Kubernetes client")?;
                 let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
@@ -104,5 +115,81 @@ impl KeySets {
             return Err(format!("the JWKS is larger than {MAX_JWKS_BYTES} bytes"));
         }
         serde_json::from_slice(&bytes).map_err(|e| format!("not a JWKS: {e}"))
+    }
+}
+
+/// The URL a key set may be read from: `https://`, or `http://` to a
+/// loopback address written as an IP (127.0.0.0/8, `[::1]`; not
+/// `localhost`, a name): traffic that never leaves the host, for an issuer
+/// beside the gateway or a test. Anything else is refused.
+pub(super) fn jwks_url(url: &str) -> Result<reqwest::Url, String> {
+    let u = reqwest::Url::parse(url).map_err(|e| format!("the JWKS URL {url:?}: {e}"))?;
+    let loopback = u
+        .host_str()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+        .and_then(|h| h.parse::<IpAddr>().ok())
+        .is_some_and(|ip| ip.is_loopback());
+    match u.scheme() {
+        "https" => Ok(u),
+        "http" if loopback => Ok(u),
+        _ => Err(format!(
+            "the JWKS URL {url:?} is not https:// (http:// only to a loopback address, 127.0.0.1 or [::1])"
+        )),
+    }
+}
+
+/// A key set's bytes from its URL: as configured, never redirected.
+async fn read_url(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
+    let r = http
+        .get(jwks_url(url)?)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = r.status();
+    if status.is_redirection() {
+        let to = r
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        return Err(format!(
+            "the JWKS URL {url} answered {status}, a redirect to {to:?}: redirects are not followed, configure the URL the keys are served at"
+        ));
+    }
+    if !status.is_success() {
+        return Err(format!("the JWKS URL {url} answered {status}"));
+    }
+    let b = r.bytes().await.map_err(|e| e.to_string())?;
+    Ok(b.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jwks_url_is_https_or_http_to_a_loopback_ip() {
+        for ok in [
+            "https://idp.example/jwks",
+            "https://10.0.0.7:8443/keys",
+            "http://127.0.0.1:5556/keys",
+            "http://127.0.0.2/keys",
+            "http://[::1]:8080/keys",
+        ] {
+            assert!(jwks_url(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://idp.example/jwks",
+            "http://10.0.0.7/keys",
+            "http://localhost/keys",
+            "http://127.0.0.1.nip.io/keys",
+            "http://[::ffff:127.0.0.1]/keys",
+            "ftp://127.0.0.1/keys",
+            "file:///etc/jwks.json",
+            "idp.example/jwks",
+        ] {
+            let err = jwks_url(bad).unwrap_err();
+            assert!(err.contains(bad), "{bad}: {err}");
+        }
     }
 }

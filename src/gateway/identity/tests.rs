@@ -463,22 +463,31 @@ impl TestKey {
     }
 }
 
-/// Serves `jwks` on loopback; counts the fetches.
-async fn jwks_server(jwks: Value) -> (String, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
-    let app = axum::Router::new().route(
-        "/jwks",
-        axum::routing::get(move || {
-            h.fetch_add(1, Ordering::SeqCst);
-            let body = jwks.to_string();
-            async move { body }
-        }),
-    );
+/// Serves `app` on loopback: its base URL.
+async fn serve(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}/jwks"), hits)
+    format!("http://{addr}")
+}
+
+/// A route that serves `jwks` and counts the fetches.
+fn jwks_route(jwks: Value) -> (axum::routing::MethodRouter, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let route = axum::routing::get(move || {
+        h.fetch_add(1, Ordering::SeqCst);
+        let body = jwks.to_string();
+        async move { body }
+    });
+    (route, hits)
+}
+
+/// Serves `jwks` on loopback; counts the fetches.
+async fn jwks_server(jwks: Value) -> (String, Arc<AtomicUsize>) {
+    let (route, hits) = jwks_route(jwks);
+    let base = serve(axum::Router::new().route("/jwks", route)).await;
+    (format!("{base}/jwks"), hits)
 }
 
 fn now() -> i64 {
@@ -568,6 +577,51 @@ async fn a_jwks_that_cannot_be_read_is_a_503() {
     let token = key.sign(&json!({"iss": ISSUER, "aud": "lanekeeper", "sub": "a", "exp": t + 60}));
     let (status, _, _) = send(&gw, &[("authorization", &bearer(&token))], None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// One rule of issuer `ISSUER` on P1 whose keys are at `url`.
+fn jwt_rule(url: &str) -> ClientRule {
+    let issuer = JwtIssuer {
+        issuer: ISSUER.into(),
+        audience: "lanekeeper".into(),
+        jwks: JwksSource::Url(url.into()),
+        subject: None,
+    };
+    rule(ClientIdentity::Jwt(issuer), Some("idp"))
+}
+
+/// A token of `ISSUER` for the gateway, signed by `key`.
+fn token_of(key: &TestKey) -> String {
+    let t = now();
+    key.sign(&json!({"iss": ISSUER, "aud": "lanekeeper", "sub": "a", "exp": t + 60}))
+}
+
+#[tokio::test]
+async fn a_jwks_url_that_redirects_is_refused_and_its_target_never_read() {
+    // The keys behind the redirect would pass the token: they must not be
+    // used. (A redirect is how an https:// URL would be led to http:// or
+    // to another host; none is followed.)
+    let key = TestKey::new("k1");
+    let (keys, hits) = jwks_route(json!({"keys": [key.jwk()]}));
+    let moved = axum::routing::get(|| async { axum::response::Redirect::temporary("/keys") });
+    let base = serve(
+        axum::Router::new()
+            .route("/jwks", moved)
+            .route("/keys", keys),
+    )
+    .await;
+    let url = format!("{base}/jwks");
+    let gw = gateway(with_clients(&[(P1, jwt_rule(&url))]), &[]);
+    let (status, body, _) = send(&gw, &[("authorization", &bearer(&token_of(&key)))], None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "identity_unavailable");
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the redirect was followed");
+    // Said plainly (the WARN log carries the same).
+    let err = super::jwks::KeySets::new()
+        .get(None, &JwksSource::Url(url), false)
+        .await
+        .unwrap_err();
+    assert!(err.contains("redirect"), "{err}");
 }
 
 // ---- the property ----------------------------------------------------------
