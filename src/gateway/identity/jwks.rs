@@ -159,8 +159,28 @@ async fn read_url(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> 
     if !status.is_success() {
         return Err(format!("the JWKS URL {url} answered {status}"));
     }
-    let b = r.bytes().await.map_err(|e| e.to_string())?;
-    Ok(b.to_vec())
+    read_limited(r).await
+}
+
+/// A body of at most [`MAX_JWKS_BYTES`]: a larger one is refused by its
+/// `Content-Length`, else as soon as the bytes that arrived pass the limit,
+/// never read to its end (an endless body would otherwise be read, and
+/// kept, until the timeout).
+async fn read_limited(mut r: reqwest::Response) -> Result<Vec<u8>, String> {
+    let too_large = || format!("the JWKS is larger than {MAX_JWKS_BYTES} bytes");
+    if r.content_length()
+        .is_some_and(|n| n > MAX_JWKS_BYTES as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > MAX_JWKS_BYTES {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 #[cfg(test)]

@@ -624,6 +624,51 @@ async fn a_jwks_url_that_redirects_is_refused_and_its_target_never_read() {
     assert!(err.contains("redirect"), "{err}");
 }
 
+/// The error of a first read of the key set at `url`.
+async fn jwks_error(url: &str) -> String {
+    super::jwks::KeySets::new()
+        .get(None, &JwksSource::Url(url.into()), false)
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test]
+async fn an_endless_jwks_body_is_cut_at_the_limit_not_read_until_the_timeout() {
+    // 16 KiB a millisecond, without end (and without Content-Length): read
+    // to its end, it would run into the 5 s timeout, and a timeout's error.
+    let endless = axum::routing::get(|| async {
+        let chunks = futures::stream::unfold((), |()| async {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            let chunk = axum::body::Bytes::from(vec![b' '; 16 << 10]);
+            Some((Ok::<_, std::io::Error>(chunk), ()))
+        });
+        Body::from_stream(chunks)
+    });
+    let base = serve(axum::Router::new().route("/jwks", endless)).await;
+    let err = jwks_error(&format!("{base}/jwks")).await;
+    assert!(err.contains("larger than 1048576 bytes"), "{err}");
+}
+
+#[tokio::test]
+async fn a_jwks_declared_too_large_is_refused_before_its_body() {
+    // A Content-Length of 2 MiB, and then nothing: only the header can
+    // refuse it before the timeout.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut request = [0u8; 4096];
+        let _ = conn.read(&mut request).await.unwrap();
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2097152\r\n\r\n";
+        conn.write_all(head.as_bytes()).await.unwrap();
+        std::future::pending::<()>().await;
+    });
+    let err = jwks_error(&format!("http://{addr}/jwks")).await;
+    assert!(err.contains("larger than 1048576 bytes"), "{err}");
+}
+
 // ---- the property ----------------------------------------------------------
 
 /// One lane with a single token that never refills and no queue: a request
