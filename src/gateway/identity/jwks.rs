@@ -2,7 +2,9 @@
 //! ConfigMap key) and kept: re-read every [`JWKS_MAX_AGE`], and sooner when
 //! a token names a key id the set lacks, at most once per
 //! [`JWKS_MIN_REFETCH`] (a stream of made-up key ids cannot make the
-//! gateway hammer the issuer).
+//! gateway hammer the issuer). Each source is fetched on its own: a slow
+//! issuer delays only the tokens that wait for its keys, and one fetch of a
+//! source serves every caller that wants it meanwhile.
 //!
 //! A URL is read as configured, never through a redirect, and only when it
 //! is `https://` or `http://` to a loopback address ([`jwks_url`]):
@@ -10,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::JwkSet;
@@ -32,10 +35,80 @@ struct Entry {
     error: Option<String>,
 }
 
-/// The key sets, fetched on demand and kept.
+impl Entry {
+    /// Whether a fetch would help: no set yet, one older than
+    /// [`JWKS_MAX_AGE`], or `stale` (a token names a key id it lacks).
+    fn wants(&self, now: Instant, stale: bool) -> bool {
+        stale
+            || self
+                .fetched
+                .is_none_or(|t| now.duration_since(t) > JWKS_MAX_AGE)
+    }
+
+    /// Whether a fetch may start: wanted, and none tried within
+    /// [`JWKS_MIN_REFETCH`].
+    fn due(&self, now: Instant, stale: bool) -> bool {
+        self.wants(now, stale)
+            && self
+                .tried
+                .is_none_or(|t| now.duration_since(t) >= JWKS_MIN_REFETCH)
+    }
+
+    fn answer(&self, source: &JwksSource) -> Result<JwkSet, String> {
+        self.set.clone().ok_or_else(|| {
+            let why = self.error.as_deref().unwrap_or("not tried");
+            format!("the JWKS {source:?} could not be read yet: {why}")
+        })
+    }
+
+    fn fetched(&mut self, source: &JwksSource, at: Instant, got: Result<JwkSet, String>) {
+        match got {
+            Ok(set) => {
+                self.set = Some(set);
+                self.fetched = Some(at);
+                self.error = None;
+            }
+            Err(err) => {
+                tracing::warn!(source = ?source, error = %err,
+                    "reading a JWKS failed; keeping the last one read");
+                self.error = Some(err);
+            }
+        }
+    }
+}
+
+/// One source's key set, and its fetch under way. `entry` is locked only
+/// to look or to write, never across I/O. `flight` is held by the one
+/// fetch of this source in flight: whoever else wants a fetch of it waits
+/// for that one and takes its result (single flight), while a caller whose
+/// set is fresh never waits, and other sources are never touched.
+#[derive(Default)]
+struct Source {
+    entry: std::sync::Mutex<Entry>,
+    flight: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Source {
+    fn entry(&self) -> std::sync::MutexGuard<'_, Entry> {
+        self.entry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks a fetch as started when one is due: its start.
+    fn claim(&self, stale: bool) -> Option<Instant> {
+        let mut e = self.entry();
+        let now = Instant::now();
+        e.due(now, stale).then(|| {
+            e.tried = Some(now);
+            now
+        })
+    }
+}
+
+/// The key sets, fetched on demand and kept, each source on its own.
 pub(super) struct KeySets {
     http: reqwest::Client,
-    sets: tokio::sync::Mutex<HashMap<JwksSource, Entry>>,
+    /// The sources; the map is locked only to look one up.
+    sources: std::sync::Mutex<HashMap<JwksSource, Arc<Source>>>,
 }
 
 impl KeySets {
@@ -49,73 +122,75 @@ impl KeySets {
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("an HTTP client"),
-            sets: tokio::sync::Mutex::new(HashMap::new()),
+            sources: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    fn source(&self, source: &JwksSource) -> Arc<Source> {
+        let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = sources.get(source) {
+            return s.clone();
+        }
+        sources.entry(source.clone()).or_default().clone()
     }
 
     /// The key set of a source: the kept one while fresh (or when `stale`
     /// asks for a re-read too soon), else fetched; a failed fetch keeps the
-    /// last good set.
+    /// last good set. A caller that wants a fetch while one is under way
+    /// waits for it instead of starting another.
     pub(super) async fn get(
         &self,
         kube: Option<&kube::Client>,
         source: &JwksSource,
         stale: bool,
     ) -> Result<JwkSet, String> {
-        let mut sets = self.sets.lock().await;
-        let e = sets.entry(source.clone()).or_default();
-        let now = Instant::now();
-        let old = e
-            .fetched
-            .is_none_or(|t| now.duration_since(t) > JWKS_MAX_AGE)
-            || stale;
-        let may = e
-            .tried
-            .is_none_or(|t| now.duration_since(t) >= JWKS_MIN_REFETCH);
-        if old && may {
-            e.tried = Some(now);
-            match self.fetch(kube, source).await {
-                Ok(set) => {
-                    e.set = Some(set);
-                    e.fetched = Some(now);
-                    e.error = None;
-                }
-                Err(err) => {
-                    tracing::warn!(source = ?source, error = %err,
-                        "reading a JWKS failed; keeping the last one read");
-                    e.error = Some(err);
+        let s = self.source(source);
+        let wants = s.entry().wants(Instant::now(), stale);
+        if wants {
+            let flight = s.flight.clone().lock_owned().await;
+            if let Some(at) = s.claim(stale) {
+                // A task of its own, the flight with it: a caller that goes
+                // away (its client hung up) does not cancel the fetch that
+                // the others wait for and that counts as this source's try.
+                let (http, kube, src, slot) =
+                    (self.http.clone(), kube.cloned(), source.clone(), s.clone());
+                let fetch = tokio::spawn(async move {
+                    let got = fetch(&http, kube.as_ref(), &src).await;
+                    slot.entry().fetched(&src, at, got);
+                    drop(flight);
+                });
+                if let Err(e) = fetch.await {
+                    s.entry().error = Some(format!("the fetch failed: {e}"));
                 }
             }
         }
-        e.set.clone().ok_or_else(|| {
-            let why = e.error.as_deref().unwrap_or("not tried");
-            format!("the JWKS {source:?} could not be read yet: {why}")
-        })
+        s.entry().answer(source)
     }
+}
 
-    async fn fetch(
-        &self,
-        kube: Option<&kube::Client>,
-        source: &JwksSource,
-    ) -> Result<JwkSet, String> {
-        let bytes = match source {
-            JwksSource::Url(url) => read_url(&self.http, url).await?,
-            JwksSource::ConfigMap(k) => {
-                let client = kube.cloned().ok_or("no Kubernetes client")?;
-                let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-                    kube::Api::namespaced(client, &k.namespace);
-                let cm = api.get(&k.name).await.map_err(|e| e.to_string())?;
-                cm.data
-                    .and_then(|mut d| d.remove(&k.key))
-                    .ok_or_else(|| format!("the ConfigMap has no key {}", k.key))?
-                    .into_bytes()
-            }
-        };
-        if bytes.len() > MAX_JWKS_BYTES {
-            return Err(format!("the JWKS is larger than {MAX_JWKS_BYTES} bytes"));
+/// A key set, read from its source.
+async fn fetch(
+    http: &reqwest::Client,
+    kube: Option<&kube::Client>,
+    source: &JwksSource,
+) -> Result<JwkSet, String> {
+    let bytes = match source {
+        JwksSource::Url(url) => read_url(http, url).await?,
+        JwksSource::ConfigMap(k) => {
+            let client = kube.cloned().ok_or("no Kubernetes client")?;
+            let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+                kube::Api::namespaced(client, &k.namespace);
+            let cm = api.get(&k.name).await.map_err(|e| e.to_string())?;
+            cm.data
+                .and_then(|mut d| d.remove(&k.key))
+                .ok_or_else(|| format!("the ConfigMap has no key {}", k.key))?
+                .into_bytes()
         }
-        serde_json::from_slice(&bytes).map_err(|e| format!("not a JWKS: {e}"))
+    };
+    if bytes.len() > MAX_JWKS_BYTES {
+        return Err(format!("the JWKS is larger than {MAX_JWKS_BYTES} bytes"));
     }
+    serde_json::from_slice(&bytes).map_err(|e| format!("not a JWKS: {e}"))
 }
 
 /// The URL a key set may be read from: `https://`, or `http://` to a
