@@ -8,6 +8,7 @@ use lanes::{CertificateName, ClientIdentity, JwksSource, JwtIssuer, ServiceAccou
 use serde::Deserialize;
 
 use super::index::{Allowed, FileKey, Index, TenantFrom};
+use super::jwks::jwks_url;
 
 /// The file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -47,6 +48,7 @@ struct FileServiceAccount {
 struct FileJwt {
     issuer: String,
     audience: String,
+    /// `https://`, or `http://` to a loopback IP (`jwks::jwks_url`).
     jwks_url: String,
     #[serde(default)]
     subject: Option<String>,
@@ -97,6 +99,7 @@ impl Credentials {
             if j.tenant.is_some() && j.tenant_claim.is_some() {
                 return Err(format!("jwt[{i}]: give tenant or tenantClaim, not both"));
             }
+            jwks_url(&j.jwks_url).map_err(|e| format!("jwt[{i}].jwksUrl: {e}"))?;
         }
         Ok(c)
     }
@@ -178,5 +181,24 @@ mod tests {
         let bad_tenant =
             format!("apiKeys:\n  - sha256: {KEY_HASH}\n    tenant: ''\n    lanes: [x]\n");
         assert!(Credentials::parse(bad_tenant.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_jwks_url_must_be_https_or_http_to_a_loopback_ip() {
+        let file = |url: &str| {
+            format!(
+                "jwt:\n  - {{issuer: https://idp.example, audience: lk, jwksUrl: \"{url}\", lanes: [x]}}\n"
+            )
+        };
+        for ok in ["https://idp.example/jwks", "http://127.0.0.1:5556/keys"] {
+            assert!(Credentials::parse(file(ok).as_bytes()).is_ok(), "{ok}");
+        }
+        for bad in ["http://idp.example/jwks", "http://localhost:5556/keys"] {
+            let err = Credentials::parse(file(bad).as_bytes()).unwrap_err();
+            assert!(
+                err.starts_with("jwt[0].jwksUrl:") && err.contains("not https://"),
+                "{err}"
+            );
+        }
     }
 }

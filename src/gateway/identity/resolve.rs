@@ -16,7 +16,8 @@ use super::certificate;
 use super::credentials::Credentials;
 use super::flags::IdentityArgs;
 use super::index::{Grant, Index, NoLane, choose, grants};
-use super::jwt::{self, JwtRefusal, KeySets};
+use super::jwks::KeySets;
+use super::jwt::{self, JwtRefusal};
 use super::refused::AuthRefusal;
 use super::service_account::{Reviewed, Reviewer, service_account_of};
 

@@ -463,22 +463,31 @@ impl TestKey {
     }
 }
 
-/// Serves `jwks` on loopback; counts the fetches.
-async fn jwks_server(jwks: Value) -> (String, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
-    let app = axum::Router::new().route(
-        "/jwks",
-        axum::routing::get(move || {
-            h.fetch_add(1, Ordering::SeqCst);
-            let body = jwks.to_string();
-            async move { body }
-        }),
-    );
+/// Serves `app` on loopback: its base URL.
+async fn serve(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}/jwks"), hits)
+    format!("http://{addr}")
+}
+
+/// A route that serves `jwks` and counts the fetches.
+fn jwks_route(jwks: Value) -> (axum::routing::MethodRouter, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let route = axum::routing::get(move || {
+        h.fetch_add(1, Ordering::SeqCst);
+        let body = jwks.to_string();
+        async move { body }
+    });
+    (route, hits)
+}
+
+/// Serves `jwks` on loopback; counts the fetches.
+async fn jwks_server(jwks: Value) -> (String, Arc<AtomicUsize>) {
+    let (route, hits) = jwks_route(jwks);
+    let base = serve(axum::Router::new().route("/jwks", route)).await;
+    (format!("{base}/jwks"), hits)
 }
 
 fn now() -> i64 {
@@ -568,6 +577,215 @@ async fn a_jwks_that_cannot_be_read_is_a_503() {
     let token = key.sign(&json!({"iss": ISSUER, "aud": "lanekeeper", "sub": "a", "exp": t + 60}));
     let (status, _, _) = send(&gw, &[("authorization", &bearer(&token))], None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// A rule for the tokens of `issuer`, whose keys are at `url`.
+fn jwt_rule(issuer: &str, url: &str) -> ClientRule {
+    let issuer = JwtIssuer {
+        issuer: issuer.into(),
+        audience: "lanekeeper".into(),
+        jwks: JwksSource::Url(url.into()),
+        subject: None,
+    };
+    rule(ClientIdentity::Jwt(issuer), Some("idp"))
+}
+
+/// A token of `issuer` for the gateway, signed by `key`, as a header.
+fn token_of(key: &TestKey, issuer: &str) -> String {
+    let t = now();
+    bearer(&key.sign(&json!({"iss": issuer, "aud": "lanekeeper", "sub": "a", "exp": t + 60})))
+}
+
+#[tokio::test]
+async fn a_jwks_url_that_redirects_is_refused_and_its_target_never_read() {
+    // The keys behind the redirect would pass the token: they must not be
+    // used. (A redirect is how an https:// URL would be led to http:// or
+    // to another host; none is followed.)
+    let key = TestKey::new("k1");
+    let (keys, hits) = jwks_route(json!({"keys": [key.jwk()]}));
+    let moved = axum::routing::get(|| async { axum::response::Redirect::temporary("/keys") });
+    let base = serve(
+        axum::Router::new()
+            .route("/jwks", moved)
+            .route("/keys", keys),
+    )
+    .await;
+    let url = format!("{base}/jwks");
+    let gw = gateway(with_clients(&[(P1, jwt_rule(ISSUER, &url))]), &[]);
+    let (status, body, _) = send(&gw, &[("authorization", &token_of(&key, ISSUER))], None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "identity_unavailable");
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the redirect was followed");
+    // Said plainly (the WARN log carries the same).
+    let err = super::jwks::KeySets::new()
+        .get(None, &JwksSource::Url(url), false)
+        .await
+        .unwrap_err();
+    assert!(err.contains("redirect"), "{err}");
+}
+
+/// The error of a first read of the key set at `url`.
+async fn jwks_error(url: &str) -> String {
+    super::jwks::KeySets::new()
+        .get(None, &JwksSource::Url(url.into()), false)
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test]
+async fn an_endless_jwks_body_is_cut_at_the_limit_not_read_until_the_timeout() {
+    // 16 KiB a millisecond, without end (and without Content-Length): read
+    // to its end, it would run into the 5 s timeout, and a timeout's error.
+    let endless = axum::routing::get(|| async {
+        let chunks = futures::stream::unfold((), |()| async {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            let chunk = axum::body::Bytes::from(vec![b' '; 16 << 10]);
+            Some((Ok::<_, std::io::Error>(chunk), ()))
+        });
+        Body::from_stream(chunks)
+    });
+    let base = serve(axum::Router::new().route("/jwks", endless)).await;
+    let err = jwks_error(&format!("{base}/jwks")).await;
+    assert!(err.contains("larger than 1048576 bytes"), "{err}");
+}
+
+#[tokio::test]
+async fn a_jwks_declared_too_large_is_refused_before_its_body() {
+    // A Content-Length of 2 MiB, and then nothing: only the header can
+    // refuse it before the timeout.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut request = [0u8; 4096];
+        let _ = conn.read(&mut request).await.unwrap();
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2097152\r\n\r\n";
+        conn.write_all(head.as_bytes()).await.unwrap();
+        std::future::pending::<()>().await;
+    });
+    let err = jwks_error(&format!("http://{addr}/jwks")).await;
+    assert!(err.contains("larger than 1048576 bytes"), "{err}");
+}
+
+/// A JWKS on loopback whose answers wait until the test opens the gate.
+struct GatedJwks {
+    url: String,
+    /// Fetches begun.
+    hits: Arc<AtomicUsize>,
+    /// A message as each fetch arrives.
+    arrived: tokio::sync::mpsc::UnboundedReceiver<()>,
+    /// `true` lets every fetch, waiting or to come, have its answer.
+    gate: tokio::sync::watch::Sender<bool>,
+}
+
+async fn gated_jwks(jwks: Value) -> GatedJwks {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let (arrive, arrived) = tokio::sync::mpsc::unbounded_channel();
+    let (gate, open) = tokio::sync::watch::channel(false);
+    let (h, body) = (hits.clone(), jwks.to_string());
+    let route = axum::routing::get(move || {
+        h.fetch_add(1, Ordering::SeqCst);
+        let _ = arrive.send(());
+        let (mut open, body) = (open.clone(), body.clone());
+        async move {
+            let _ = open.wait_for(|o| *o).await;
+            body
+        }
+    });
+    let base = serve(axum::Router::new().route("/jwks", route)).await;
+    GatedJwks {
+        url: format!("{base}/jwks"),
+        hits,
+        arrived,
+        gate,
+    }
+}
+
+/// The identity check of a request with this `Authorization`, in a task of
+/// its own (the upstream left out: a run of 502s would open its breaker):
+/// the tenant of the caller, or why there is none.
+fn check_later(
+    gw: &Arc<Gateway>,
+    authorization: String,
+) -> tokio::task::JoinHandle<Result<String, String>> {
+    let gw = gw.clone();
+    tokio::spawn(async move {
+        let (parts, ()) = Request::post("/v1/chat/completions")
+            .header("authorization", authorization)
+            .body(())
+            .unwrap()
+            .into_parts();
+        match gw.identity.caller(&parts, None).await {
+            Ok(Some(c)) => Ok(c.tenant),
+            other => Err(format!("{other:?}")),
+        }
+    })
+}
+
+/// What `check_later` gives a JWT that passes `jwt_rule`.
+fn passed() -> Result<String, String> {
+    Ok("idp".to_owned())
+}
+
+#[tokio::test]
+async fn an_issuer_whose_keys_hang_does_not_hold_up_another_issuers_tokens() {
+    const SLOW: &str = "https://slow.example";
+    let (a, b) = (TestKey::new("a1"), TestKey::new("b1"));
+    let mut slow = gated_jwks(json!({"keys": [a.jwk()]})).await;
+    let (fast, _) = jwks_server(json!({"keys": [b.jwk()]})).await;
+    let cfg = with_clients(&[
+        (P1, jwt_rule(SLOW, &slow.url)),
+        (P1, jwt_rule(ISSUER, &fast)),
+    ]);
+    let gw = gateway(cfg, &[]);
+    let waiting = check_later(&gw, token_of(&a, SLOW));
+    slow.arrived.recv().await.unwrap();
+    // The slow issuer's fetch is under way, held until the gate opens (or
+    // its 5 s timeout): the other issuer's token is checked meanwhile.
+    let other = check_later(&gw, token_of(&b, ISSUER)).await.unwrap();
+    assert_eq!(other, passed());
+    assert!(!waiting.is_finished(), "the slow fetch ended first");
+    slow.gate.send(true).unwrap();
+    assert_eq!(waiting.await.unwrap(), passed());
+}
+
+#[tokio::test]
+async fn the_tokens_of_one_issuer_that_arrive_during_its_fetch_wait_for_that_fetch() {
+    let key = TestKey::new("k1");
+    let mut jwks = gated_jwks(json!({"keys": [key.jwk()]})).await;
+    let gw = gateway(with_clients(&[(P1, jwt_rule(ISSUER, &jwks.url))]), &[]);
+    let checks: Vec<_> = (0..8)
+        .map(|_| check_later(&gw, token_of(&key, ISSUER)))
+        .collect();
+    jwks.arrived.recv().await.unwrap();
+    for _ in 0..16 {
+        tokio::task::yield_now().await;
+    }
+    assert!(checks.iter().all(|t| !t.is_finished()), "all wait");
+    jwks.gate.send(true).unwrap();
+    for c in checks {
+        assert_eq!(c.await.unwrap(), passed());
+    }
+    assert_eq!(jwks.hits.load(Ordering::SeqCst), 1, "one fetch for all");
+}
+
+#[tokio::test]
+async fn a_fetch_outlives_the_request_that_started_it() {
+    // A client that hangs up mid-fetch does not cancel it: the fetch still
+    // counts as the issuer's try (no second one for 30 s), so its keys must
+    // still arrive, or the issuer would be refused until then.
+    let key = TestKey::new("k1");
+    let mut jwks = gated_jwks(json!({"keys": [key.jwk()]})).await;
+    let gw = gateway(with_clients(&[(P1, jwt_rule(ISSUER, &jwks.url))]), &[]);
+    let gone = check_later(&gw, token_of(&key, ISSUER));
+    jwks.arrived.recv().await.unwrap();
+    gone.abort();
+    let later = check_later(&gw, token_of(&key, ISSUER));
+    jwks.gate.send(true).unwrap();
+    assert_eq!(later.await.unwrap(), passed());
+    assert_eq!(jwks.hits.load(Ordering::SeqCst), 1);
 }
 
 // ---- the property ----------------------------------------------------------
