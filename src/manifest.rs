@@ -9,6 +9,7 @@
 //! the API server runs), so an object that `plan` accepts is one
 //! `kubectl apply` accepts too.
 
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -55,6 +56,18 @@ pub enum LoadError {
         /// Why.
         message: String,
     },
+    /// Two documents define the same object (kind, namespace and name).
+    #[error(
+        "{second}: {object} is also defined in {first}: one document per kind, namespace and name (kubectl apply would keep only one of them; remove or rename one)"
+    )]
+    Duplicate {
+        /// `Kind namespace/name`.
+        object: String,
+        /// `file: document N` of the first definition.
+        first: String,
+        /// `file: document N` of the second.
+        second: String,
+    },
 }
 
 /// What was loaded, plus notes about what was skipped.
@@ -64,24 +77,33 @@ pub struct Loaded {
     pub world: World,
     /// Notes about skipped documents (for stderr).
     pub notes: Vec<String>,
+    /// Where each object was read (`file: document N`), by `Kind
+    /// namespace/name`: a second definition is an error.
+    sources: BTreeMap<String, String>,
 }
 
 /// Collects YAML files under `paths` (directories are walked recursively,
-/// files in name order).
+/// files in name order). A file or directory reached twice (named twice,
+/// named and inside a directory also named, or through a symlink) is
+/// listed once, where it is first reached.
 pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
     let mut out = Vec::new();
+    let mut seen = HashSet::new();
     for p in paths {
-        walk(p, &mut out)?;
+        walk(p, &mut seen, &mut out)?;
     }
     Ok(out)
 }
 
-fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+fn walk(p: &Path, seen: &mut HashSet<PathBuf>, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
     let io = |source| LoadError::Io {
         path: p.to_owned(),
         source,
     };
     let meta = std::fs::metadata(p).map_err(io)?;
+    if !seen.insert(std::fs::canonicalize(p).map_err(io)?) {
+        return Ok(());
+    }
     if meta.is_dir() {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
             .map_err(io)?
@@ -91,7 +113,7 @@ fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
         for e in entries {
             let is_yaml = e.extension().is_some_and(|x| x == "yaml" || x == "yml");
             if e.is_dir() || is_yaml {
-                walk(&e, out)?;
+                walk(&e, seen, out)?;
             }
         }
     } else {
@@ -163,31 +185,40 @@ pub fn load_str(path: &Path, text: &str, loaded: &mut Loaded) -> Result<(), Load
                 format!("unsupported version {api_version:?} (expected lanekeeper.dev/v1alpha1)"),
             ));
         }
-        let kind = kind.as_str();
-        match kind {
-            "CapacityProfile" => loaded
-                .world
-                .profiles
-                .push(parse::<CapacityProfile>(path, json, kind)?),
-            "LaneContract" => loaded
-                .world
-                .lanes
-                .push(parse::<LaneContract>(path, json, kind)?),
-            "DegradationPolicy" => loaded
-                .world
-                .policies
-                .push(parse::<DegradationPolicy>(path, json, kind)?),
-            other => {
-                return Err(invalid(
-                    path,
-                    &json,
-                    other,
-                    "kind",
-                    format!("unknown lanekeeper kind {other:?}"),
-                ));
-            }
+        add(path, n, json, &kind, loaded)?;
+    }
+    Ok(())
+}
+
+/// Adds document `doc` of `path`, a lanekeeper object of `kind`, to
+/// `loaded`: valid, and the only one of its kind, namespace and name.
+fn add(
+    path: &Path,
+    doc: usize,
+    json: Value,
+    kind: &str,
+    loaded: &mut Loaded,
+) -> Result<(), LoadError> {
+    let object = object_name(&json, kind);
+    let here = format!("{}: document {doc}", path.display());
+    if let Some(first) = loaded.sources.get(&object) {
+        return Err(LoadError::Duplicate {
+            object,
+            first: first.clone(),
+            second: here,
+        });
+    }
+    let world = &mut loaded.world;
+    match kind {
+        "CapacityProfile" => world.profiles.push(parse(path, json, kind)?),
+        "LaneContract" => world.lanes.push(parse(path, json, kind)?),
+        "DegradationPolicy" => world.policies.push(parse(path, json, kind)?),
+        other => {
+            let message = format!("unknown lanekeeper kind {other:?}");
+            return Err(invalid(path, &json, other, "kind", message));
         }
     }
+    loaded.sources.insert(object, here);
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use crate::cli::{lanekeeper, root, stdout_of};
+use crate::cli::{lanekeeper, lanekeeper_ok, root, stdout_of};
 use crate::scratch::ScratchFile;
 
 fn json_of(out: &Output) -> Value {
@@ -397,4 +397,88 @@ fn approve_flag_grants_a_confirm_level() {
     assert_eq!(p["level"], 4);
     assert!(p["pendingApprovalLevel"].is_null());
     assert_eq!(p["gateway"]["readOnly"], true);
+}
+
+/// A file reached twice (a directory and a file in it, or one file by two
+/// spellings) is read once: INC-47 plans as from the file alone (level 1,
+/// demand 488.1), not with every object twice (level 3, demand 976.2).
+#[test]
+fn a_file_reached_twice_is_read_once() {
+    let alone = lanekeeper_ok(["plan", "-f", "examples/inc-47/inc-47.yaml", "-o", "json"]);
+    for twice in [
+        ["examples/inc-47", "examples/inc-47/inc-47.yaml"],
+        [
+            "examples/inc-47/inc-47.yaml",
+            "examples/../examples/inc-47/inc-47.yaml",
+        ],
+    ] {
+        let out = lanekeeper(["plan", "-f", twice[0], "-f", twice[1], "-o", "json"]);
+        let plan = json_of(&out);
+        let profiles = plan["steps"][0]["profiles"].as_array().unwrap();
+        assert_eq!(profiles.len(), 1, "{twice:?}");
+        assert_eq!(profiles[0]["level"], 1, "{twice:?}");
+        assert!(
+            close(&profiles[0]["demandUnitsPerSecond"], 488.1),
+            "{twice:?}"
+        );
+        assert_eq!(
+            profiles[0]["lanes"].as_array().unwrap().len(),
+            5,
+            "{twice:?}"
+        );
+        assert_eq!(stdout_of(&out), alone, "{twice:?}");
+    }
+}
+
+/// Two documents with one kind, namespace and name are refused (exit 2),
+/// naming both: `kubectl apply` would keep one of them, and which one a
+/// pull request means is not for `plan` to guess. In two files (with other
+/// values) and within one file.
+#[test]
+fn two_documents_defining_one_object_exit_2_naming_both() {
+    let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
+    let lane = base
+        .split("---\n")
+        .find(|d| d.contains("name: p1-agent-assist,"))
+        .unwrap()
+        .to_owned();
+    let other = ScratchFile::new(
+        "plan-duplicate",
+        "lane.yaml",
+        lane.replace(
+            "expectedRequestsPerSecond: \"180\"",
+            "expectedRequestsPerSecond: \"90\"",
+        ),
+    );
+    let out = lanekeeper([
+        "plan",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "-f",
+        other.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for part in [
+        "LaneContract ai-platform/p1-agent-assist",
+        "examples/inc-47/inc-47.yaml: document 3",
+        &format!("{}: document 1", other.display()),
+    ] {
+        assert!(stderr.contains(part), "names {part}: {stderr}");
+    }
+
+    let one = write_temp("duplicate-in-one-file", &format!("{base}---\n{lane}"));
+    assert_invalid(
+        &one,
+        &format!(
+            "{}: document 8: LaneContract ai-platform/p1-agent-assist is also defined in",
+            one.display()
+        ),
+        &format!("{}: document 3", one.display()),
+    );
 }
