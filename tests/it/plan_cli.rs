@@ -10,7 +10,7 @@ use std::process::Output;
 use serde_json::Value;
 
 use crate::cli::{lanekeeper, lanekeeper_ok, root, stdout_of};
-use crate::scratch::ScratchFile;
+use crate::scratch::{Scratch, ScratchFile};
 
 fn json_of(out: &Output) -> Value {
     serde_json::from_str(&stdout_of(out)).expect("plan -o json prints JSON")
@@ -481,4 +481,110 @@ fn two_documents_defining_one_object_exit_2_naming_both() {
         ),
         &format!("{}: document 3", one.display()),
     );
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Names reach paths (`--emit-gateway-config DIR` writes
+/// `DIR/NAMESPACE/CONFIGMAP/lanes.json`) and PromQL, so they are checked as
+/// the API server checks them: a namespace `../evil` was written outside
+/// DIR and an absolute one replaced it, `Agent_Assist` is no Kubernetes
+/// name, a profile's lanes ConfigMap needs a valid name too, and a scale
+/// target's name is put inside a quoted PromQL regex. Each exits 2 naming
+/// the field, and nothing is written.
+#[test]
+fn names_that_are_not_kubernetes_names_exit_2_and_write_nothing() {
+    let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
+    let scratch = Scratch::new("plan-names");
+    let absolute = scratch.join("absolute-target");
+    let meta = "metadata: {name: agent-assist, namespace: ai-platform}";
+    let with_meta = |name: &str, ns: &str| {
+        base.replacen(
+            meta,
+            &format!("metadata: {{name: {name}, namespace: \"{ns}\"}}"),
+            1,
+        )
+    };
+    let long = "a".repeat(240);
+    for (case, text, field, message) in [
+        (
+            "dotdot",
+            with_meta("agent-assist", "../evil"),
+            "CapacityProfile ../evil/agent-assist: metadata.namespace",
+            "a namespace is a lowercase RFC 1123 label",
+        ),
+        (
+            "absolute",
+            with_meta("agent-assist", &absolute.display().to_string()),
+            "metadata.namespace",
+            "a namespace is a lowercase RFC 1123 label",
+        ),
+        (
+            "upper",
+            with_meta("Agent_Assist", "ai-platform"),
+            "CapacityProfile ai-platform/Agent_Assist: metadata.name",
+            "a name is a lowercase RFC 1123 subdomain",
+        ),
+        (
+            "lane",
+            base.replacen("name: p1-agent-assist,", "name: P1_agent_assist,", 1),
+            "LaneContract ai-platform/P1_agent_assist: metadata.name",
+            "a name is a lowercase RFC 1123 subdomain",
+        ),
+        (
+            "long",
+            with_meta(&long, "ai-platform"),
+            "metadata.name",
+            "its lanes ConfigMap",
+        ),
+        (
+            "target",
+            base.replacen(
+                "name: vllm-agent-assist}",
+                "name: 'vllm-agent-assist\"} or vector(1) #'}",
+                1,
+            ),
+            "CapacityProfile ai-platform/agent-assist: spec.pool.scaleTargetRef.name",
+            "a name is a lowercase RFC 1123 subdomain",
+        ),
+    ] {
+        assert_ne!(text, base, "{case}: the example changed shape");
+        let dir = scratch.join(case);
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("m.yaml");
+        std::fs::write(&file, &text).unwrap();
+        let out_dir = dir.join("out");
+        let out = lanekeeper([
+            "plan",
+            "-f",
+            file.to_str().unwrap(),
+            "--emit-gateway-config",
+            out_dir.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{case}: {stderr}");
+        for part in [file.display().to_string().as_str(), field, message] {
+            assert!(stderr.contains(part), "{case}: names {part}: {stderr}");
+        }
+    }
+    let mut written = files_under(&scratch);
+    written.sort();
+    let mut manifests: Vec<_> = ["absolute", "dotdot", "long", "lane", "target", "upper"]
+        .iter()
+        .map(|c| scratch.join(c).join("m.yaml"))
+        .collect();
+    manifests.sort();
+    assert_eq!(written, manifests, "nothing but the manifests");
 }
