@@ -9,6 +9,7 @@
 //! the API server runs), so an object that `plan` accepts is one
 //! `kubectl apply` accepts too.
 
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -55,6 +56,18 @@ pub enum LoadError {
         /// Why.
         message: String,
     },
+    /// Two documents define the same object (kind, namespace and name).
+    #[error(
+        "{second}: {object} is also defined in {first}: one document per kind, namespace and name (kubectl apply would keep only one of them; remove or rename one)"
+    )]
+    Duplicate {
+        /// `Kind namespace/name`.
+        object: String,
+        /// `file: document N` of the first definition.
+        first: String,
+        /// `file: document N` of the second.
+        second: String,
+    },
 }
 
 /// What was loaded, plus notes about what was skipped.
@@ -64,24 +77,33 @@ pub struct Loaded {
     pub world: World,
     /// Notes about skipped documents (for stderr).
     pub notes: Vec<String>,
+    /// Where each object was read (`file: document N`), by `Kind
+    /// namespace/name`: a second definition is an error.
+    sources: BTreeMap<String, String>,
 }
 
 /// Collects YAML files under `paths` (directories are walked recursively,
-/// files in name order).
+/// files in name order). A file or directory reached twice (named twice,
+/// named and inside a directory also named, or through a symlink) is
+/// listed once, where it is first reached.
 pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
     let mut out = Vec::new();
+    let mut seen = HashSet::new();
     for p in paths {
-        walk(p, &mut out)?;
+        walk(p, &mut seen, &mut out)?;
     }
     Ok(out)
 }
 
-fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+fn walk(p: &Path, seen: &mut HashSet<PathBuf>, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
     let io = |source| LoadError::Io {
         path: p.to_owned(),
         source,
     };
     let meta = std::fs::metadata(p).map_err(io)?;
+    if !seen.insert(std::fs::canonicalize(p).map_err(io)?) {
+        return Ok(());
+    }
     if meta.is_dir() {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
             .map_err(io)?
@@ -91,7 +113,7 @@ fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
         for e in entries {
             let is_yaml = e.extension().is_some_and(|x| x == "yaml" || x == "yml");
             if e.is_dir() || is_yaml {
-                walk(&e, out)?;
+                walk(&e, seen, out)?;
             }
         }
     } else {
@@ -163,31 +185,40 @@ pub fn load_str(path: &Path, text: &str, loaded: &mut Loaded) -> Result<(), Load
                 format!("unsupported version {api_version:?} (expected lanekeeper.dev/v1alpha1)"),
             ));
         }
-        let kind = kind.as_str();
-        match kind {
-            "CapacityProfile" => loaded
-                .world
-                .profiles
-                .push(parse::<CapacityProfile>(path, json, kind)?),
-            "LaneContract" => loaded
-                .world
-                .lanes
-                .push(parse::<LaneContract>(path, json, kind)?),
-            "DegradationPolicy" => loaded
-                .world
-                .policies
-                .push(parse::<DegradationPolicy>(path, json, kind)?),
-            other => {
-                return Err(invalid(
-                    path,
-                    &json,
-                    other,
-                    "kind",
-                    format!("unknown lanekeeper kind {other:?}"),
-                ));
-            }
+        add(path, n, json, &kind, loaded)?;
+    }
+    Ok(())
+}
+
+/// Adds document `doc` of `path`, a lanekeeper object of `kind`, to
+/// `loaded`: valid, and the only one of its kind, namespace and name.
+fn add(
+    path: &Path,
+    doc: usize,
+    json: Value,
+    kind: &str,
+    loaded: &mut Loaded,
+) -> Result<(), LoadError> {
+    let object = object_name(&json, kind);
+    let here = format!("{}: document {doc}", path.display());
+    if let Some(first) = loaded.sources.get(&object) {
+        return Err(LoadError::Duplicate {
+            object,
+            first: first.clone(),
+            second: here,
+        });
+    }
+    let world = &mut loaded.world;
+    match kind {
+        "CapacityProfile" => world.profiles.push(parse(path, json, kind)?),
+        "LaneContract" => world.lanes.push(parse(path, json, kind)?),
+        "DegradationPolicy" => world.policies.push(parse(path, json, kind)?),
+        other => {
+            let message = format!("unknown lanekeeper kind {other:?}");
+            return Err(invalid(path, &json, other, "kind", message));
         }
     }
+    loaded.sources.insert(object, here);
     Ok(())
 }
 
@@ -306,7 +337,88 @@ fn parse<K: DeserializeOwned + kube::Resource>(
     } else {
         return Err(invalid(path, &json, kind, "metadata", "is required".into()));
     }
-    check::<K>(kind, &json).map_err(|(field, message)| invalid(path, &json, kind, &field, message))
+    check::<K>(kind, &json)
+        .and_then(|obj| names(kind, &json).map(|()| obj))
+        .map_err(|(field, message)| invalid(path, &json, kind, &field, message))
+}
+
+/// The longest name the controller gives a profile's lanes ConfigMap:
+/// `<profile>-lanes-observe` (`controller::lanes_configmap::configmap_name`).
+const LANES_CONFIGMAP_SUFFIX: &str = "-lanes-observe";
+
+/// The names `plan` turns into paths (`--emit-gateway-config`) and PromQL
+/// label matchers, checked as the API server checks them: the namespace a
+/// DNS label, the object's name a DNS subdomain (and, for a profile, the
+/// name of its lanes ConfigMap too), the scale target's name a DNS
+/// subdomain (a workload's name). The error is `(field path, message)`.
+fn names(kind: &str, json: &Value) -> Result<(), (String, String)> {
+    let at = |pointer: &str| json.pointer(pointer).and_then(Value::as_str);
+    let bad = |field: &str, value: &str, why: String| {
+        Err((field.to_owned(), format!("{value:?} is not valid: {why}")))
+    };
+    let ns = at("/metadata/namespace").unwrap_or("default");
+    if let Some(why) = not_dns_label(ns) {
+        return bad("metadata.namespace", ns, why);
+    }
+    let name = at("/metadata/name").unwrap_or_default();
+    if let Some(why) = not_dns_subdomain(name) {
+        return bad("metadata.name", name, why);
+    }
+    if kind != "CapacityProfile" {
+        return Ok(());
+    }
+    let cm = format!("{name}{LANES_CONFIGMAP_SUFFIX}");
+    if cm.len() > DNS_SUBDOMAIN_MAX {
+        let why = format!(
+            "its lanes ConfigMap {cm:?} would be longer than {DNS_SUBDOMAIN_MAX} characters (a profile's name may have at most {})",
+            DNS_SUBDOMAIN_MAX - LANES_CONFIGMAP_SUFFIX.len()
+        );
+        return bad("metadata.name", name, why);
+    }
+    match at("/spec/pool/scaleTargetRef/name") {
+        Some(target) => match not_dns_subdomain(target) {
+            Some(why) => bad("spec.pool.scaleTargetRef.name", target, why),
+            None => Ok(()),
+        },
+        None => Ok(()),
+    }
+}
+
+/// The longest DNS label (RFC 1123): a namespace.
+const DNS_LABEL_MAX: usize = 63;
+/// The longest DNS subdomain (RFC 1123): the name of most objects.
+const DNS_SUBDOMAIN_MAX: usize = 253;
+
+/// Why `s` is not an RFC 1123 DNS label (as Kubernetes requires of a
+/// namespace), or None.
+fn not_dns_label(s: &str) -> Option<String> {
+    (s.len() > DNS_LABEL_MAX || !is_dns_label(s)).then(|| {
+        format!(
+            "a namespace is a lowercase RFC 1123 label of at most {DNS_LABEL_MAX} characters: a-z, 0-9 and '-', starting and ending with a letter or digit"
+        )
+    })
+}
+
+/// Why `s` is not an RFC 1123 DNS subdomain (as Kubernetes requires of an
+/// object's name), or None.
+fn not_dns_subdomain(s: &str) -> Option<String> {
+    (s.len() > DNS_SUBDOMAIN_MAX || !s.split('.').all(is_dns_label)).then(|| {
+        format!(
+            "a name is a lowercase RFC 1123 subdomain of at most {DNS_SUBDOMAIN_MAX} characters: a-z, 0-9, '-' and '.', each part between dots starting and ending with a letter or digit"
+        )
+    })
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`
+fn is_dns_label(s: &str) -> bool {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let b = s.as_bytes();
+    match (b.first(), b.last()) {
+        (Some(&first), Some(&last)) => {
+            alnum(first) && alnum(last) && b.iter().all(|&c| alnum(c) || c == b'-')
+        }
+        _ => false,
+    }
 }
 
 /// The fields of ObjectMeta a manifest may carry (the API server's strict
@@ -443,5 +555,51 @@ impl fmt::Display for Loaded {
             self.world.lanes.len(),
             self.world.policies.len()
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked_as_the_api_server_checks_them() {
+        for ok in ["a", "ai-platform", "0", &"a".repeat(63)] {
+            assert_eq!(not_dns_label(ok), None, "{ok}");
+            assert_eq!(not_dns_subdomain(ok), None, "{ok}");
+        }
+        for ok in ["vllm.agent-assist", "a.b.c", &"a".repeat(253)] {
+            assert_eq!(not_dns_subdomain(ok), None, "{ok}");
+            assert!(not_dns_label(ok).is_some(), "{ok}");
+        }
+        for bad in [
+            "",
+            "../evil",
+            "/abs",
+            "Agent_Assist",
+            "-a",
+            "a-",
+            "a..b",
+            ".a",
+            "a.",
+            "a b",
+            "a\"}",
+            "é",
+        ] {
+            assert!(not_dns_label(bad).is_some(), "{bad:?}");
+            assert!(not_dns_subdomain(bad).is_some(), "{bad:?}");
+        }
+        assert!(not_dns_label(&"a".repeat(64)).is_some());
+        assert!(not_dns_subdomain(&"a".repeat(254)).is_some());
+    }
+
+    #[test]
+    fn the_configmap_suffix_is_the_controllers_longest() {
+        use crate::controller::lanes_configmap::configmap_name;
+        assert_eq!(
+            configmap_name("p", true),
+            format!("p{LANES_CONFIGMAP_SUFFIX}")
+        );
+        assert!(configmap_name("p", false).len() < configmap_name("p", true).len());
     }
 }

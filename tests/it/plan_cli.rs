@@ -9,8 +9,8 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use crate::cli::{lanekeeper, root, stdout_of};
-use crate::scratch::ScratchFile;
+use crate::cli::{lanekeeper, lanekeeper_ok, root, stdout_of};
+use crate::scratch::{Scratch, ScratchFile};
 
 fn json_of(out: &Output) -> Value {
     serde_json::from_str(&stdout_of(out)).expect("plan -o json prints JSON")
@@ -423,4 +423,194 @@ fn approve_flag_grants_a_confirm_level() {
     assert_eq!(p["level"], 4);
     assert!(p["pendingApprovalLevel"].is_null());
     assert_eq!(p["gateway"]["readOnly"], true);
+}
+
+/// A file reached twice (a directory and a file in it, or one file by two
+/// spellings) is read once: INC-47 plans as from the file alone (level 1,
+/// demand 488.1), not with every object twice (level 3, demand 976.2).
+#[test]
+fn a_file_reached_twice_is_read_once() {
+    let alone = lanekeeper_ok(["plan", "-f", "examples/inc-47/inc-47.yaml", "-o", "json"]);
+    for twice in [
+        ["examples/inc-47", "examples/inc-47/inc-47.yaml"],
+        [
+            "examples/inc-47/inc-47.yaml",
+            "examples/../examples/inc-47/inc-47.yaml",
+        ],
+    ] {
+        let out = lanekeeper(["plan", "-f", twice[0], "-f", twice[1], "-o", "json"]);
+        let plan = json_of(&out);
+        let profiles = plan["steps"][0]["profiles"].as_array().unwrap();
+        assert_eq!(profiles.len(), 1, "{twice:?}");
+        assert_eq!(profiles[0]["level"], 1, "{twice:?}");
+        assert!(
+            close(&profiles[0]["demandUnitsPerSecond"], 488.1),
+            "{twice:?}"
+        );
+        assert_eq!(
+            profiles[0]["lanes"].as_array().unwrap().len(),
+            5,
+            "{twice:?}"
+        );
+        assert_eq!(stdout_of(&out), alone, "{twice:?}");
+    }
+}
+
+/// Two documents with one kind, namespace and name are refused (exit 2),
+/// naming both: `kubectl apply` would keep one of them, and which one a
+/// pull request means is not for `plan` to guess. In two files (with other
+/// values) and within one file.
+#[test]
+fn two_documents_defining_one_object_exit_2_naming_both() {
+    let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
+    let lane = base
+        .split("---\n")
+        .find(|d| d.contains("name: p1-agent-assist,"))
+        .unwrap()
+        .to_owned();
+    let other = ScratchFile::new(
+        "plan-duplicate",
+        "lane.yaml",
+        lane.replace(
+            "expectedRequestsPerSecond: \"180\"",
+            "expectedRequestsPerSecond: \"90\"",
+        ),
+    );
+    let out = lanekeeper([
+        "plan",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "-f",
+        other.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for part in [
+        "LaneContract ai-platform/p1-agent-assist",
+        "examples/inc-47/inc-47.yaml: document 3",
+        &format!("{}: document 1", other.display()),
+    ] {
+        assert!(stderr.contains(part), "names {part}: {stderr}");
+    }
+
+    let one = write_temp("duplicate-in-one-file", &format!("{base}---\n{lane}"));
+    assert_invalid(
+        &one,
+        &format!(
+            "{}: document 8: LaneContract ai-platform/p1-agent-assist is also defined in",
+            one.display()
+        ),
+        &format!("{}: document 3", one.display()),
+    );
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Names reach paths (`--emit-gateway-config DIR` writes
+/// `DIR/NAMESPACE/CONFIGMAP/lanes.json`) and PromQL, so they are checked as
+/// the API server checks them: a namespace `../evil` was written outside
+/// DIR and an absolute one replaced it, `Agent_Assist` is no Kubernetes
+/// name, a profile's lanes ConfigMap needs a valid name too, and a scale
+/// target's name is put inside a quoted PromQL regex. Each exits 2 naming
+/// the field, and nothing is written.
+#[test]
+fn names_that_are_not_kubernetes_names_exit_2_and_write_nothing() {
+    let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
+    let scratch = Scratch::new("plan-names");
+    let absolute = scratch.join("absolute-target");
+    let meta = "metadata: {name: agent-assist, namespace: ai-platform}";
+    let with_meta = |name: &str, ns: &str| {
+        base.replacen(
+            meta,
+            &format!("metadata: {{name: {name}, namespace: \"{ns}\"}}"),
+            1,
+        )
+    };
+    let long = "a".repeat(240);
+    for (case, text, field, message) in [
+        (
+            "dotdot",
+            with_meta("agent-assist", "../evil"),
+            "CapacityProfile ../evil/agent-assist: metadata.namespace",
+            "a namespace is a lowercase RFC 1123 label",
+        ),
+        (
+            "absolute",
+            with_meta("agent-assist", &absolute.display().to_string()),
+            "metadata.namespace",
+            "a namespace is a lowercase RFC 1123 label",
+        ),
+        (
+            "upper",
+            with_meta("Agent_Assist", "ai-platform"),
+            "CapacityProfile ai-platform/Agent_Assist: metadata.name",
+            "a name is a lowercase RFC 1123 subdomain",
+        ),
+        (
+            "lane",
+            base.replacen("name: p1-agent-assist,", "name: P1_agent_assist,", 1),
+            "LaneContract ai-platform/P1_agent_assist: metadata.name",
+            "a name is a lowercase RFC 1123 subdomain",
+        ),
+        (
+            "long",
+            with_meta(&long, "ai-platform"),
+            "metadata.name",
+            "its lanes ConfigMap",
+        ),
+        (
+            "target",
+            base.replacen(
+                "name: vllm-agent-assist}",
+                "name: 'vllm-agent-assist\"} or vector(1) #'}",
+                1,
+            ),
+            "CapacityProfile ai-platform/agent-assist: spec.pool.scaleTargetRef.name",
+            "a name is a lowercase RFC 1123 subdomain",
+        ),
+    ] {
+        assert_ne!(text, base, "{case}: the example changed shape");
+        let dir = scratch.join(case);
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("m.yaml");
+        std::fs::write(&file, &text).unwrap();
+        let out_dir = dir.join("out");
+        let out = lanekeeper([
+            "plan",
+            "-f",
+            file.to_str().unwrap(),
+            "--emit-gateway-config",
+            out_dir.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{case}: {stderr}");
+        for part in [file.display().to_string().as_str(), field, message] {
+            assert!(stderr.contains(part), "{case}: names {part}: {stderr}");
+        }
+    }
+    let mut written = files_under(&scratch);
+    written.sort();
+    let mut manifests: Vec<_> = ["absolute", "dotdot", "long", "lane", "target", "upper"]
+        .iter()
+        .map(|c| scratch.join(c).join("m.yaml"))
+        .collect();
+    manifests.sort();
+    assert_eq!(written, manifests, "nothing but the manifests");
 }
