@@ -119,6 +119,14 @@ VALUE_SETS: dict[str, dict] = {
                     "auth": {"credentialsSecret": "gateway-credentials"}},
         "controller": {"bindAddress": "[::]"},
     },
+    # Values the schema accepts that end in ':' (a plain YAML scalar ending
+    # in ':' is a map key, not a string): every templated arg is quoted.
+    "gateway-colon-ended-values": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "routes": {"agent-large": "http://vllm-agent-large.ai-platform:"},
+                    "sharedState": {"address": "redis://valkey.lanekeeper-system:"},
+                    "auth": {"tokenAudience": "urn:lanekeeper:"}},
+    },
     # The rules `lanekeeper rules -f examples/objectives` prints (kept equal
     # to that command's output by tests/it/rules_cli.rs).
     "objective-rules-configmap": {
@@ -334,6 +342,14 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
         gargs = gdep[0]["spec"]["template"]["spec"]["containers"][0]["args"] if gdep else []
         if f"--configmap={gw['profileNamespace']}/{want}" not in gargs:
             fail(f"{label}: the gateway must read {want}: {gargs}")
+        # Values reach the args verbatim, as strings (quoted in the template).
+        want_args = [f"--route={r}={u}" for r, u in gw.get("routes", {}).items()]
+        if not gw.get("auth", {}).get("trustLaneHeader"):
+            want_args.append(f"--token-audience={gw.get('auth', {}).get('tokenAudience', 'lanekeeper')}")
+        if gw.get("sharedState", {}).get("address") and not gw["sharedState"].get("deploy"):
+            want_args.append(f"--shared-state={gw['sharedState']['address']}")
+        if missing := [a for a in want_args if a not in gargs]:
+            fail(f"{label}: the gateway's args lack {missing}: {gargs}")
         names = [n for r in roles if r["metadata"]["name"].endswith("-gateway")
                  for rule in r["rules"] for n in rule.get("resourceNames", [])]
         if names != [want]:
