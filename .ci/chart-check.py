@@ -163,6 +163,7 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("shared store unknown key", {"gateway": {"sharedState": {"store": {"replicas": 3}}}}),
     ("resync below 1", {"controller": {"resyncSeconds": 0}}),
     ("lease shorter than 2 s", {"leaderElection": {"leaseDurationSeconds": 1}}),
+    ("two replicas without leader election", {"leaderElection": {"enabled": False}}),
     ("namespace not DNS-1123", {"watchNamespaces": ["Bad_NS"]}),
     ("duplicate namespaces", {"watchNamespaces": ["a", "a"]}),
     ("bad pull policy", {"image": {"pullPolicy": "Sometimes"}}),
