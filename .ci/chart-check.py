@@ -16,6 +16,8 @@ Checks:
   * every manifest rendered with each value set validates strictly against
     the Kubernetes OpenAPI schemas (prometheus-operator kinds, which have no
     built-in schema, get a structural check);
+  * every rendered PodDisruptionBudget allows at least one eviction of the
+    replicas its Deployment renders (else node drains block on it);
   * the chart's crds/ equal the top-level crds/ byte for byte;
   * manifests/install.yaml is the default render (Namespace, CRDs, templates).
 """
@@ -135,6 +137,12 @@ VALUE_SETS: dict[str, dict] = {
     "objective-rules-prometheusrule": {
         "objectiveRules": {"enabled": True, "kind": "PrometheusRule", "rules": OBJECTIVE_RULES,
                            "labels": {"release": "kube-prometheus-stack"}},
+    },
+    # One replica of each: a PodDisruptionBudget must still let a node drain.
+    "single-replica": {
+        "replicaCount": 1,
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "replicaCount": 1, "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"}},
     },
     "pdb-max-unavailable": {
         "podDisruptionBudget": {"maxUnavailable": "50%"},
@@ -335,6 +343,7 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
         cms = [o for o in by_kind.get("ConfigMap", []) if o["metadata"]["name"].endswith("-objectives")]
         if [c["data"]["lanekeeper-objectives.rules.yaml"] for c in cms] != [rules["rules"]]:
             fail(f"{label}: the objectives ConfigMap must hold the rule file as given")
+    check_pdbs(label, by_kind)
     gw = values.get("gateway", {})
     if gw.get("enabled"):
         # The gateway reads one ConfigMap, and its Role names that one.
@@ -374,6 +383,32 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
                 fail(f"{label}: Secrets list and watch only: {ident[0]['rules']}")
             if len(review) != 1 or review[0]["rules"] != [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]:
                 fail(f"{label}: TokenReview create only: {review}")
+
+
+def check_pdbs(label: str, by_kind: dict[str, list[dict]]) -> None:
+    """Every PodDisruptionBudget selects one Deployment and, for the replicas
+    rendered, allows at least one voluntary disruption (else every node
+    drain blocks on it)."""
+    deps = by_kind.get("Deployment", [])
+    for pdb in by_kind.get("PodDisruptionBudget", []):
+        name, sel = pdb["metadata"]["name"], pdb["spec"]["selector"]["matchLabels"]
+        matched = [d for d in deps if sel.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        if len(matched) != 1:
+            fail(f"{label}: PodDisruptionBudget {name} selects {len(matched)} Deployments, not 1")
+        replicas = matched[0]["spec"]["replicas"]
+        if replicas > 0 and pdb_disruptions_allowed(pdb["spec"], replicas) < 1:
+            fail(f"{label}: PodDisruptionBudget {name} allows no disruption of {replicas} replica(s): "
+                 f"every node drain would block on it ({pdb['spec']})")
+
+
+def pdb_disruptions_allowed(spec: dict, replicas: int) -> int:
+    """As the disruption controller counts them with every pod healthy:
+    a percentage is of the replicas, rounded up."""
+    def scaled(v: int | str) -> int:
+        return -(-int(v[:-1]) * replicas // 100) if isinstance(v, str) else v
+    if "maxUnavailable" in spec:
+        return scaled(spec["maxUnavailable"])
+    return replicas - scaled(spec["minAvailable"])
 
 
 def check_crd_copies(crds: Path, write: bool) -> None:
