@@ -76,7 +76,9 @@ VALUE_SETS: dict[str, dict] = {
     },
     "gateway-observe": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
-                    "observe": True, "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"}},
+                    "observe": True, "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
+                    "logLevel": "lanekeeper=debug,info"},
+        "controller": {"logLevel": "warn"},
     },
     "gateway-auth": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
@@ -335,6 +337,7 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
         got = sorted(r["metadata"]["namespace"] for r in roles if not r["metadata"]["name"].endswith("-leader-election"))
         if got != sorted(namespaces):
             fail(f"{label}: Roles in {got}, expected {namespaces}")
+    check_log_level(label, c, values.get("controller", {}))
     if c["livenessProbe"]["httpGet"]["path"] != "/healthz" or c["readinessProbe"]["httpGet"]["path"] != "/readyz":
         fail(f"{label}: probes must be /healthz and /readyz")
     rules = values.get("objectiveRules", {})
@@ -350,6 +353,7 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
         want = f"{gw['profile']}-lanes" + ("-observe" if gw.get("observe") else "")
         gdep = [d for d in by_kind["Deployment"] if d["metadata"]["name"].endswith("-gateway")]
         gargs = gdep[0]["spec"]["template"]["spec"]["containers"][0]["args"] if gdep else []
+        check_log_level(label, gdep[0]["spec"]["template"]["spec"]["containers"][0], gw)
         if f"--configmap={gw['profileNamespace']}/{want}" not in gargs:
             fail(f"{label}: the gateway must read {want}: {gargs}")
         # Values reach the args verbatim, as strings (quoted in the template).
@@ -383,6 +387,14 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
                 fail(f"{label}: Secrets list and watch only: {ident[0]['rules']}")
             if len(review) != 1 or review[0]["rules"] != [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]:
                 fail(f"{label}: TokenReview create only: {review}")
+
+
+def check_log_level(label: str, container: dict, component_values: dict) -> None:
+    """A container's RUST_LOG is its own component's logLevel (default info)."""
+    want = component_values.get("logLevel", "info")
+    got = [e.get("value") for e in container["env"] if e["name"] == "RUST_LOG"]
+    if got != [want]:
+        fail(f"{label}: container {container['name']}: RUST_LOG {got}, expected [{want!r}] from its logLevel")
 
 
 def check_pdbs(label: str, by_kind: dict[str, list[dict]]) -> None:
