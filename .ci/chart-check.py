@@ -16,6 +16,8 @@ Checks:
   * every manifest rendered with each value set validates strictly against
     the Kubernetes OpenAPI schemas (prometheus-operator kinds, which have no
     built-in schema, get a structural check);
+  * every rendered PodDisruptionBudget allows at least one eviction of the
+    replicas its Deployment renders (else node drains block on it);
   * the chart's crds/ equal the top-level crds/ byte for byte;
   * manifests/install.yaml is the default render (Namespace, CRDs, templates).
 """
@@ -74,7 +76,9 @@ VALUE_SETS: dict[str, dict] = {
     },
     "gateway-observe": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
-                    "observe": True, "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"}},
+                    "observe": True, "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
+                    "logLevel": "lanekeeper=debug,info"},
+        "controller": {"logLevel": "warn"},
     },
     "gateway-auth": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
@@ -119,6 +123,14 @@ VALUE_SETS: dict[str, dict] = {
                     "auth": {"credentialsSecret": "gateway-credentials"}},
         "controller": {"bindAddress": "[::]"},
     },
+    # Values the schema accepts that end in ':' (a plain YAML scalar ending
+    # in ':' is a map key, not a string): every templated arg is quoted.
+    "gateway-colon-ended-values": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "routes": {"agent-large": "http://vllm-agent-large.ai-platform:"},
+                    "sharedState": {"address": "redis://valkey.lanekeeper-system:"},
+                    "auth": {"tokenAudience": "urn:lanekeeper:"}},
+    },
     # The rules `lanekeeper rules -f examples/objectives` prints (kept equal
     # to that command's output by tests/it/rules_cli.rs).
     "objective-rules-configmap": {
@@ -127,6 +139,12 @@ VALUE_SETS: dict[str, dict] = {
     "objective-rules-prometheusrule": {
         "objectiveRules": {"enabled": True, "kind": "PrometheusRule", "rules": OBJECTIVE_RULES,
                            "labels": {"release": "kube-prometheus-stack"}},
+    },
+    # One replica of each: a PodDisruptionBudget must still let a node drain.
+    "single-replica": {
+        "replicaCount": 1,
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "replicaCount": 1, "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"}},
     },
     "pdb-max-unavailable": {
         "podDisruptionBudget": {"maxUnavailable": "50%"},
@@ -155,6 +173,7 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("shared store unknown key", {"gateway": {"sharedState": {"store": {"replicas": 3}}}}),
     ("resync below 1", {"controller": {"resyncSeconds": 0}}),
     ("lease shorter than 2 s", {"leaderElection": {"leaseDurationSeconds": 1}}),
+    ("two replicas without leader election", {"leaderElection": {"enabled": False}}),
     ("namespace not DNS-1123", {"watchNamespaces": ["Bad_NS"]}),
     ("duplicate namespaces", {"watchNamespaces": ["a", "a"]}),
     ("bad pull policy", {"image": {"pullPolicy": "Sometimes"}}),
@@ -318,6 +337,7 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
         got = sorted(r["metadata"]["namespace"] for r in roles if not r["metadata"]["name"].endswith("-leader-election"))
         if got != sorted(namespaces):
             fail(f"{label}: Roles in {got}, expected {namespaces}")
+    check_log_level(label, c, values.get("controller", {}))
     if c["livenessProbe"]["httpGet"]["path"] != "/healthz" or c["readinessProbe"]["httpGet"]["path"] != "/readyz":
         fail(f"{label}: probes must be /healthz and /readyz")
     rules = values.get("objectiveRules", {})
@@ -326,14 +346,24 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
         cms = [o for o in by_kind.get("ConfigMap", []) if o["metadata"]["name"].endswith("-objectives")]
         if [c["data"]["lanekeeper-objectives.rules.yaml"] for c in cms] != [rules["rules"]]:
             fail(f"{label}: the objectives ConfigMap must hold the rule file as given")
+    check_pdbs(label, by_kind)
     gw = values.get("gateway", {})
     if gw.get("enabled"):
         # The gateway reads one ConfigMap, and its Role names that one.
         want = f"{gw['profile']}-lanes" + ("-observe" if gw.get("observe") else "")
         gdep = [d for d in by_kind["Deployment"] if d["metadata"]["name"].endswith("-gateway")]
         gargs = gdep[0]["spec"]["template"]["spec"]["containers"][0]["args"] if gdep else []
+        check_log_level(label, gdep[0]["spec"]["template"]["spec"]["containers"][0], gw)
         if f"--configmap={gw['profileNamespace']}/{want}" not in gargs:
             fail(f"{label}: the gateway must read {want}: {gargs}")
+        # Values reach the args verbatim, as strings (quoted in the template).
+        want_args = [f"--route={r}={u}" for r, u in gw.get("routes", {}).items()]
+        if not gw.get("auth", {}).get("trustLaneHeader"):
+            want_args.append(f"--token-audience={gw.get('auth', {}).get('tokenAudience', 'lanekeeper')}")
+        if gw.get("sharedState", {}).get("address") and not gw["sharedState"].get("deploy"):
+            want_args.append(f"--shared-state={gw['sharedState']['address']}")
+        if missing := [a for a in want_args if a not in gargs]:
+            fail(f"{label}: the gateway's args lack {missing}: {gargs}")
         names = [n for r in roles if r["metadata"]["name"].endswith("-gateway")
                  for rule in r["rules"] for n in rule.get("resourceNames", [])]
         if names != [want]:
@@ -357,6 +387,40 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
                 fail(f"{label}: Secrets list and watch only: {ident[0]['rules']}")
             if len(review) != 1 or review[0]["rules"] != [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]:
                 fail(f"{label}: TokenReview create only: {review}")
+
+
+def check_log_level(label: str, container: dict, component_values: dict) -> None:
+    """A container's RUST_LOG is its own component's logLevel (default info)."""
+    want = component_values.get("logLevel", "info")
+    got = [e.get("value") for e in container["env"] if e["name"] == "RUST_LOG"]
+    if got != [want]:
+        fail(f"{label}: container {container['name']}: RUST_LOG {got}, expected [{want!r}] from its logLevel")
+
+
+def check_pdbs(label: str, by_kind: dict[str, list[dict]]) -> None:
+    """Every PodDisruptionBudget selects one Deployment and, for the replicas
+    rendered, allows at least one voluntary disruption (else every node
+    drain blocks on it)."""
+    deps = by_kind.get("Deployment", [])
+    for pdb in by_kind.get("PodDisruptionBudget", []):
+        name, sel = pdb["metadata"]["name"], pdb["spec"]["selector"]["matchLabels"]
+        matched = [d for d in deps if sel.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        if len(matched) != 1:
+            fail(f"{label}: PodDisruptionBudget {name} selects {len(matched)} Deployments, not 1")
+        replicas = matched[0]["spec"]["replicas"]
+        if replicas > 0 and pdb_disruptions_allowed(pdb["spec"], replicas) < 1:
+            fail(f"{label}: PodDisruptionBudget {name} allows no disruption of {replicas} replica(s): "
+                 f"every node drain would block on it ({pdb['spec']})")
+
+
+def pdb_disruptions_allowed(spec: dict, replicas: int) -> int:
+    """As the disruption controller counts them with every pod healthy:
+    a percentage is of the replicas, rounded up."""
+    def scaled(v: int | str) -> int:
+        return -(-int(v[:-1]) * replicas // 100) if isinstance(v, str) else v
+    if "maxUnavailable" in spec:
+        return scaled(spec["maxUnavailable"])
+    return replicas - scaled(spec["minAvailable"])
 
 
 def check_crd_copies(crds: Path, write: bool) -> None:
