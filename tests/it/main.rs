@@ -26,6 +26,7 @@ mod controller_approval;
 mod controller_cost;
 mod controller_freeze;
 mod crds;
+mod docker_context;
 mod docs;
 mod drain;
 mod engine_calibration_rollout;
