@@ -19,21 +19,26 @@ FROM rust:${RUST_VERSION}-alpine AS build
 # statically by default.
 RUN apk add --no-cache musl-dev gcc
 WORKDIR /src
-# Dependencies first, so source edits don't rebuild them: a throwaway crate
-# with the real manifest and lockfile.
-# Every target the manifest declares must exist, so the benches (small) are
-# copied as they are and only the crate's own sources are stubbed.
+# Dependencies first, so source edits don't rebuild them: a throwaway
+# workspace with the real manifests and lockfile (the root package and its
+# member crates/lanes, a path dependency).
+# Every target a manifest declares must exist, so the benches (small) are
+# copied as they are and only the crates' own sources are stubbed.
+# (tests/it/docker_context.rs replays these steps on the build context.)
 COPY Cargo.toml Cargo.lock ./
 COPY benches ./benches
-RUN mkdir -p src/bin \
+COPY crates/lanes/Cargo.toml ./crates/lanes/
+COPY crates/lanes/benches ./crates/lanes/benches
+RUN mkdir -p src/bin crates/lanes/src \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > src/bin/lanekeeper-fake-model.rs \
- && touch src/lib.rs \
+ && touch src/lib.rs crates/lanes/src/lib.rs \
  && cargo build --release --locked --bins \
- && rm -rf src
+ && rm -rf src crates/lanes/src
 COPY src ./src
-# Touch the sources so cargo rebuilds the crate over the throwaway one.
-RUN find src -name '*.rs' -exec touch {} + \
+COPY crates/lanes/src ./crates/lanes/src
+# Touch the sources so cargo rebuilds both crates over the throwaway ones.
+RUN find src crates/lanes/src -name '*.rs' -exec touch {} + \
  && cargo build --release --locked --bins \
  && mkdir -p /out \
  && cp target/release/lanekeeper target/release/lanekeeper-fake-model /out/ \

@@ -27,6 +27,7 @@ mod controller_cost;
 mod controller_freeze;
 mod controller_prometheus_credentials;
 mod crds;
+mod docker_context;
 mod docs;
 mod drain;
 mod engine_calibration_rollout;
