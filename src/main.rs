@@ -356,8 +356,8 @@ fn run_rules(args: &RulesArgs, out: &mut dyn Write) -> Result<(), CliError> {
 
 #[derive(clap::Args)]
 struct PlanArgs {
-    /// Manifest files or directories (multi-document YAML; other kinds and
-    /// non-Kubernetes documents are skipped with a note).
+    /// Manifest files or directories (multi-document YAML, or a `kind: List`;
+    /// other kinds and non-Kubernetes documents are skipped with a note).
     #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
     files: Vec<PathBuf>,
     /// A signals timeline (YAML). Without it: one step at 0 with every
