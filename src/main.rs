@@ -57,6 +57,9 @@ enum CliError {
     /// `--step` is not a positive number of units.
     #[error("--step {value:?}: expected a positive duration")]
     StepValue { value: String },
+    /// `--step` in seconds does not fit in 64 bits.
+    #[error("--step {value:?}: too large: a step is at most {} seconds", i64::MAX)]
+    StepTooLarge { value: String },
     /// `plan --prometheus` could not set up its queries.
     #[error("--prometheus {url}: {source}")]
     Prometheus {
@@ -119,6 +122,7 @@ impl CliError {
             | CliError::Time { .. }
             | CliError::StepUnit { .. }
             | CliError::StepValue { .. }
+            | CliError::StepTooLarge { .. }
             | CliError::Prometheus { .. }
             | CliError::Addr { .. }
             | CliError::HashInput { .. }
@@ -515,11 +519,12 @@ fn parse_step(v: &str) -> Result<i64, CliError> {
             });
         }
     };
+    let value = || v.to_owned();
     match n.parse::<i64>() {
-        Ok(n) if n > 0 => Ok(n * mult),
-        _ => Err(CliError::StepValue {
-            value: v.to_owned(),
-        }),
+        Ok(n) if n > 0 => n
+            .checked_mul(mult)
+            .ok_or_else(|| CliError::StepTooLarge { value: value() }),
+        _ => Err(CliError::StepValue { value: value() }),
     }
 }
 

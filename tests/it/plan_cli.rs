@@ -653,3 +653,48 @@ fn a_lists_items_are_validated_as_documents() {
     let empty = write_temp("list-no-items", "apiVersion: v1\nkind: List\n");
     assert_invalid(&empty, "document 1: List: items", "is required");
 }
+
+/// `plan --prometheus` counts a window's steps before it lists them, and
+/// its time arithmetic is checked: 4 billion steps exit 2 at once (they
+/// were listed first, and memory ran out), a window at the end of time is
+/// one step (listing it overflowed: a panic in a debug build), and a step
+/// longer than i64::MAX seconds exits 2 (it overflowed: a panic, or in a
+/// release build 101 steps of 1 s). Nothing listens at the URL; no query
+/// is needed to refuse a window.
+#[test]
+fn plan_prometheus_counts_steps_and_checks_time_arithmetic() {
+    let run = |from: &str, to: &str, step: &str| {
+        let out = lanekeeper([
+            "plan",
+            "-f",
+            "examples/inc-47/inc-47.yaml",
+            "--prometheus",
+            "http://127.0.0.1:9",
+            "--prometheus-timeout",
+            "1",
+            "--from",
+            from,
+            "--to",
+            to,
+            "--step",
+            step,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        (out.status.code(), stderr)
+    };
+    let (code, stderr) = run("0", "4000000000", "1s");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("4000000001 steps: Prometheus answers at most 11,000 points per series"),
+        "{stderr}"
+    );
+    let (code, stderr) = run("0", "300", "5124095576030431h");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--step \"5124095576030431h\": too large"),
+        "{stderr}"
+    );
+    let (code, stderr) = run("9223372036854775000", "9223372036854775807", "1000");
+    assert_eq!(code, Some(0), "one step, its signals Unknown: {stderr}");
+}
