@@ -57,6 +57,9 @@ enum CliError {
     /// `--step` is not a positive number of units.
     #[error("--step {value:?}: expected a positive duration")]
     StepValue { value: String },
+    /// `--step` in seconds does not fit in 64 bits.
+    #[error("--step {value:?}: too large: a step is at most {} seconds", i64::MAX)]
+    StepTooLarge { value: String },
     /// `plan --prometheus` could not set up its queries.
     #[error("--prometheus {url}: {source}")]
     Prometheus {
@@ -119,6 +122,7 @@ impl CliError {
             | CliError::Time { .. }
             | CliError::StepUnit { .. }
             | CliError::StepValue { .. }
+            | CliError::StepTooLarge { .. }
             | CliError::Prometheus { .. }
             | CliError::Addr { .. }
             | CliError::HashInput { .. }
@@ -356,8 +360,8 @@ fn run_rules(args: &RulesArgs, out: &mut dyn Write) -> Result<(), CliError> {
 
 #[derive(clap::Args)]
 struct PlanArgs {
-    /// Manifest files or directories (multi-document YAML; other kinds and
-    /// non-Kubernetes documents are skipped with a note).
+    /// Manifest files or directories (multi-document YAML, or a `kind: List`;
+    /// other kinds and non-Kubernetes documents are skipped with a note).
     #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
     files: Vec<PathBuf>,
     /// A signals timeline (YAML). Without it: one step at 0 with every
@@ -518,11 +522,12 @@ fn parse_step(v: &str) -> Result<i64, CliError> {
             });
         }
     };
+    let value = || v.to_owned();
     match n.parse::<i64>() {
-        Ok(n) if n > 0 => Ok(n * mult),
-        _ => Err(CliError::StepValue {
-            value: v.to_owned(),
-        }),
+        Ok(n) if n > 0 => n
+            .checked_mul(mult)
+            .ok_or_else(|| CliError::StepTooLarge { value: value() }),
+        _ => Err(CliError::StepValue { value: value() }),
     }
 }
 

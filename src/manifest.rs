@@ -1,9 +1,10 @@
 //! Loading lanekeeper objects from manifest files and directories.
 //!
-//! Multi-document YAML; objects of other kinds and documents that are not
-//! Kubernetes objects are skipped with a note (signals timelines and
-//! scenarios, lanekeeper's own offline inputs, without one). An invalid lanekeeper object is
-//! an error naming the file, the object and the field. Validation refuses
+//! Multi-document YAML, and a `v1 List`'s items; objects of other kinds
+//! and documents that are not Kubernetes objects are skipped with a note
+//! (signals timelines and scenarios, lanekeeper's own offline inputs,
+//! without one). An invalid lanekeeper object is an error naming the file,
+//! the object and the field. Validation refuses
 //! fields the CRD does not declare (the API server's strict field
 //! validation, kubectl's default) and runs the CRDs' own CEL rules (the ones
 //! the API server runs), so an object that `plan` accepts is one
@@ -135,72 +136,115 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
     Ok(loaded)
 }
 
-/// Loads the documents of one file's text into `loaded`.
+/// Loads the documents of one file's text into `loaded`. A `v1 List`
+/// (`kubectl get -o yaml`) stands for its items, each read as a document.
 pub fn load_str(path: &Path, text: &str, loaded: &mut Loaded) -> Result<(), LoadError> {
     use serde::Deserialize;
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let n = i + 1;
-        let value = serde_yaml::Value::deserialize(doc).map_err(|e| LoadError::Yaml {
+        let yaml = |e: &dyn fmt::Display| LoadError::Yaml {
             path: path.to_owned(),
             doc: n,
             message: e.to_string(),
-        })?;
+        };
+        let value = serde_yaml::Value::deserialize(doc).map_err(|e| yaml(&e))?;
         if value.is_null() {
             continue; // empty document
         }
-        let json: Value = serde_json::to_value(&value).map_err(|e| LoadError::Yaml {
-            path: path.to_owned(),
-            doc: n,
-            message: e.to_string(),
-        })?;
-        let (Some(api_version), Some(kind)) = (
-            json.get("apiVersion")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            json.get("kind").and_then(Value::as_str).map(str::to_owned),
-        ) else {
-            if is_offline_input(&value) {
-                continue; // a signals timeline or a scenario kept beside the manifests
-            }
-            loaded.notes.push(format!(
-                "{}: document {n} is not a Kubernetes object (no apiVersion/kind): skipped",
-                path.display()
-            ));
-            continue;
-        };
-        let group = api_version.split('/').next().unwrap_or_default();
-        if group != GROUP {
-            loaded.notes.push(format!(
-                "{}: document {n}: {kind} ({api_version}) is not a lanekeeper kind: skipped",
-                path.display()
-            ));
-            continue;
+        let json: Value = serde_json::to_value(&value).map_err(|e| yaml(&e))?;
+        if is_list(&json) {
+            load_list(path, n, &json, loaded)?;
+        } else {
+            load_object(path, &format!("document {n}"), json, Some(&value), loaded)?;
         }
-        if api_version != "lanekeeper.dev/v1alpha1" {
-            return Err(invalid(
-                path,
-                &json,
-                &kind,
-                "apiVersion",
-                format!("unsupported version {api_version:?} (expected lanekeeper.dev/v1alpha1)"),
-            ));
-        }
-        add(path, n, json, &kind, loaded)?;
     }
     Ok(())
 }
 
-/// Adds document `doc` of `path`, a lanekeeper object of `kind`, to
+/// `apiVersion: v1, kind: List`: what `kubectl get -o yaml` prints.
+fn is_list(json: &Value) -> bool {
+    json.get("apiVersion").and_then(Value::as_str) == Some("v1")
+        && json.get("kind").and_then(Value::as_str) == Some("List")
+}
+
+/// The items of the List that is document `doc` of `path`, each read as a
+/// document (`document N, items[I]`), as kubectl reads them. A List in a
+/// List is refused: kubectl does not print one.
+fn load_list(path: &Path, doc: usize, json: &Value, loaded: &mut Loaded) -> Result<(), LoadError> {
+    let refuse = |field: String, message: &str| LoadError::Invalid {
+        path: path.to_owned(),
+        object: format!("document {doc}: List"),
+        field,
+        message: message.to_owned(),
+    };
+    let Some(items) = json.get("items").and_then(Value::as_array) else {
+        return Err(refuse("items".into(), "is required: a List of objects"));
+    };
+    for (i, item) in items.iter().enumerate() {
+        if is_list(item) {
+            return Err(refuse(
+                format!("items[{i}]"),
+                "a List in a List is not read",
+            ));
+        }
+        let at = format!("document {doc}, items[{i}]");
+        load_object(path, &at, item.clone(), None, loaded)?;
+    }
+    Ok(())
+}
+
+/// Loads one object, `at` (`document N`) in `path`: lanekeeper's are
+/// validated and added; others, and documents that are not Kubernetes
+/// objects, are skipped with a note (without one for an offline input,
+/// `yaml` being the document as read).
+fn load_object(
+    path: &Path,
+    at: &str,
+    json: Value,
+    yaml: Option<&serde_yaml::Value>,
+    loaded: &mut Loaded,
+) -> Result<(), LoadError> {
+    let field = |name: &str| json.get(name).and_then(Value::as_str).map(str::to_owned);
+    let (Some(api_version), Some(kind)) = (field("apiVersion"), field("kind")) else {
+        if !yaml.is_some_and(is_offline_input) {
+            loaded.notes.push(format!(
+                "{}: {at} is not a Kubernetes object (no apiVersion/kind): skipped",
+                path.display()
+            ));
+        } // else a signals timeline or a scenario kept beside the manifests
+        return Ok(());
+    };
+    let group = api_version.split('/').next().unwrap_or_default();
+    if group != GROUP {
+        loaded.notes.push(format!(
+            "{}: {at}: {kind} ({api_version}) is not a lanekeeper kind: skipped",
+            path.display()
+        ));
+        return Ok(());
+    }
+    if api_version != "lanekeeper.dev/v1alpha1" {
+        return Err(invalid(
+            path,
+            &json,
+            &kind,
+            "apiVersion",
+            format!("unsupported version {api_version:?} (expected lanekeeper.dev/v1alpha1)"),
+        ));
+    }
+    add(path, at, json, &kind, loaded)
+}
+
+/// Adds `at` (`document N`) of `path`, a lanekeeper object of `kind`, to
 /// `loaded`: valid, and the only one of its kind, namespace and name.
 fn add(
     path: &Path,
-    doc: usize,
+    at: &str,
     json: Value,
     kind: &str,
     loaded: &mut Loaded,
 ) -> Result<(), LoadError> {
     let object = object_name(&json, kind);
-    let here = format!("{}: document {doc}", path.display());
+    let here = format!("{}: {at}", path.display());
     if let Some(first) = loaded.sources.get(&object) {
         return Err(LoadError::Duplicate {
             object,

@@ -382,6 +382,26 @@ pub enum ScenarioError {
     /// More than 50 million ticks.
     #[error("durationSeconds / tickSeconds is too large (more than 50 million ticks)")]
     TooManyTicks,
+    /// `durationSeconds` above [`MAX_DURATION_SECONDS`].
+    #[error(
+        "durationSeconds must be <= {} (7 days): a run keeps a series per second of every lane",
+        MAX_DURATION_SECONDS
+    )]
+    DurationTooLong,
+    /// More requests expected than [`MAX_EXPECTED_REQUESTS`].
+    #[error(
+        "{field}: the scenario expects {expected:.0} requests (every lane's arrivals over durationSeconds plus its initialBacklog), more than the {} a run may hold; {field} adds the most ({part:.0})",
+        MAX_EXPECTED_REQUESTS
+    )]
+    TooManyRequests {
+        /// The series or backlog that adds the most, e.g.
+        /// `lanes.chat.arrivals`.
+        field: String,
+        /// Requests expected in all.
+        expected: f64,
+        /// Requests expected from `field`.
+        part: f64,
+    },
     /// `controller.evaluationIntervalSeconds` is below 1.
     #[error("controller.evaluationIntervalSeconds must be >= 1")]
     EvaluationInterval,
@@ -554,6 +574,9 @@ pub fn check(s: &Scenario) -> Result<(), ScenarioError> {
     if s.duration_seconds / s.tick_seconds > 50_000_000.0 {
         return Err(ScenarioError::TooManyTicks);
     }
+    if s.duration_seconds > MAX_DURATION_SECONDS {
+        return Err(ScenarioError::DurationTooLong);
+    }
     let c = &s.controller;
     if !(c.evaluation_interval_seconds.is_finite() && c.evaluation_interval_seconds >= 1.0) {
         return Err(ScenarioError::EvaluationInterval);
@@ -614,7 +637,55 @@ pub fn check(s: &Scenario) -> Result<(), ScenarioError> {
             why,
         })?;
     }
-    Ok(())
+    check_requests(s)
+}
+
+/// The most seconds a scenario may simulate: 7 days (INC-47's is 4200).
+/// A run keeps a series per second of every lane and profile.
+pub const MAX_DURATION_SECONDS: f64 = 604_800.0;
+
+/// The most requests a scenario may expect, arrivals and initial backlogs
+/// of every lane together: 100 million (INC-47's is about 2.3 million). A
+/// run holds every queued request and the latency of every served one.
+pub const MAX_EXPECTED_REQUESTS: f64 = 100_000_000.0;
+
+/// The requests `s` expects (every lane's arrivals over the run, as the
+/// piecewise-constant rate gives them, plus its initial backlog) are at
+/// most [`MAX_EXPECTED_REQUESTS`]; the error names the series or backlog
+/// that adds the most. Needs the series checked (finite, in order).
+fn check_requests(s: &Scenario) -> Result<(), ScenarioError> {
+    let mut expected = 0.0;
+    let mut most = (String::new(), 0.0);
+    for (k, l) in &s.lanes {
+        let arrivals = expected_arrivals(&l.arrivals, s.duration_seconds);
+        let backlog = l.initial_backlog as f64;
+        for (field, part) in [("arrivals", arrivals), ("initialBacklog", backlog)] {
+            expected += part;
+            if part > most.1 {
+                most = (format!("lanes.{k}.{field}"), part);
+            }
+        }
+    }
+    if expected <= MAX_EXPECTED_REQUESTS {
+        return Ok(());
+    }
+    Err(ScenarioError::TooManyRequests {
+        field: most.0,
+        expected,
+        part: most.1,
+    })
+}
+
+/// The integral over `[0, duration)` of a piecewise-constant rate (before
+/// the first point, the first point's rate, as [`Steps::at`] reads it).
+fn expected_arrivals(points: &[RatePoint], duration: f64) -> f64 {
+    let mut total = 0.0;
+    for (i, p) in points.iter().enumerate() {
+        let from = if i == 0 { 0.0 } else { p.at.min(duration) };
+        let to = points.get(i + 1).map_or(duration, |n| n.at.min(duration));
+        total += (to - from).max(0.0) * p.requests_per_second;
+    }
+    total
 }
 
 fn check_points(field: &str, pts: impl Iterator<Item = (f64, f64)>) -> Result<(), ScenarioError> {

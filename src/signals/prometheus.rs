@@ -239,14 +239,27 @@ pub enum Window {
 }
 
 impl Window {
-    /// The evaluation times.
+    /// How many evaluation times there are, counted without listing them
+    /// (saturating at `u64::MAX`): check it before [`Window::times`].
+    pub fn steps(&self) -> u64 {
+        match *self {
+            Window::At(_) => 1,
+            Window::Range { start, end, step } if start <= end => {
+                (end.abs_diff(start) / step.max(1).unsigned_abs()).saturating_add(1)
+            }
+            Window::Range { .. } => 0,
+        }
+    }
+
+    /// The evaluation times, [`Window::steps`] of them (none past
+    /// `i64::MAX`).
     pub fn times(&self) -> Vec<i64> {
         match *self {
             Window::At(t) => vec![t],
             Window::Range { start, end, step } => {
                 let step = step.max(1);
-                (0..)
-                    .map(|i| start + i * step)
+                (0_i64..)
+                    .map_while(|i| i.checked_mul(step).and_then(|d| start.checked_add(d)))
                     .take_while(|t| *t <= end)
                     .collect()
             }
@@ -1355,13 +1368,15 @@ pub async fn signals_file(
     timeout: Duration,
     window: &Window,
 ) -> Result<(SignalsFile, Vec<String>), PrometheusError> {
+    match window.steps() {
+        0 => return Err(PrometheusError::EmptyWindow),
+        n if n > 11_000 => {
+            let steps = usize::try_from(n).unwrap_or(usize::MAX);
+            return Err(PrometheusError::TooManySteps { steps });
+        }
+        _ => {}
+    }
     let times = window.times();
-    if times.is_empty() {
-        return Err(PrometheusError::EmptyWindow);
-    }
-    if times.len() > 11_000 {
-        return Err(PrometheusError::TooManySteps { steps: times.len() });
-    }
     let mut steps: Vec<Snapshot> = times
         .iter()
         .map(|&at| Snapshot {
@@ -1504,5 +1519,39 @@ pub fn conventional_queries(profile: &CapacityProfile) -> PrometheusQueries {
         lane_p95_cost_units_per_request: Some(format!(
             "lane:p95_cost_units_per_request{{namespace=\"{ns}\"}}"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Window;
+
+    fn range(start: i64, end: i64, step: i64) -> Window {
+        Window::Range { start, end, step }
+    }
+
+    #[test]
+    fn a_window_counts_its_steps_without_listing_them_and_never_overflows() {
+        for (w, times) in [
+            (Window::At(7), vec![7]),
+            (range(0, 120, 60), vec![0, 60, 120]),
+            (range(0, 119, 60), vec![0, 60]),
+            (range(10, 10, 0), vec![10]),
+            (range(0, 2, -5), vec![0, 1, 2]),
+            (range(5, 4, 1), vec![]),
+            (range(i64::MAX - 807, i64::MAX, 1000), vec![i64::MAX - 807]),
+            (
+                range(i64::MAX - 1, i64::MAX, 1),
+                vec![i64::MAX - 1, i64::MAX],
+            ),
+            (range(i64::MIN, i64::MIN + 1, i64::MAX), vec![i64::MIN]),
+        ] {
+            assert_eq!(w.times(), times, "{w:?}");
+            assert_eq!(w.steps(), times.len() as u64, "{w:?}");
+        }
+        // Counted, not listed: plan refuses these by the count.
+        assert_eq!(range(0, 4_000_000_000, 1).steps(), 4_000_000_001);
+        assert_eq!(range(i64::MIN, i64::MAX, 1).steps(), u64::MAX);
+        assert_eq!(range(i64::MIN, i64::MAX, i64::MAX).steps(), 3);
     }
 }

@@ -614,3 +614,113 @@ fn names_that_are_not_kubernetes_names_exit_2_and_write_nothing() {
     manifests.sort();
     assert_eq!(written, manifests, "nothing but the manifests");
 }
+
+/// `text`'s documents as the items of one `v1 List`, as `kubectl get -o
+/// yaml` prints them.
+fn as_list(text: &str) -> String {
+    use serde::Deserialize;
+    let items: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(text)
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect();
+    let mut list = serde_yaml::Mapping::new();
+    list.insert("apiVersion".into(), "v1".into());
+    list.insert("kind".into(), "List".into());
+    list.insert("items".into(), items.into());
+    let list = serde_yaml::to_string(&list).unwrap();
+    assert!(list.starts_with("apiVersion: v1\nkind: List\n"), "{list}");
+    list
+}
+
+/// A `kind: List` (`kubectl get capacityprofiles,lanecontracts,... -o
+/// yaml`) stands for its items: INC-47 as a List plans exactly as the file
+/// does (it was skipped with a note, and plan exited 0 having evaluated
+/// nothing).
+#[test]
+fn a_list_plans_as_its_items() {
+    let base = std::fs::read_to_string(root().join("examples/inc-47/inc-47.yaml")).unwrap();
+    let list = ScratchFile::new("plan-list", "list.yaml", as_list(&base));
+    let out = lanekeeper(["plan", "-f", list.to_str().unwrap(), "-o", "json"]);
+    let plan = json_of(&out);
+    assert_eq!(plan["steps"][0]["profiles"][0]["level"], 1);
+    let file = lanekeeper_ok(["plan", "-f", "examples/inc-47/inc-47.yaml", "-o", "json"]);
+    assert_eq!(stdout_of(&out), file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("skipped"), "{stderr}");
+}
+
+/// Each item of a List is validated as a document: an invalid profile in
+/// one exits 2 naming it; an item of another kind is skipped with a note
+/// naming where it is; a List without items is refused.
+#[test]
+fn a_lists_items_are_validated_as_documents() {
+    let bad = write_temp(
+        "list-invalid",
+        &as_list(&profile_with("replicas: {min: 9, max: 4}")),
+    );
+    assert_invalid(
+        &bad,
+        "CapacityProfile ai-platform/agent-assist: spec.replicas",
+        "replicas.min must be <= replicas.max",
+    );
+
+    let other = write_temp(
+        "list-other",
+        &as_list("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n"),
+    );
+    let out = lanekeeper(["plan", "-f", other.to_str().unwrap()]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("document 1, items[0]: Deployment (apps/v1) is not a lanekeeper kind"),
+        "{stderr}"
+    );
+
+    let empty = write_temp("list-no-items", "apiVersion: v1\nkind: List\n");
+    assert_invalid(&empty, "document 1: List: items", "is required");
+}
+
+/// `plan --prometheus` counts a window's steps before it lists them, and
+/// its time arithmetic is checked: 4 billion steps exit 2 at once (they
+/// were listed first, and memory ran out), a window at the end of time is
+/// one step (listing it overflowed: a panic in a debug build), and a step
+/// longer than i64::MAX seconds exits 2 (it overflowed: a panic, or in a
+/// release build 101 steps of 1 s). Nothing listens at the URL; no query
+/// is needed to refuse a window.
+#[test]
+fn plan_prometheus_counts_steps_and_checks_time_arithmetic() {
+    let run = |from: &str, to: &str, step: &str| {
+        let out = lanekeeper([
+            "plan",
+            "-f",
+            "examples/inc-47/inc-47.yaml",
+            "--prometheus",
+            "http://127.0.0.1:9",
+            "--prometheus-timeout",
+            "1",
+            "--from",
+            from,
+            "--to",
+            to,
+            "--step",
+            step,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        (out.status.code(), stderr)
+    };
+    let (code, stderr) = run("0", "4000000000", "1s");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("4000000001 steps: Prometheus answers at most 11,000 points per series"),
+        "{stderr}"
+    );
+    let (code, stderr) = run("0", "300", "5124095576030431h");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--step \"5124095576030431h\": too large"),
+        "{stderr}"
+    );
+    let (code, stderr) = run("9223372036854775000", "9223372036854775807", "1000");
+    assert_eq!(code, Some(0), "one step, its signals Unknown: {stderr}");
+}

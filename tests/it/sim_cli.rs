@@ -231,3 +231,97 @@ fn diff_names_a_moved_watermark() {
         assert_ne!(b, h, "{out}");
     }
 }
+
+/// A scenario of INC-47's p0 lane: `head` (durationSeconds and more) and
+/// the lane's own `lane` fields; a second lane `p1-agent-assist` with
+/// `other` fields when given.
+fn bounded(head: &str, lane: &str, other: Option<&str>) -> lanekeeper::scenario::Scenario {
+    let service = "service: {p50Seconds: 1, p95Seconds: 2}";
+    let mut text = format!("{head}\nlanes:\n  p0-disruption-assist: {{{service}, {lane}}}\n");
+    if let Some(o) = other {
+        text.push_str(&format!("  p1-agent-assist: {{{service}, {o}}}\n"));
+    }
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
+/// What would not fit in memory is refused by the check, naming the field,
+/// before the run allocates anything (these exhausted memory and aborted,
+/// exit 134): a rate of 10^10 a second, a backlog of 5·10^9, and 400
+/// million seconds in ticks of 10 s (under the 50 million ticks allowed,
+/// but per-second series of that length). The requests count every lane
+/// and every phase of the arrivals, up to 100 million.
+#[test]
+fn scenarios_beyond_the_bounds_are_refused_naming_the_field() {
+    use lanekeeper::scenario::check;
+    let one = "arrivals: [{at: 0, requestsPerSecond: 1}]";
+    for (s, says) in [
+        (
+            bounded(
+                "durationSeconds: 1",
+                "arrivals: [{at: 0, requestsPerSecond: 1e10}]",
+                None,
+            ),
+            "lanes.p0-disruption-assist.arrivals: the scenario expects 10000000000 requests",
+        ),
+        (
+            bounded("durationSeconds: 60", "initialBacklog: 5000000000", None),
+            "lanes.p0-disruption-assist.initialBacklog: the scenario expects 5000000000 requests",
+        ),
+        (
+            bounded("durationSeconds: 400000000\ntickSeconds: 10", one, None),
+            "durationSeconds must be <= 604800",
+        ),
+    ] {
+        let err = check(&s).unwrap_err().to_string();
+        assert!(err.contains(says), "{err}");
+    }
+    // 10,000/s for 1000 s, then 20,000/s for 3000 s: 70 million, and 30
+    // million queued on another lane: 100 million, the most allowed.
+    let phases =
+        "arrivals: [{at: 0, requestsPerSecond: 10000}, {at: 1000, requestsPerSecond: 20000}]";
+    let at_most = bounded(
+        "durationSeconds: 4000",
+        phases,
+        Some("initialBacklog: 30000000"),
+    );
+    assert!(check(&at_most).is_ok());
+    let over = bounded(
+        "durationSeconds: 4000",
+        phases,
+        Some("initialBacklog: 30000001"),
+    );
+    let err = check(&over).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "lanes.p0-disruption-assist.arrivals: the scenario expects 100000001 requests"
+        ),
+        "{err}"
+    );
+    assert!(check(&bounded("durationSeconds: 604800", one, None)).is_ok());
+}
+
+/// ... and `simulate` exits 2 with it.
+#[test]
+fn a_scenario_beyond_the_bounds_exits_2() {
+    let dir = Scratch::new("sim-cli-bounds");
+    let p = dir.join("huge.yaml");
+    std::fs::write(
+        &p,
+        "durationSeconds: 1\nlanes:\n  p0-disruption-assist:\n    arrivals: [{at: 0, requestsPerSecond: 1e10}]\n    service: {p50Seconds: 1, p95Seconds: 2}\n",
+    )
+    .unwrap();
+    let o = lanekeeper([
+        "simulate",
+        "-f",
+        "examples/inc-47/inc-47.yaml",
+        "--scenario",
+        p.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("lanes.p0-disruption-assist.arrivals"), "{err}");
+    assert!(
+        err.contains("more than the 100000000 a run may hold"),
+        "{err}"
+    );
+}
