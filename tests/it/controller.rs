@@ -268,3 +268,122 @@ async fn a_new_profile_does_not_shrink_the_pool_it_adopts() {
     assert_eq!(replicas(&s), 16);
     c.stop().await;
 }
+
+/// The example profile's condition of a type.
+fn condition(s: &ApiServer, type_: &str) -> Value {
+    profile_status(s)["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// Scale writes the controller attempted.
+fn scale_patches(s: &ApiServer) -> usize {
+    s.requests_matching(Some("PATCH"), "/scale").len()
+}
+
+/// A scale write the API server refuses every time (an RBAC rule missing, a
+/// webhook denying it) does not stop the rest of the reconcile: the gateway
+/// config, the profile's status with the engine's state, the events. The
+/// refusal is a condition and an event, the write backs off instead of
+/// being retried every tick, and the ladder keeps its memory: with
+/// `stableForSeconds: 300`, capacity coming back does not take the ConfigMap
+/// down a level at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_scale_write_is_reported_and_the_ladder_keeps_its_memory() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    set_ready(&s, 6);
+    s.inject(
+        Fault::status(403)
+            .method("PATCH")
+            .path("/scale")
+            .times(1_000_000),
+    );
+    let c = start(&s, settings(false, "a"));
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["level"] == 2
+            && condition(s, "Ready")["reason"] == "WriteRefused")
+            .await,
+        "{:#}",
+        profile_status(&s)
+    );
+    let ready = condition(&s, "Ready");
+    assert_eq!(ready["status"], "False", "{ready}");
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("scale Deployment {POOL} to 9 replicas")),
+        "{message}"
+    );
+    assert_eq!(profile_status(&s)["engine"]["level"], 2);
+    assert!(
+        s.wait_until(T, |s| !events(s, "WriteRefused").is_empty())
+            .await
+    );
+    assert_eq!(events(&s, "LevelRaised").len(), 1);
+    assert_eq!(lanes_json(&s, "agent-assist-lanes").unwrap()["level"], 2);
+
+    // Capacity comes back; the level holds for the stable window (300 s).
+    let before = scale_patches(&s);
+    set_ready(&s, 8);
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["readyReplicas"] == 8)
+            .await
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let levels: Vec<Value> = s
+        .history("v1", "configmaps", Some(NS), "agent-assist-lanes")
+        .iter()
+        .filter_map(|w| w.object["data"]["lanes.json"].as_str())
+        .map(|j| serde_json::from_str::<Value>(j).unwrap()["level"].clone())
+        .collect();
+    assert_eq!(levels.last(), Some(&json!(2)), "{levels:?}");
+    assert!(!levels.contains(&json!(1)), "{levels:?}");
+    assert_eq!(profile_status(&s)["level"], 2);
+    // Backing off: 1 s, 2 s, 4 s… between attempts, not one every tick
+    // (the resync here is 500 ms).
+    let retried = scale_patches(&s) - before;
+    assert!(retried <= 5, "{retried} scale writes in about 7 s");
+    c.stop().await;
+}
+
+/// A status write that fails once after the profile's status took the new
+/// level loses nothing: the policy's transitions and the `LevelRaised`
+/// event come out once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_policy_status_write_loses_no_transition() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    set_ready(&s, 6);
+    s.inject(
+        Fault::status(500)
+            .method("PATCH")
+            .path("degradationpolicies/agent-assist-ladder/status")
+            .times(1),
+    );
+    let c = start(&s, settings(false, "a"));
+    let policy = |s: &ApiServer| {
+        s.get_object(LK, "degradationpolicies", Some(NS), "agent-assist-ladder")
+            .unwrap()["status"]
+            .clone()
+    };
+    assert!(
+        s.wait_until(T, |s| policy(s)["level"] == 2
+            && !events(s, "LevelRaised").is_empty())
+            .await,
+        "policy {:#}; LevelRaised {:?}",
+        policy(&s),
+        events(&s, "LevelRaised")
+    );
+    assert!(s.pending_faults().is_empty());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let transitions: Vec<(Value, Value)> = policy(&s)["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["from"].clone(), t["to"].clone()))
+        .collect();
+    assert_eq!(transitions, [(json!(0), json!(2))]);
+    assert_eq!(occurrences(&s, "LevelRaised"), 1);
+    c.stop().await;
+}

@@ -280,3 +280,72 @@ async fn random_churn_with_restarts_and_faults_never_breaks_the_bound() {
         eprintln!("seed {seed}: {checked} drain writes checked against the bound");
     }
 }
+
+/// The example profile's condition of a type.
+fn profile_condition(s: &ApiServer, type_: &str) -> Value {
+    profile_status(s)["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// A drain write the API server refuses part way through a step (the
+/// second pod's) loses nothing done before it: the first pod's
+/// `PodDrained` event and its count in `lanekeeper_drains_total`; the
+/// refusal is named in `Ready`, and the status is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_refused_part_way_keeps_what_was_drained_before_it() {
+    let s = ApiServer::start().await;
+    setup(&s, 8, 1, false, false);
+    let errors = PodErrors::default();
+    for i in 0..8 {
+        let e = match i {
+            0 => 0.9,
+            1 => 0.8,
+            _ => 0.01,
+        };
+        errors.set(&pod_name(i), e);
+    }
+    s.inject(
+        Fault::status(403)
+            .method("PATCH")
+            .path(&format!("/pods/{}", pod_name(1)))
+            .times(1_000_000),
+    );
+    let c = start(&s, &errors);
+    let refused = format!("drain pod {}", pod_name(1));
+    assert!(
+        s.wait_until(T, |s| drained(s) == [pod_name(0)]
+            && profile_condition(s, "Ready")["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&refused)))
+            .await,
+        "drained {:?}; status {:#}",
+        drained(&s),
+        profile_status(&s)
+    );
+    assert!(
+        s.wait_until(T, |s| !events(s, "PodDrained").is_empty())
+            .await
+    );
+    let noted = events(&s, "PodDrained");
+    assert_eq!(noted.len(), 1, "{noted:#?}");
+    assert!(
+        noted[0]["note"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("pod {} taken out of rotation", pod_name(0))),
+        "{noted:#?}"
+    );
+    let counted = c
+        .metrics
+        .drains
+        .with_label_values(&[NS, "agent-assist", "ErrorRatio"])
+        .get();
+    assert_eq!(counted, 1);
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["drainedPods"] == 1)
+            .await
+    );
+    c.stop().await;
+}
