@@ -387,3 +387,110 @@ async fn a_failed_policy_status_write_loses_no_transition() {
     assert_eq!(occurrences(&s, "LevelRaised"), 1);
     c.stop().await;
 }
+
+/// The pool's `spec.replicas`.
+fn pool_replicas(s: &ApiServer) -> Value {
+    s.get_object("apps/v1", "deployments", Some(NS), POOL)
+        .unwrap()["spec"]["replicas"]
+        .clone()
+}
+
+/// Sets the pool's `spec.replicas` the way `kubectl scale` would.
+fn scale_by_hand(s: &ApiServer, replicas: i64) {
+    s.merge_patch_direct(
+        "apps/v1",
+        "deployments",
+        Some(NS),
+        POOL,
+        json!({"spec": {"replicas": replicas}}),
+        None,
+    )
+    .unwrap();
+}
+
+/// Scale writes the controller sent after `since`, with their replicas.
+fn scale_writes_since(s: &ApiServer, since: std::time::SystemTime) -> Vec<(Value, Duration)> {
+    s.requests_matching(Some("PATCH"), "/scale")
+        .into_iter()
+        .filter(|r| r.time >= since && r.status < 300)
+        .map(|r| {
+            let body = r.body.unwrap_or_default();
+            let after = r.time.duration_since(since).unwrap_or_default();
+            (body["spec"]["replicas"].clone(), after)
+        })
+        .collect()
+}
+
+/// A person scaling the pool up while it is degraded (`kubectl scale
+/// --replicas=14` at INC-47's level 2, where demand wants 9) is not undone:
+/// the engine starts from the replicas the pool has, and never scales down
+/// while degraded (rule 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_up_by_hand_is_not_undone_while_degraded() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    set_ready(&s, 6);
+    let c = start(&s, settings(false, "a"));
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["level"] == 2
+            && pool_replicas(s) == 9)
+            .await,
+        "{:#}",
+        profile_status(&s)
+    );
+    let by_hand = std::time::SystemTime::now();
+    scale_by_hand(&s, 14);
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["engine"]["desiredReplicas"] == 14)
+            .await,
+        "the engine starts from the pool's replicas: {:#}",
+        profile_status(&s)["engine"]
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pool_replicas(&s), 14);
+    assert_eq!(scale_writes_since(&s, by_hand), []);
+    assert_eq!(profile_status(&s)["level"], 2);
+    c.stop().await;
+}
+
+/// Not degraded, a person's scale-up is scaled back to what demand wants
+/// only after `scaleDownStabilizationSeconds` (3 here), counted from when
+/// the pool had more than demand wants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_up_by_hand_waits_out_the_stabilization_window() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    s.merge_patch_direct(
+        LK,
+        "capacityprofiles",
+        Some(NS),
+        "agent-assist",
+        json!({"spec": {"replicas": {"scaleDownStabilizationSeconds": 3}}}),
+        None,
+    )
+    .unwrap();
+    // 700 units/s for 488.1: level 0, 9 replicas wanted.
+    set_ready(&s, 10);
+    let c = start(&s, settings(false, "a"));
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["level"] == 0
+            && pool_replicas(s) == 9)
+            .await,
+        "{:#}",
+        profile_status(&s)
+    );
+    let by_hand = std::time::SystemTime::now();
+    scale_by_hand(&s, 14);
+    assert!(
+        s.wait_until(T, |s| pool_replicas(s) == 9).await,
+        "scaled back after the window: {:#}",
+        profile_status(&s)["engine"]
+    );
+    let writes = scale_writes_since(&s, by_hand);
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].0, 9);
+    // The window is counted in whole seconds from the first evaluation
+    // that saw 14: at least 2 s of the 3.
+    assert!(writes[0].1 >= Duration::from_secs(2), "{writes:?}");
+    c.stop().await;
+}

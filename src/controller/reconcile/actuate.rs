@@ -20,7 +20,7 @@ use super::refusals::Refused;
 use crate::api::{ObjectKey, ScalingMode};
 use crate::controller::lanes_configmap;
 use crate::policy::gateway_config;
-use crate::policy::{Drain, DrainAction, ProfileDecision};
+use crate::policy::{Drain, DrainAction, ProfileDecision, Telemetry};
 
 /// What actuation did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -256,7 +256,8 @@ async fn pool_size(
     let target_ref = &profile.spec.pool.scale_target_ref;
     match (ctx.index.hpa(profile.namespace_str(), target_ref), mode) {
         (Some(h), ScalingMode::HpaMinReplicas) => {
-            let raised = hpa_min(ctx, obs, &h, decision.desired_replicas).await?;
+            let want = (decision.desired_replicas, may_shrink(decision));
+            let raised = hpa_min(ctx, obs, &h, want).await?;
             Ok((raised, None))
         }
         (Some(h), _) => Ok((
@@ -268,7 +269,11 @@ async fn pool_size(
             }),
         )),
         (None, _) => {
-            let due = scale::scale_write_due(decision.desired_replicas, target.replicas);
+            let due = scale::write_due(
+                decision.desired_replicas,
+                target.replicas,
+                may_shrink(decision),
+            );
             let Some(n) = due else {
                 return Ok((None, None));
             };
@@ -277,18 +282,26 @@ async fn pool_size(
     }
 }
 
+/// Whether the pool may be made smaller now: never while degraded or while
+/// telemetry is unknown (rule 6; the engine holds the current size then,
+/// and this keeps any write from undoing a person's scale-up).
+fn may_shrink(decision: &ProfileDecision) -> bool {
+    decision.level == 0 && decision.telemetry == Telemetry::Known
+}
+
 /// Raises (or lowers) the HPA's `minReplicas` to the desired replicas.
 async fn hpa_min(
     ctx: &Context,
     obs: &Observation,
     h: &HorizontalPodAutoscaler,
-    desired: Option<i32>,
+    (desired, may_shrink): (Option<i32>, bool),
 ) -> Result<Option<Scaled>, Refused> {
-    let Some(d) = desired else {
+    let current = h.spec.as_ref().and_then(|s| s.min_replicas);
+    let Some(d) = scale::write_due(desired, current, may_shrink) else {
         return Ok(None);
     };
     let ns = obs.profile.namespace_str();
-    let object = format!("HorizontalPodAutoscaler/{ns}/{}", h.name_any());
+    let object = scale::hpa_key(ns, &h.name_any());
     let rv = h.resource_version();
     let lag = &ctx.index.lag;
     if lag.in_flight(&object, rv.as_deref(), &d.to_string()) {
@@ -317,7 +330,7 @@ async fn replicas(ctx: &Context, obs: &Observation, n: i32) -> Result<Option<Sca
     let ns = obs.profile.namespace_str();
     let target_ref = &obs.profile.spec.pool.scale_target_ref;
     let target = obs.target.as_ref();
-    let object = format!("{}/{ns}/{}", target_ref.kind, target_ref.name);
+    let object = scale::target_key(ns, target_ref);
     let rv = target
         .and_then(|t| t.workload.as_ref())
         .and_then(|w| w.resource_version());
