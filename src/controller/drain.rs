@@ -58,7 +58,7 @@ struct Census {
     bound: u32,
 }
 
-fn census(pods: &[Arc<Pod>], spec: &DrainSpec) -> Census {
+fn census(pods: &[Arc<Pod>], spec: Option<&DrainSpec>) -> Census {
     let views: Vec<_> = pods
         .iter()
         .map(|p| pool_pod(p))
@@ -67,7 +67,7 @@ fn census(pods: &[Arc<Pod>], spec: &DrainSpec) -> Census {
     let ready = views.iter().filter(|p| p.signals().is_ready()).count() as u32;
     Census {
         drained: views.iter().filter(|p| p.drained).count() as u32,
-        bound: spec.bound(ready),
+        bound: spec.map_or(0, |s| s.bound(ready)),
     }
 }
 
@@ -100,13 +100,15 @@ pub type DrainRefused = (String, Error);
 /// drained count and the bound after this step. `cached` is the pod watch's
 /// copy of the pool: what a step that writes nothing counts from. `enforce`
 /// is false in observe mode: then nothing is written and every drain is
-/// refused with `Observe`. A write the API server refuses ends the step:
-/// what was written before it is returned with the refusal.
+/// refused with `Observe`. Without a drain spec (`spec` None) nothing is
+/// drained, the engine's undrains (`Disabled`) release what is, and the
+/// readiness gates are still set. A write the API server refuses ends the
+/// step: what was written before it is returned with the refusal.
 #[allow(clippy::too_many_arguments)]
 pub async fn actuate(
     api: &Api<Pod>,
     pod_selector: &Selector,
-    spec: &DrainSpec,
+    spec: Option<&DrainSpec>,
     decided: &Drain,
     cached: &[Arc<Pod>],
     enforce: bool,
@@ -145,7 +147,7 @@ pub async fn actuate(
 
 /// The decision's drain without its writes (a refusal still backing off):
 /// what it keeps and refuses, counted from the pod watch's copy.
-pub fn unwritten(spec: &DrainSpec, decided: &Drain, cached: &[Arc<Pod>]) -> Drain {
+pub fn unwritten(spec: Option<&DrainSpec>, decided: &Drain, cached: &[Arc<Pod>]) -> Drain {
     let kept = decided
         .actions
         .iter()
@@ -156,7 +158,7 @@ pub fn unwritten(spec: &DrainSpec, decided: &Drain, cached: &[Arc<Pod>]) -> Drai
 }
 
 /// The drain as carried out, counted on `pods`.
-fn carried(mut done: Vec<PodDrain>, pods: &[Arc<Pod>], spec: &DrainSpec) -> Drain {
+fn carried(mut done: Vec<PodDrain>, pods: &[Arc<Pod>], spec: Option<&DrainSpec>) -> Drain {
     let c = census(pods, spec);
     done.sort_by(|a, b| a.pod.cmp(&b.pod));
     Drain {
@@ -170,7 +172,7 @@ fn carried(mut done: Vec<PodDrain>, pods: &[Arc<Pod>], spec: &DrainSpec) -> Drai
 struct Step<'a> {
     api: &'a Api<Pod>,
     selector: String,
-    spec: &'a DrainSpec,
+    spec: Option<&'a DrainSpec>,
     decided: &'a Drain,
     now: i64,
 }

@@ -358,18 +358,20 @@ async fn replicas(ctx: &Context, obs: &Observation, n: i32) -> Result<Option<Sca
     }))
 }
 
-/// The bounded drain (only with a drain spec and a synced pod index), and
-/// the write the API server refused, if one was (the drain's writes back
-/// off together: one pool, written one pod at a time).
+/// The bounded drain (with a synced pod index; without a drain spec, the
+/// release of what is drained and the readiness gates), and the write the
+/// API server refused, if one was (the drain's writes back off together:
+/// one pool, written one pod at a time).
 async fn bounded_drain(
     ctx: &Context,
     obs: &Observation,
     decision: &ProfileDecision,
 ) -> (Option<Drain>, Option<Refused>) {
     let profile = &obs.profile;
-    let (Some(spec), Some(cached)) = (&profile.spec.drain, &obs.pods) else {
+    let Some(cached) = &obs.pods else {
         return (None, None);
     };
+    let spec = profile.spec.drain.as_ref();
     // The drain reads pods listed afresh and cached ones alike, as `Pod`s.
     let cached: Vec<Arc<Pod>> = cached.iter().map(|p| Arc::new(p.to_pod())).collect();
     let object = format!("Pod/{}/{}", profile.namespace_str(), profile.name_str());

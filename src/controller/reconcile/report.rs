@@ -289,7 +289,7 @@ pub async fn config_refused(
 /// the report then does).
 pub fn count_drain(ctx: &Context, obs: &Observation, effects: &Effects) {
     use crate::policy::DrainAction;
-    let (Some(done), Some(_)) = (&effects.drain, &obs.profile.spec.drain) else {
+    let Some(done) = &effects.drain else {
         return;
     };
     let m = &ctx.metrics;
@@ -310,9 +310,11 @@ pub fn count_drain(ctx: &Context, obs: &Observation, effects: &Effects) {
             .with_label_values(&[ns, name])
             .inc_by(refused as u64);
     }
-    m.drained_pods
-        .with_label_values(&[ns, name])
-        .set(f64::from(done.drained_pods));
+    if obs.profile.spec.drain.is_some() {
+        m.drained_pods
+            .with_label_values(&[ns, name])
+            .set(f64::from(done.drained_pods));
+    }
 }
 
 /// The profile's gauges.
