@@ -494,3 +494,53 @@ async fn a_scale_up_by_hand_waits_out_the_stabilization_window() {
     assert!(writes[0].1 >= Duration::from_secs(2), "{writes:?}");
     c.stop().await;
 }
+
+/// An edit of the gateway ConfigMap's `lanes.json` that keeps lanekeeper's
+/// hash annotation (a hand edit, a bad merge) is put back: what the gateways
+/// load is what lanekeeper decided, whatever the annotation says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_gateway_config_is_put_back() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    let c = start(&s, settings(false, "a"));
+    let data = |s: &ApiServer| {
+        s.get_object("v1", "configmaps", Some(NS), "agent-assist-lanes")
+            .map(|cm| cm["data"]["lanes.json"].clone())
+    };
+    assert!(
+        s.wait_until(T, |s| lanes_json(s, "agent-assist-lanes")
+            .is_some_and(|c| c["level"] == 1))
+            .await
+    );
+    // Settled: the next ticks write nothing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let written = data(&s).unwrap();
+    let edited = written
+        .as_str()
+        .unwrap()
+        .replace("\"level\": 1", "\"level\": 0");
+    assert_ne!(edited, written.as_str().unwrap());
+    for edit in [json!(edited), json!("{}")] {
+        s.merge_patch_direct(
+            "v1",
+            "configmaps",
+            Some(NS),
+            "agent-assist-lanes",
+            json!({"data": {"lanes.json": edit}}),
+            None,
+        )
+        .unwrap();
+        assert!(
+            s.wait_until(T, |s| data(s).as_ref() == Some(&written))
+                .await,
+            "not put back after {edit}: {:?}",
+            data(&s)
+        );
+    }
+    // Put back once: then steady, no ConfigMap write on the next ticks.
+    let patches = |s: &ApiServer| s.requests_matching(Some("PATCH"), "/configmaps/").len();
+    let before = patches(&s);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(patches(&s), before);
+    c.stop().await;
+}

@@ -176,9 +176,9 @@ async fn gateway_config(
     // its managed-by label, which the watch selects).
     let current = ctx.index.configmap(profile.namespace_str(), &name);
     let cached_rv = current.as_ref().and_then(|c| c.resource_version());
-    let (prev_cfg, current_hash) = current
+    let prev_cfg = current
         .as_deref()
-        .map_or((None, None), lanes_configmap::from_configmap);
+        .and_then(|c| lanes_configmap::from_configmap(c).0);
     let binding = obs.binding();
     let cfg = gateway_config::build(
         decision,
@@ -190,11 +190,15 @@ async fn gateway_config(
     );
     let object = format!("ConfigMap/{}/{name}", profile.namespace_str());
     let lag = &ctx.index.lag;
-    let mut written = current_hash != Some(cfg.content_hash.as_str())
-        && !lag.in_flight(&object, cached_rv.as_deref(), &cfg.content_hash);
+    // The data is compared, not only the hash annotation: an edit that kept
+    // the annotation is put back.
+    let in_place = current
+        .as_deref()
+        .is_some_and(|c| lanes_configmap::carries(c, &cfg));
+    let mut written = !in_place && !lag.in_flight(&object, cached_rv.as_deref(), &cfg.content_hash);
     if written
         && lag.wrote_before(&object, &cfg.content_hash)
-        && live_hash(&api, &name).await.as_deref() == Some(cfg.content_hash.as_str())
+        && live_carries(&api, &name, &cfg).await
     {
         // Already on the server; the cache is behind it.
         lag.wrote(&object, cached_rv.as_deref(), &cfg.content_hash);
@@ -231,11 +235,11 @@ async fn gateway_config(
     })
 }
 
-/// The hash annotation of the ConfigMap as the server has it now (a
-/// quorum read), or None when it cannot be read.
-async fn live_hash(api: &Api<ConfigMap>, name: &str) -> Option<String> {
-    let live = api.get_opt(name).await.ok()??;
-    lanes_configmap::from_configmap(&live).1.map(str::to_owned)
+/// Whether the ConfigMap as the server has it now (a quorum read) carries
+/// `cfg` (false when it cannot be read).
+async fn live_carries(api: &Api<ConfigMap>, name: &str, cfg: &lanes::GatewayConfig) -> bool {
+    let live = api.get_opt(name).await.ok().flatten();
+    live.is_some_and(|l| lanes_configmap::carries(&l, cfg))
 }
 
 /// The pool size: never in observe mode, never without an opinion, never
