@@ -129,12 +129,12 @@ impl Report<'_> {
         let mut overrides = policy::contract_overrides(p, &binding.lanes);
         overrides.extend(policy::lanes_without_objective(p, &binding.lanes));
         overrides.extend(policy::long_context_without_limit(p, binding.profile));
-        // An approval used to enter a level, or lapsed, approves nothing more:
-        // the annotation goes, and status forgets it.
+        // An approval used to enter a level, or lapsed, approves nothing
+        // more: its annotation goes, and only then does status forget it
+        // (consume_approval). Until then status keeps when it was given, so
+        // a pass after a failed removal still knows it as the one used.
         let d = self.decision;
-        let still =
-            approved.filter(|_| d.approval_consumed.is_none() && d.approval_lapsed.is_none());
-        let after = status::policy_status(p, Some(d), None, still, &overrides, self.obs.now);
+        let after = status::policy_status(p, Some(d), None, approved, &overrides, self.obs.now);
         self.ctx.writes.status(p, p.status.as_ref(), &after).await?;
         Ok(PolicyReport {
             before: p.status.clone().unwrap_or_default(),
@@ -189,24 +189,33 @@ impl Report<'_> {
         Ok(())
     }
 
-    /// Removes the annotation of an approval used or lapsed.
+    /// Removes the annotation of an approval used or lapsed, then forgets
+    /// it in the policy's status. An approval the engine used before and
+    /// still annotated (its removal failed, or the controller stopped
+    /// before it) is removed now.
     async fn consume_approval(
         &self,
         p: &DegradationPolicy,
         report: &mut PolicyReport,
     ) -> Result<(), Error> {
-        let (consumed, lapsed) = (
-            self.decision.approval_consumed,
-            self.decision.approval_lapsed,
-        );
-        if consumed.is_some() || lapsed.is_some() {
-            self.ctx
-                .writes
-                .remove_annotation(p, APPROVE_ANNOTATION)
-                .await?;
-            report.consumed = consumed;
-            report.lapsed = lapsed;
+        let (d, obs) = (self.decision, self.obs);
+        let used_before = obs.approved.filter(|a| obs.prev.approval_used == Some(*a));
+        let consumed = d.approval_consumed.or(used_before.map(|a| a.level));
+        let lapsed = d.approval_lapsed;
+        if consumed.is_none() && lapsed.is_none() {
+            return Ok(());
         }
+        let writes = &self.ctx.writes;
+        writes.remove_annotation(p, APPROVE_ANNOTATION).await?;
+        report.consumed = consumed;
+        report.lapsed = lapsed;
+        let forgotten = DegradationPolicyStatus {
+            approved_level: None,
+            approved_at: None,
+            ..report.after.clone()
+        };
+        writes.status(p, Some(&report.after), &forgotten).await?;
+        report.after = forgotten;
         Ok(())
     }
 
