@@ -13,6 +13,7 @@ use kube::runtime::reflector::Store;
 
 use super::index::Index;
 use super::pods::PodIndex;
+use super::reconcile::refusals::Refusals;
 use super::reconcile::writes::Writes;
 use super::scale::Resolver;
 use crate::api::{DegradationPolicy, LaneContract};
@@ -81,8 +82,11 @@ pub struct Context {
     pub writes: Writes,
     /// What the sweep needs to remember between passes.
     pub seen: SweepMemory,
-    /// Failures in a row per object, for backoff.
-    pub failures: Mutex<HashMap<String, u32>>,
+    /// Per profile: failed reconciles in a row, and when the next may run
+    /// (the backoff holds against the resync ticker and the triggers too).
+    pub failures: Mutex<HashMap<String, (u32, std::time::Instant)>>,
+    /// Writes the API server refused, each backing off on its own.
+    pub refusals: Refusals,
 }
 
 /// A profile this leader reconciled (to drop its metrics when it goes).

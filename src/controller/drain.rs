@@ -58,7 +58,7 @@ struct Census {
     bound: u32,
 }
 
-fn census(pods: &[Arc<Pod>], spec: &DrainSpec) -> Census {
+fn census(pods: &[Arc<Pod>], spec: Option<&DrainSpec>) -> Census {
     let views: Vec<_> = pods
         .iter()
         .map(|p| pool_pod(p))
@@ -67,7 +67,7 @@ fn census(pods: &[Arc<Pod>], spec: &DrainSpec) -> Census {
     let ready = views.iter().filter(|p| p.signals().is_ready()).count() as u32;
     Census {
         drained: views.iter().filter(|p| p.drained).count() as u32,
-        bound: spec.bound(ready),
+        bound: spec.map_or(0, |s| s.bound(ready)),
     }
 }
 
@@ -90,51 +90,137 @@ fn refused(a: &PodDrain, reason: DrainReason) -> PodDrain {
     }
 }
 
+/// A drain write the API server refused: which (`drain pod P`, `list the
+/// pool's pods`) and its error.
+pub type DrainRefused = (String, Error);
+
 /// Carries out the decision's drain on the pool's pods and returns it as
 /// carried out: drains and undrains written, candidates refused (by the
 /// bound re-checked against the newest state, by readiness, by a race), the
 /// drained count and the bound after this step. `cached` is the pod watch's
 /// copy of the pool: what a step that writes nothing counts from. `enforce`
 /// is false in observe mode: then nothing is written and every drain is
-/// refused with `Observe`.
+/// refused with `Observe`. Without a drain spec (`spec` None) nothing is
+/// drained, the engine's undrains (`Disabled`) release what is, and the
+/// readiness gates are still set. A write the API server refuses ends the
+/// step: what was written before it is returned with the refusal.
 #[allow(clippy::too_many_arguments)]
 pub async fn actuate(
     api: &Api<Pod>,
     pod_selector: &Selector,
-    spec: &DrainSpec,
+    spec: Option<&DrainSpec>,
     decided: &Drain,
     cached: &[Arc<Pod>],
     enforce: bool,
     now: i64,
     mut on_write: impl FnMut(&str),
-) -> Result<Drain, Error> {
-    let selector = pod_selector.to_string();
+) -> (Drain, Option<DrainRefused>) {
     let mut done: Vec<PodDrain> = decided
         .actions
         .iter()
         .filter(|a| matches!(a.action, DrainAction::Keep | DrainAction::Refused))
         .cloned()
         .collect();
-    let wants = |action| decided.actions.iter().filter(move |a| a.action == action);
     if !enforce {
-        done.extend(wants(DrainAction::Drain).map(|a| refused(a, DrainReason::Observe)));
-        let c = census(cached, spec);
-        done.sort_by(|a, b| a.pod.cmp(&b.pod));
-        return Ok(Drain {
-            actions: done,
-            drained_pods: c.drained,
-            drain_budget: c.bound,
-        });
+        done.extend(
+            decided
+                .actions
+                .iter()
+                .filter(|a| a.action == DrainAction::Drain)
+                .map(|a| refused(a, DrainReason::Observe)),
+        );
+        return (carried(done, cached, spec), None);
+    }
+    let step = Step {
+        api,
+        selector: pod_selector.to_string(),
+        spec,
+        decided,
+        now,
+    };
+    match step.write(cached, &mut done, &mut on_write).await {
+        Ok(pods) => (carried(done, pods.as_deref().unwrap_or(cached), spec), None),
+        // The count as the watch has it: the next step reads it afresh.
+        Err(e) => (carried(done, cached, spec), Some(e)),
+    }
+}
+
+/// The decision's drain without its writes (a refusal still backing off):
+/// what it keeps and refuses, counted from the pod watch's copy.
+pub fn unwritten(spec: Option<&DrainSpec>, decided: &Drain, cached: &[Arc<Pod>]) -> Drain {
+    let kept = decided
+        .actions
+        .iter()
+        .filter(|a| matches!(a.action, DrainAction::Keep | DrainAction::Refused))
+        .cloned()
+        .collect();
+    carried(kept, cached, spec)
+}
+
+/// The drain as carried out, counted on `pods`.
+fn carried(mut done: Vec<PodDrain>, pods: &[Arc<Pod>], spec: Option<&DrainSpec>) -> Drain {
+    let c = census(pods, spec);
+    done.sort_by(|a, b| a.pod.cmp(&b.pod));
+    Drain {
+        actions: done,
+        drained_pods: c.drained,
+        drain_budget: c.bound,
+    }
+}
+
+/// One step's writes on the pool.
+struct Step<'a> {
+    api: &'a Api<Pod>,
+    selector: String,
+    spec: Option<&'a DrainSpec>,
+    decided: &'a Drain,
+    now: i64,
+}
+
+impl Step<'_> {
+    fn wants(&self, action: DrainAction) -> impl Iterator<Item = &PodDrain> {
+        self.decided
+            .actions
+            .iter()
+            .filter(move |a| a.action == action)
     }
 
-    // Whether this step went to the API server (then the count after it is
-    // read afresh too).
-    let mut touched = false;
-    // Undrains first: they only free slots.
-    if wants(DrainAction::Undrain).next().is_some() {
-        touched = true;
-        let pods = fresh_pods(api, &selector).await?;
-        for a in wants(DrainAction::Undrain) {
+    async fn fresh(&self) -> Result<Vec<Arc<Pod>>, DrainRefused> {
+        fresh_pods(self.api, &self.selector)
+            .await
+            .map_err(|e| ("list the pool's pods".to_owned(), e))
+    }
+
+    /// Undrains, drains, then readiness gates; the pods as listed after
+    /// them when this step went to the API server (None: it did not).
+    async fn write(
+        &self,
+        cached: &[Arc<Pod>],
+        done: &mut Vec<PodDrain>,
+        on_write: &mut impl FnMut(&str),
+    ) -> Result<Option<Vec<Arc<Pod>>>, DrainRefused> {
+        let undrained = self.undrain(done, on_write).await?;
+        let drained = self.drain(done, on_write).await?;
+        if !(undrained || drained) {
+            set_gates(self.api, cached, self.now, on_write).await?;
+            return Ok(None);
+        }
+        let pods = self.fresh().await?;
+        set_gates(self.api, &pods, self.now, on_write).await?;
+        Ok(Some(pods))
+    }
+
+    /// Undrains first: they only free slots. Whether there were any.
+    async fn undrain(
+        &self,
+        done: &mut Vec<PodDrain>,
+        on_write: &mut impl FnMut(&str),
+    ) -> Result<bool, DrainRefused> {
+        if self.wants(DrainAction::Undrain).next().is_none() {
+            return Ok(false);
+        }
+        let pods = self.fresh().await?;
+        for a in self.wants(DrainAction::Undrain) {
             let Some(p) = pods.iter().find(|p| p.name_any() == a.pod) else {
                 continue;
             };
@@ -145,72 +231,63 @@ pub async fn actuate(
                 "labels": {DRAIN_LABEL: null},
                 "annotations": {DRAINED_AT_ANNOTATION: null, DRAIN_REASON_ANNOTATION: null},
             });
-            match patch_as_listed(api, p, metadata, "undrain pod").await? {
-                Written::Done => {
+            match patch_as_listed(self.api, p, metadata, "undrain pod").await {
+                Ok(Written::Done) => {
                     on_write("Pod");
                     done.push(a.clone());
                 }
-                Written::Raced => {
+                Ok(Written::Raced) => {
                     tracing::info!(pod = %a.pod, "pod changed while undraining; retried at the next evaluation");
                 }
+                Err(e) => return Err((format!("undrain pod {}", a.pod), e)),
             }
         }
+        Ok(true)
     }
 
-    // Drains, each re-checking the bound against the newest state.
-    for a in wants(DrainAction::Drain) {
-        touched = true;
-        let pods = fresh_pods(api, &selector).await?;
-        let c = census(&pods, spec);
-        let Some(p) = pods.iter().find(|p| p.name_any() == a.pod) else {
-            continue;
-        };
-        let view = pool_pod(p);
-        if view.drained || view.terminating {
-            continue;
-        }
-        if !view.signals().is_ready() {
-            done.push(refused(a, DrainReason::NotReady));
-            continue;
-        }
-        if c.drained + 1 > c.bound {
-            done.push(refused(
-                a,
-                DrainReason::BudgetExhausted {
-                    drained: c.drained,
-                    bound: c.bound,
-                },
-            ));
-            continue;
-        }
-        let metadata = json!({
-            "labels": {DRAIN_LABEL: "true"},
-            "annotations": {DRAINED_AT_ANNOTATION: rfc3339(now), DRAIN_REASON_ANNOTATION: a.reason.to_string()},
-        });
-        match patch_as_listed(api, p, metadata, "drain pod").await? {
-            Written::Done => {
-                on_write("Pod");
-                done.push(a.clone());
+    /// Drains, each re-checking the bound against the newest state. Whether
+    /// there were any.
+    async fn drain(
+        &self,
+        done: &mut Vec<PodDrain>,
+        on_write: &mut impl FnMut(&str),
+    ) -> Result<bool, DrainRefused> {
+        let mut any = false;
+        for a in self.wants(DrainAction::Drain) {
+            any = true;
+            let pods = self.fresh().await?;
+            let c = census(&pods, self.spec);
+            let Some(p) = pods.iter().find(|p| p.name_any() == a.pod) else {
+                continue;
+            };
+            let view = pool_pod(p);
+            if view.drained || view.terminating {
+                continue;
             }
-            Written::Raced => done.push(refused(a, DrainReason::Conflict)),
+            if !view.signals().is_ready() {
+                done.push(refused(a, DrainReason::NotReady));
+                continue;
+            }
+            if c.drained + 1 > c.bound {
+                let (drained, bound) = (c.drained, c.bound);
+                done.push(refused(a, DrainReason::BudgetExhausted { drained, bound }));
+                continue;
+            }
+            let metadata = json!({
+                "labels": {DRAIN_LABEL: "true"},
+                "annotations": {DRAINED_AT_ANNOTATION: rfc3339(self.now), DRAIN_REASON_ANNOTATION: a.reason.to_string()},
+            });
+            match patch_as_listed(self.api, p, metadata, "drain pod").await {
+                Ok(Written::Done) => {
+                    on_write("Pod");
+                    done.push(a.clone());
+                }
+                Ok(Written::Raced) => done.push(refused(a, DrainReason::Conflict)),
+                Err(e) => return Err((format!("drain pod {}", a.pod), e)),
+            }
         }
+        Ok(any)
     }
-
-    // Readiness gates, then the count after this step.
-    let c = if touched {
-        let pods = fresh_pods(api, &selector).await?;
-        set_gates(api, &pods, now, &mut on_write).await?;
-        census(&pods, spec)
-    } else {
-        set_gates(api, cached, now, &mut on_write).await?;
-        census(cached, spec)
-    };
-    done.sort_by(|a, b| a.pod.cmp(&b.pod));
-    Ok(Drain {
-        actions: done,
-        drained_pods: c.drained,
-        drain_budget: c.bound,
-    })
 }
 
 /// How a drain or undrain write went.
@@ -254,7 +331,7 @@ async fn set_gates(
     pods: &[Arc<Pod>],
     now: i64,
     on_write: &mut impl FnMut(&str),
-) -> Result<(), Error> {
+) -> Result<(), DrainRefused> {
     for p in pods.iter().filter(|p| has_gate(p)) {
         let view = pool_pod(p);
         if view.terminating {
@@ -296,7 +373,10 @@ async fn set_gates(
         {
             Ok(_) => on_write("Pod/status"),
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(e) => return Err(Error::kube("set serving condition", e)),
+            Err(e) => {
+                let what = format!("set the serving condition of pod {}", p.name_any());
+                return Err((what, Error::kube("set serving condition", e)));
+            }
         }
     }
     Ok(())

@@ -119,6 +119,16 @@ impl Lag {
         pending.get(object).is_some_and(|p| p.written == want)
     }
 
+    /// What this leader wrote on top of `cached_rv`, while the cache has
+    /// not caught up (the value the server has now).
+    pub fn written_on(&self, object: &str, cached_rv: Option<&str>) -> Option<String> {
+        let pending = self.pending.lock().expect("not poisoned");
+        pending
+            .get(object)
+            .filter(|p| !p.failed && p.on_top_of.as_deref() == cached_rv)
+            .map(|p| p.written.clone())
+    }
+
     /// Records a write of `want` that failed: the server may have taken it
     /// all the same (a restart between the write and its answer).
     pub fn failed(&self, object: &str, want: &str) {

@@ -244,6 +244,7 @@ async fn run_namespace(
         writes: Writes::new(client.clone(), metrics.clone()),
         seen: context::SweepMemory::default(),
         failures: Mutex::new(HashMap::new()),
+        refusals: Default::default(),
     });
     let profile_store = controller.store();
     let hpa_profiles = profile_store.clone();

@@ -131,12 +131,39 @@ pub async fn write_hpa_min(
     Ok(true)
 }
 
-/// The number of replicas to patch, if a write is due: only when the
-/// decision has an opinion and it differs from the current value.
-pub fn scale_write_due(desired: Option<i32>, current: Option<i32>) -> Option<i32> {
+/// The number of replicas to write, if a write is due: only when the
+/// decision has an opinion that differs from the current value, and never
+/// below the current value unless `may_shrink` (the pool is not degraded
+/// and telemetry is known: rule 6).
+pub fn write_due(desired: Option<i32>, current: Option<i32>, may_shrink: bool) -> Option<i32> {
     match (desired, current) {
-        (Some(d), Some(c)) if d == c => None,
+        (Some(d), Some(c)) if d == c || (d < c && !may_shrink) => None,
         (Some(d), _) => Some(d),
         (None, _) => None,
+    }
+}
+
+/// The key under which writes of the scale target's replicas are tracked.
+pub fn target_key(ns: &str, r: &ScaleTargetRef) -> String {
+    format!("{}/{ns}/{}", r.kind, r.name)
+}
+
+/// The key under which writes of an HPA's `minReplicas` are tracked.
+pub fn hpa_key(ns: &str, hpa: &str) -> String {
+    format!("HorizontalPodAutoscaler/{ns}/{hpa}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_due;
+
+    #[test]
+    fn a_write_is_due_when_the_value_differs_and_never_shrinks_unless_allowed() {
+        assert_eq!(write_due(Some(9), Some(9), true), None);
+        assert_eq!(write_due(Some(11), Some(9), false), Some(11));
+        assert_eq!(write_due(Some(9), Some(14), false), None);
+        assert_eq!(write_due(Some(9), Some(14), true), Some(9));
+        assert_eq!(write_due(Some(9), None, false), Some(9));
+        assert_eq!(write_due(None, Some(9), true), None);
     }
 }

@@ -10,7 +10,8 @@ use crate::api::{
 };
 use crate::policy::cost_calibration::CostCalibration;
 use crate::policy::{
-    Drain, InFlightProblem, LaneDecision, ProfileDecision, ProfileState, Telemetry, Warning,
+    Drain, InFlightProblem, LaneDecision, LevelTransition, ProfileDecision, ProfileState,
+    Telemetry, Warning,
 };
 
 /// The condition type saying whether the calibration describes the pool.
@@ -122,6 +123,54 @@ pub struct Observed {
     /// Pods of the pool the scheduler could not place, with its message for
     /// one of them (None when every pod is placed or pods are not watched).
     pub unschedulable: Option<(usize, String)>,
+    /// The writes the API server refused, each `what: error`.
+    pub refused: Vec<String>,
+}
+
+/// `Ready`: False while the scale target can't be read
+/// (`ScaleTargetUnavailable`) or a write of the decision was refused
+/// (`WriteRefused`, naming each), else True.
+pub fn ready_condition(scale_problem: Option<&str>, refused: &[String]) -> Cond<'static> {
+    let refused =
+        (!refused.is_empty()).then(|| format!("the API server refused: {}", refused.join("; ")));
+    match (scale_problem, refused) {
+        (Some(p), r) => Cond {
+            type_: "Ready",
+            status: "False",
+            reason: "ScaleTargetUnavailable",
+            message: r.map_or_else(|| p.to_owned(), |r| format!("{p}; {r}")),
+        },
+        (None, Some(r)) => Cond {
+            type_: "Ready",
+            status: "False",
+            reason: "WriteRefused",
+            message: r,
+        },
+        (None, None) => Cond {
+            type_: "Ready",
+            status: "True",
+            reason: "Reconciled",
+            message: "decision computed and applied".into(),
+        },
+    }
+}
+
+/// `status` with one condition set (the others as they are).
+pub fn with_condition(
+    status: &CapacityProfileStatus,
+    c: Cond<'_>,
+    generation: Option<i64>,
+    now: i64,
+) -> CapacityProfileStatus {
+    let set = conditions(&status.conditions, vec![c], generation, now);
+    let mut out = status.clone();
+    for new in set {
+        match out.conditions.iter_mut().find(|e| e.type_ == new.type_) {
+            Some(e) => *e = new,
+            None => out.conditions.push(new),
+        }
+    }
+    out
 }
 
 /// The conditions that follow from the decision: `Ready`, `Degraded`,
@@ -143,20 +192,7 @@ fn decision_conditions(d: &ProfileDecision, observed: &Observed) -> Vec<Cond<'st
             .join("; ")
     };
     vec![
-        match &observed.scale_problem {
-            Some(p) => Cond {
-                type_: "Ready",
-                status: "False",
-                reason: "ScaleTargetUnavailable",
-                message: p.clone(),
-            },
-            None => Cond {
-                type_: "Ready",
-                status: "True",
-                reason: "Reconciled",
-                message: "decision computed and applied".into(),
-            },
-        },
+        ready_condition(observed.scale_problem.as_deref(), &observed.refused),
         Cond {
             type_: "Degraded",
             status: tf(d.level > 0),
@@ -461,6 +497,17 @@ pub fn lane_status(
     }
 }
 
+/// Whether the policy's status already records `t`: its status was
+/// written with it by a pass whose profile status (the engine's state)
+/// then failed, so the next pass decides the same transition again.
+fn recorded(old: &DegradationPolicyStatus, t: &LevelTransition) -> bool {
+    old.level == t.to
+        && old
+            .transitions
+            .last()
+            .is_some_and(|l| (l.from, l.to) == (t.from, t.to))
+}
+
 /// The DegradationPolicy status for a decision. `approved` is the level the
 /// annotation approves.
 pub fn policy_status(
@@ -474,7 +521,9 @@ pub fn policy_status(
     let generation = policy.metadata.generation;
     let old = policy.status.clone().unwrap_or_default();
     let mut transitions = old.transitions.clone();
-    if let Some(t) = d.and_then(|d| d.transition.as_ref()) {
+    if let Some(t) = d.and_then(|d| d.transition.as_ref())
+        && !recorded(&old, t)
+    {
         transitions.push(Transition {
             at: rfc3339(now),
             from: t.from,

@@ -268,3 +268,279 @@ async fn a_new_profile_does_not_shrink_the_pool_it_adopts() {
     assert_eq!(replicas(&s), 16);
     c.stop().await;
 }
+
+/// The example profile's condition of a type.
+fn condition(s: &ApiServer, type_: &str) -> Value {
+    profile_status(s)["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// Scale writes the controller attempted.
+fn scale_patches(s: &ApiServer) -> usize {
+    s.requests_matching(Some("PATCH"), "/scale").len()
+}
+
+/// A scale write the API server refuses every time (an RBAC rule missing, a
+/// webhook denying it) does not stop the rest of the reconcile: the gateway
+/// config, the profile's status with the engine's state, the events. The
+/// refusal is a condition and an event, the write backs off instead of
+/// being retried every tick, and the ladder keeps its memory: with
+/// `stableForSeconds: 300`, capacity coming back does not take the ConfigMap
+/// down a level at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_scale_write_is_reported_and_the_ladder_keeps_its_memory() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    set_ready(&s, 6);
+    s.inject(
+        Fault::status(403)
+            .method("PATCH")
+            .path("/scale")
+            .times(1_000_000),
+    );
+    let c = start(&s, settings(false, "a"));
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["level"] == 2
+            && condition(s, "Ready")["reason"] == "WriteRefused")
+            .await,
+        "{:#}",
+        profile_status(&s)
+    );
+    let ready = condition(&s, "Ready");
+    assert_eq!(ready["status"], "False", "{ready}");
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("scale Deployment {POOL} to 9 replicas")),
+        "{message}"
+    );
+    assert_eq!(profile_status(&s)["engine"]["level"], 2);
+    assert!(
+        s.wait_until(T, |s| !events(s, "WriteRefused").is_empty())
+            .await
+    );
+    assert_eq!(events(&s, "LevelRaised").len(), 1);
+    assert_eq!(lanes_json(&s, "agent-assist-lanes").unwrap()["level"], 2);
+
+    // Capacity comes back; the level holds for the stable window (300 s).
+    let before = scale_patches(&s);
+    set_ready(&s, 8);
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["readyReplicas"] == 8)
+            .await
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let levels: Vec<Value> = s
+        .history("v1", "configmaps", Some(NS), "agent-assist-lanes")
+        .iter()
+        .filter_map(|w| w.object["data"]["lanes.json"].as_str())
+        .map(|j| serde_json::from_str::<Value>(j).unwrap()["level"].clone())
+        .collect();
+    assert_eq!(levels.last(), Some(&json!(2)), "{levels:?}");
+    assert!(!levels.contains(&json!(1)), "{levels:?}");
+    assert_eq!(profile_status(&s)["level"], 2);
+    // Backing off: 1 s, 2 s, 4 s… between attempts, not one every tick
+    // (the resync here is 500 ms).
+    let retried = scale_patches(&s) - before;
+    assert!(retried <= 5, "{retried} scale writes in about 7 s");
+    c.stop().await;
+}
+
+/// A status write that fails once after the profile's status took the new
+/// level loses nothing: the policy's transitions and the `LevelRaised`
+/// event come out once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_policy_status_write_loses_no_transition() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    set_ready(&s, 6);
+    s.inject(
+        Fault::status(500)
+            .method("PATCH")
+            .path("degradationpolicies/agent-assist-ladder/status")
+            .times(1),
+    );
+    let c = start(&s, settings(false, "a"));
+    let policy = |s: &ApiServer| {
+        s.get_object(LK, "degradationpolicies", Some(NS), "agent-assist-ladder")
+            .unwrap()["status"]
+            .clone()
+    };
+    assert!(
+        s.wait_until(T, |s| policy(s)["level"] == 2
+            && !events(s, "LevelRaised").is_empty())
+            .await,
+        "policy {:#}; LevelRaised {:?}",
+        policy(&s),
+        events(&s, "LevelRaised")
+    );
+    assert!(s.pending_faults().is_empty());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let transitions: Vec<(Value, Value)> = policy(&s)["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["from"].clone(), t["to"].clone()))
+        .collect();
+    assert_eq!(transitions, [(json!(0), json!(2))]);
+    assert_eq!(occurrences(&s, "LevelRaised"), 1);
+    c.stop().await;
+}
+
+/// The pool's `spec.replicas`.
+fn pool_replicas(s: &ApiServer) -> Value {
+    s.get_object("apps/v1", "deployments", Some(NS), POOL)
+        .unwrap()["spec"]["replicas"]
+        .clone()
+}
+
+/// Sets the pool's `spec.replicas` the way `kubectl scale` would.
+fn scale_by_hand(s: &ApiServer, replicas: i64) {
+    s.merge_patch_direct(
+        "apps/v1",
+        "deployments",
+        Some(NS),
+        POOL,
+        json!({"spec": {"replicas": replicas}}),
+        None,
+    )
+    .unwrap();
+}
+
+/// Scale writes the controller sent after `since`, with their replicas.
+fn scale_writes_since(s: &ApiServer, since: std::time::SystemTime) -> Vec<(Value, Duration)> {
+    s.requests_matching(Some("PATCH"), "/scale")
+        .into_iter()
+        .filter(|r| r.time >= since && r.status < 300)
+        .map(|r| {
+            let body = r.body.unwrap_or_default();
+            let after = r.time.duration_since(since).unwrap_or_default();
+            (body["spec"]["replicas"].clone(), after)
+        })
+        .collect()
+}
+
+/// A person scaling the pool up while it is degraded (`kubectl scale
+/// --replicas=14` at INC-47's level 2, where demand wants 9) is not undone:
+/// the engine starts from the replicas the pool has, and never scales down
+/// while degraded (rule 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_up_by_hand_is_not_undone_while_degraded() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    set_ready(&s, 6);
+    let c = start(&s, settings(false, "a"));
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["level"] == 2
+            && pool_replicas(s) == 9)
+            .await,
+        "{:#}",
+        profile_status(&s)
+    );
+    let by_hand = std::time::SystemTime::now();
+    scale_by_hand(&s, 14);
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["engine"]["desiredReplicas"] == 14)
+            .await,
+        "the engine starts from the pool's replicas: {:#}",
+        profile_status(&s)["engine"]
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pool_replicas(&s), 14);
+    assert_eq!(scale_writes_since(&s, by_hand), []);
+    assert_eq!(profile_status(&s)["level"], 2);
+    c.stop().await;
+}
+
+/// Not degraded, a person's scale-up is scaled back to what demand wants
+/// only after `scaleDownStabilizationSeconds` (3 here), counted from when
+/// the pool had more than demand wants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_up_by_hand_waits_out_the_stabilization_window() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    s.merge_patch_direct(
+        LK,
+        "capacityprofiles",
+        Some(NS),
+        "agent-assist",
+        json!({"spec": {"replicas": {"scaleDownStabilizationSeconds": 3}}}),
+        None,
+    )
+    .unwrap();
+    // 700 units/s for 488.1: level 0, 9 replicas wanted.
+    set_ready(&s, 10);
+    let c = start(&s, settings(false, "a"));
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["level"] == 0
+            && pool_replicas(s) == 9)
+            .await,
+        "{:#}",
+        profile_status(&s)
+    );
+    let by_hand = std::time::SystemTime::now();
+    scale_by_hand(&s, 14);
+    assert!(
+        s.wait_until(T, |s| pool_replicas(s) == 9).await,
+        "scaled back after the window: {:#}",
+        profile_status(&s)["engine"]
+    );
+    let writes = scale_writes_since(&s, by_hand);
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].0, 9);
+    // The window is counted in whole seconds from the first evaluation
+    // that saw 14: at least 2 s of the 3.
+    assert!(writes[0].1 >= Duration::from_secs(2), "{writes:?}");
+    c.stop().await;
+}
+
+/// An edit of the gateway ConfigMap's `lanes.json` that keeps lanekeeper's
+/// hash annotation (a hand edit, a bad merge) is put back: what the gateways
+/// load is what lanekeeper decided, whatever the annotation says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_gateway_config_is_put_back() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    let c = start(&s, settings(false, "a"));
+    let data = |s: &ApiServer| {
+        s.get_object("v1", "configmaps", Some(NS), "agent-assist-lanes")
+            .map(|cm| cm["data"]["lanes.json"].clone())
+    };
+    assert!(
+        s.wait_until(T, |s| lanes_json(s, "agent-assist-lanes")
+            .is_some_and(|c| c["level"] == 1))
+            .await
+    );
+    // Settled: the next ticks write nothing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let written = data(&s).unwrap();
+    let edited = written
+        .as_str()
+        .unwrap()
+        .replace("\"level\": 1", "\"level\": 0");
+    assert_ne!(edited, written.as_str().unwrap());
+    for edit in [json!(edited), json!("{}")] {
+        s.merge_patch_direct(
+            "v1",
+            "configmaps",
+            Some(NS),
+            "agent-assist-lanes",
+            json!({"data": {"lanes.json": edit}}),
+            None,
+        )
+        .unwrap();
+        assert!(
+            s.wait_until(T, |s| data(s).as_ref() == Some(&written))
+                .await,
+            "not put back after {edit}: {:?}",
+            data(&s)
+        );
+    }
+    // Put back once: then steady, no ConfigMap write on the next ticks.
+    let patches = |s: &ApiServer| s.requests_matching(Some("PATCH"), "/configmaps/").len();
+    let before = patches(&s);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(patches(&s), before);
+    c.stop().await;
+}

@@ -280,3 +280,139 @@ async fn random_churn_with_restarts_and_faults_never_breaks_the_bound() {
         eprintln!("seed {seed}: {checked} drain writes checked against the bound");
     }
 }
+
+/// The example profile's condition of a type.
+fn profile_condition(s: &ApiServer, type_: &str) -> Value {
+    profile_status(s)["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// A drain write the API server refuses part way through a step (the
+/// second pod's) loses nothing done before it: the first pod's
+/// `PodDrained` event and its count in `lanekeeper_drains_total`; the
+/// refusal is named in `Ready`, and the status is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_refused_part_way_keeps_what_was_drained_before_it() {
+    let s = ApiServer::start().await;
+    setup(&s, 8, 1, false, false);
+    let errors = PodErrors::default();
+    for i in 0..8 {
+        let e = match i {
+            0 => 0.9,
+            1 => 0.8,
+            _ => 0.01,
+        };
+        errors.set(&pod_name(i), e);
+    }
+    s.inject(
+        Fault::status(403)
+            .method("PATCH")
+            .path(&format!("/pods/{}", pod_name(1)))
+            .times(1_000_000),
+    );
+    let c = start(&s, &errors);
+    let refused = format!("drain pod {}", pod_name(1));
+    assert!(
+        s.wait_until(T, |s| drained(s) == [pod_name(0)]
+            && profile_condition(s, "Ready")["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&refused)))
+            .await,
+        "drained {:?}; status {:#}",
+        drained(&s),
+        profile_status(&s)
+    );
+    assert!(
+        s.wait_until(T, |s| !events(s, "PodDrained").is_empty())
+            .await
+    );
+    let noted = events(&s, "PodDrained");
+    assert_eq!(noted.len(), 1, "{noted:#?}");
+    assert!(
+        noted[0]["note"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("pod {} taken out of rotation", pod_name(0))),
+        "{noted:#?}"
+    );
+    let counted = c
+        .metrics
+        .drains
+        .with_label_values(&[NS, "agent-assist", "ErrorRatio"])
+        .get();
+    assert_eq!(counted, 1);
+    assert!(
+        s.wait_until(T, |s| profile_status(s)["drainedPods"] == 1)
+            .await
+    );
+    c.stop().await;
+}
+
+/// The `lanekeeper.dev/serving` condition of pod `i`, if set.
+fn serving(s: &ApiServer, i: usize) -> Value {
+    let p = s.get_object("v1", "pods", Some(NS), &pod_name(i)).unwrap();
+    p["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "lanekeeper.dev/serving"))
+        .map_or(Value::Null, |c| c["status"].clone())
+}
+
+/// Removing `spec.drain` releases the drained pods (labels, annotations and
+/// the serving condition), with a `PodUndrained` event each; and pods with
+/// lanekeeper's readiness gate still get their serving condition without
+/// it, so a new pod is not held out of rotation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_drain_spec_releases_drained_pods_and_gates_still_open() {
+    let s = ApiServer::start().await;
+    setup(&s, 8, 1, false, true);
+    let errors = PodErrors::default();
+    for i in 0..8 {
+        errors.set(&pod_name(i), if i == 0 { 0.9 } else { 0.01 });
+    }
+    let c = start(&s, &errors);
+    assert!(
+        s.wait_until(T, |s| drained(s) == [pod_name(0)]
+            && serving(s, 0) == "False")
+            .await,
+        "{:?}",
+        drained(&s)
+    );
+    s.merge_patch_direct(
+        LK,
+        "capacityprofiles",
+        Some(NS),
+        "agent-assist",
+        json!({"spec": {"drain": null}}),
+        None,
+    )
+    .unwrap();
+    assert!(
+        s.wait_until(T, |s| drained(s).is_empty() && serving(s, 0) == "True")
+            .await,
+        "drained {:?}, serving {}",
+        drained(&s),
+        serving(&s, 0)
+    );
+    let pod0 = s.get_object("v1", "pods", Some(NS), &pod_name(0)).unwrap();
+    let annotations = &pod0["metadata"]["annotations"];
+    assert!(
+        annotations.get("lanekeeper.dev/drained-at").is_none(),
+        "{annotations}"
+    );
+    assert!(
+        s.wait_until(T, |s| events(s, "PodUndrained").iter().any(|e| e["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("DrainDisabled"))))
+            .await
+    );
+    // A new pod with the gate opens without a drain section.
+    s.put_direct(pod(20, true, true)).unwrap();
+    assert!(
+        s.wait_until(T, |s| serving(s, 20) == "True").await,
+        "{}",
+        serving(&s, 20)
+    );
+    c.stop().await;
+}

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -15,10 +16,11 @@ use super::super::error::Error;
 use super::super::pods::selector_of;
 use super::super::scale;
 use super::observe::Observation;
+use super::refusals::Refused;
 use crate::api::{ObjectKey, ScalingMode};
 use crate::controller::lanes_configmap;
 use crate::policy::gateway_config;
-use crate::policy::{Drain, ProfileDecision};
+use crate::policy::{Drain, DrainAction, ProfileDecision, Telemetry};
 
 /// What actuation did.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -33,6 +35,19 @@ pub struct Effects {
     /// The drain as carried out (None without a drain spec or a synced pod
     /// index).
     pub drain: Option<Drain>,
+    /// The writes the API server refused (the rest went ahead).
+    pub refused: Vec<Refused>,
+}
+
+/// The gateway ConfigMap could not be written: nothing else is done, and
+/// the engine's state stays where it was (the ConfigMap the gateways
+/// enforce and the ladder's memory in `status.engine` move together).
+#[derive(Debug)]
+pub struct ConfigRefused {
+    /// The refusal, for the profile's `Ready` condition.
+    pub refused: Refused,
+    /// The error, for the reconcile's backoff.
+    pub error: Error,
 }
 
 /// The gateway config write.
@@ -122,20 +137,28 @@ impl fmt::Display for ScalingConflict {
     }
 }
 
-/// Carries the decision out.
+/// Carries the decision out: the gateway ConfigMap first (when it is
+/// refused, nothing else), then the pool size and the drain, each of which
+/// may be refused without stopping the other.
 pub async fn actuate(
     ctx: &Context,
     obs: &Observation,
     decision: &ProfileDecision,
-) -> Result<Effects, Error> {
+) -> Result<Effects, ConfigRefused> {
     let config = gateway_config(ctx, obs, decision).await?;
-    let (scaled, scaling_conflict) = pool_size(ctx, obs, decision).await?;
-    let drain = bounded_drain(ctx, obs, decision).await?;
+    let mut refused = Vec::new();
+    let (scaled, scaling_conflict) = pool_size(ctx, obs, decision).await.unwrap_or_else(|r| {
+        refused.push(r);
+        (None, None)
+    });
+    let (drain, drain_refused) = bounded_drain(ctx, obs, decision).await;
+    refused.extend(drain_refused);
     Ok(Effects {
         config,
         scaled,
         scaling_conflict,
         drain,
+        refused,
     })
 }
 
@@ -144,7 +167,7 @@ async fn gateway_config(
     ctx: &Context,
     obs: &Observation,
     decision: &ProfileDecision,
-) -> Result<ConfigEffect, Error> {
+) -> Result<ConfigEffect, ConfigRefused> {
     let profile = &obs.profile;
     let observe = obs.observe_only();
     let name = lanes_configmap::configmap_name(profile.name_str(), observe);
@@ -153,9 +176,9 @@ async fn gateway_config(
     // its managed-by label, which the watch selects).
     let current = ctx.index.configmap(profile.namespace_str(), &name);
     let cached_rv = current.as_ref().and_then(|c| c.resource_version());
-    let (prev_cfg, current_hash) = current
+    let prev_cfg = current
         .as_deref()
-        .map_or((None, None), lanes_configmap::from_configmap);
+        .and_then(|c| lanes_configmap::from_configmap(c).0);
     let binding = obs.binding();
     let cfg = gateway_config::build(
         decision,
@@ -167,11 +190,15 @@ async fn gateway_config(
     );
     let object = format!("ConfigMap/{}/{name}", profile.namespace_str());
     let lag = &ctx.index.lag;
-    let mut written = current_hash != Some(cfg.content_hash.as_str())
-        && !lag.in_flight(&object, cached_rv.as_deref(), &cfg.content_hash);
+    // The data is compared, not only the hash annotation: an edit that kept
+    // the annotation is put back.
+    let in_place = current
+        .as_deref()
+        .is_some_and(|c| lanes_configmap::carries(c, &cfg));
+    let mut written = !in_place && !lag.in_flight(&object, cached_rv.as_deref(), &cfg.content_hash);
     if written
         && lag.wrote_before(&object, &cfg.content_hash)
-        && live_hash(&api, &name).await.as_deref() == Some(cfg.content_hash.as_str())
+        && live_carries(&api, &name, &cfg).await
     {
         // Already on the server; the cache is behind it.
         lag.wrote(&object, cached_rv.as_deref(), &cfg.content_hash);
@@ -187,7 +214,13 @@ async fn gateway_config(
         .await
         .map_err(|e| {
             lag.failed(&object, &cfg.content_hash);
-            Error::kube("apply gateway configmap", e)
+            ConfigRefused {
+                refused: Refused {
+                    write: format!("apply the gateway config to {object}"),
+                    error: e.to_string(),
+                },
+                error: Error::kube("apply gateway configmap", e),
+            }
         })?;
         ctx.index
             .lag
@@ -202,11 +235,11 @@ async fn gateway_config(
     })
 }
 
-/// The hash annotation of the ConfigMap as the server has it now (a
-/// quorum read), or None when it cannot be read.
-async fn live_hash(api: &Api<ConfigMap>, name: &str) -> Option<String> {
-    let live = api.get_opt(name).await.ok()??;
-    lanes_configmap::from_configmap(&live).1.map(str::to_owned)
+/// Whether the ConfigMap as the server has it now (a quorum read) carries
+/// `cfg` (false when it cannot be read).
+async fn live_carries(api: &Api<ConfigMap>, name: &str, cfg: &lanes::GatewayConfig) -> bool {
+    let live = api.get_opt(name).await.ok().flatten();
+    live.is_some_and(|l| lanes_configmap::carries(&l, cfg))
 }
 
 /// The pool size: never in observe mode, never without an opinion, never
@@ -215,7 +248,7 @@ async fn pool_size(
     ctx: &Context,
     obs: &Observation,
     decision: &ProfileDecision,
-) -> Result<(Option<Scaled>, Option<ScalingConflict>), Error> {
+) -> Result<(Option<Scaled>, Option<ScalingConflict>), Refused> {
     let profile = &obs.profile;
     let (Some(target), false) = (&obs.target, obs.observe_only()) else {
         return Ok((None, None));
@@ -224,35 +257,12 @@ async fn pool_size(
     if mode == ScalingMode::Disabled {
         return Ok((None, None));
     }
-    let ns = profile.namespace_str();
     let target_ref = &profile.spec.pool.scale_target_ref;
-    let client = &ctx.client;
-    match (ctx.index.hpa(ns, target_ref), mode) {
+    match (ctx.index.hpa(profile.namespace_str(), target_ref), mode) {
         (Some(h), ScalingMode::HpaMinReplicas) => {
-            let Some(d) = decision.desired_replicas else {
-                return Ok((None, None));
-            };
-            let object = format!("HorizontalPodAutoscaler/{ns}/{}", h.name_any());
-            let rv = h.resource_version();
-            if ctx
-                .index
-                .lag
-                .in_flight(&object, rv.as_deref(), &d.to_string())
-            {
-                return Ok((None, None));
-            }
-            if scale::write_hpa_min(client, ns, &h, d, FIELD_MANAGER).await? {
-                ctx.index.lag.wrote(&object, rv.as_deref(), &d.to_string());
-                ctx.metrics.write("HorizontalPodAutoscaler", "apply");
-                return Ok((
-                    Some(Scaled::HpaMin {
-                        hpa: h.name_any(),
-                        to: d,
-                    }),
-                    None,
-                ));
-            }
-            Ok((None, None))
+            let want = (decision.desired_replicas, may_shrink(decision));
+            let raised = hpa_min(ctx, obs, &h, want).await?;
+            Ok((raised, None))
         }
         (Some(h), _) => Ok((
             None,
@@ -263,50 +273,144 @@ async fn pool_size(
             }),
         )),
         (None, _) => {
-            let Some(n) = scale::scale_write_due(decision.desired_replicas, target.replicas) else {
+            let due = scale::write_due(
+                decision.desired_replicas,
+                target.replicas,
+                may_shrink(decision),
+            );
+            let Some(n) = due else {
                 return Ok((None, None));
             };
-            let object = format!("{}/{ns}/{}", target_ref.kind, target_ref.name);
-            let rv = target.workload.as_ref().and_then(|w| w.resource_version());
-            if ctx
-                .index
-                .lag
-                .in_flight(&object, rv.as_deref(), &n.to_string())
-            {
-                return Ok((None, None));
-            }
-            scale::write(client, &ctx.resolver, ns, target_ref, n, FIELD_MANAGER).await?;
-            ctx.index.lag.wrote(&object, rv.as_deref(), &n.to_string());
-            ctx.metrics.write("Scale", "apply");
-            Ok((
-                Some(Scaled::Replicas {
-                    kind: target_ref.kind.clone(),
-                    name: target_ref.name.clone(),
-                    from: target.replicas,
-                    to: n,
-                }),
-                None,
-            ))
+            Ok((replicas(ctx, obs, n).await?, None))
         }
     }
 }
 
-/// The bounded drain (only with a drain spec and a synced pod index).
+/// Whether the pool may be made smaller now: never while degraded or while
+/// telemetry is unknown (rule 6; the engine holds the current size then,
+/// and this keeps any write from undoing a person's scale-up).
+fn may_shrink(decision: &ProfileDecision) -> bool {
+    decision.level == 0 && decision.telemetry == Telemetry::Known
+}
+
+/// Raises (or lowers) the HPA's `minReplicas` to the desired replicas.
+async fn hpa_min(
+    ctx: &Context,
+    obs: &Observation,
+    h: &HorizontalPodAutoscaler,
+    (desired, may_shrink): (Option<i32>, bool),
+) -> Result<Option<Scaled>, Refused> {
+    let current = h.spec.as_ref().and_then(|s| s.min_replicas);
+    let Some(d) = scale::write_due(desired, current, may_shrink) else {
+        return Ok(None);
+    };
+    let ns = obs.profile.namespace_str();
+    let object = scale::hpa_key(ns, &h.name_any());
+    let rv = h.resource_version();
+    let lag = &ctx.index.lag;
+    if lag.in_flight(&object, rv.as_deref(), &d.to_string()) {
+        return Ok(None);
+    }
+    let write = scale::write_hpa_min(&ctx.client, ns, h, d, FIELD_MANAGER);
+    let what = || format!("set {object} minReplicas to {d}");
+    let wanted = d.to_string();
+    if !ctx
+        .refusals
+        .attempt(&ctx.metrics, (&object, &wanted), what, write)
+        .await?
+    {
+        return Ok(None);
+    }
+    lag.wrote(&object, rv.as_deref(), &wanted);
+    ctx.metrics.write("HorizontalPodAutoscaler", "apply");
+    Ok(Some(Scaled::HpaMin {
+        hpa: h.name_any(),
+        to: d,
+    }))
+}
+
+/// Sets the scale target's replicas to `n` through its scale subresource.
+async fn replicas(ctx: &Context, obs: &Observation, n: i32) -> Result<Option<Scaled>, Refused> {
+    let ns = obs.profile.namespace_str();
+    let target_ref = &obs.profile.spec.pool.scale_target_ref;
+    let target = obs.target.as_ref();
+    let object = scale::target_key(ns, target_ref);
+    let rv = target
+        .and_then(|t| t.workload.as_ref())
+        .and_then(|w| w.resource_version());
+    let wanted = n.to_string();
+    if ctx.index.lag.in_flight(&object, rv.as_deref(), &wanted) {
+        return Ok(None);
+    }
+    let write = scale::write(&ctx.client, &ctx.resolver, ns, target_ref, n, FIELD_MANAGER);
+    let what = || {
+        format!(
+            "scale {} {} to {n} replicas",
+            target_ref.kind, target_ref.name
+        )
+    };
+    ctx.refusals
+        .attempt(&ctx.metrics, (&object, &wanted), what, write)
+        .await?;
+    ctx.index.lag.wrote(&object, rv.as_deref(), &wanted);
+    ctx.metrics.write("Scale", "apply");
+    Ok(Some(Scaled::Replicas {
+        kind: target_ref.kind.clone(),
+        name: target_ref.name.clone(),
+        from: target.and_then(|t| t.replicas),
+        to: n,
+    }))
+}
+
+/// The bounded drain (with a synced pod index; without a drain spec, the
+/// release of what is drained and the readiness gates), and the write the
+/// API server refused, if one was (the drain's writes back off together:
+/// one pool, written one pod at a time).
 async fn bounded_drain(
     ctx: &Context,
     obs: &Observation,
     decision: &ProfileDecision,
-) -> Result<Option<Drain>, Error> {
+) -> (Option<Drain>, Option<Refused>) {
     let profile = &obs.profile;
-    let (Some(spec), Some(cached)) = (&profile.spec.drain, &obs.pods) else {
-        return Ok(None);
+    let Some(cached) = &obs.pods else {
+        return (None, None);
     };
-    let selector = selector_of(profile).map_err(|e| Error::Invalid(e.to_string()))?;
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
-    let metrics = &ctx.metrics;
+    let spec = profile.spec.drain.as_ref();
     // The drain reads pods listed afresh and cached ones alike, as `Pod`s.
     let cached: Vec<Arc<Pod>> = cached.iter().map(|p| Arc::new(p.to_pod())).collect();
-    let done = drain::actuate(
+    let object = format!("Pod/{}/{}", profile.namespace_str(), profile.name_str());
+    // What the step would write: its drains and undrains (the readiness
+    // gates follow from them and the pods).
+    let wanted: Vec<String> = decision
+        .drain
+        .actions
+        .iter()
+        .filter(|a| matches!(a.action, DrainAction::Drain | DrainAction::Undrain))
+        .map(|a| format!("{:?} {}", a.action, a.pod))
+        .collect();
+    let wanted = wanted.join(", ");
+    if let Some(r) = ctx.refusals.held(&object, &wanted) {
+        return (
+            Some(drain::unwritten(spec, &decision.drain, &cached)),
+            Some(r),
+        );
+    }
+    let selector = match selector_of(profile) {
+        Ok(s) => s,
+        Err(e) => {
+            let write = "select the pool's pods".to_owned();
+            let refused = ctx.refusals.note(
+                &ctx.metrics,
+                (&object, &wanted),
+                write,
+                &Error::Invalid(e.to_string()),
+            );
+            return (None, Some(refused));
+        }
+    };
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
+    let metrics = &ctx.metrics;
+    let (done, refused) = drain::actuate(
         &api,
         &selector,
         spec,
@@ -316,6 +420,13 @@ async fn bounded_drain(
         obs.now,
         |kind| metrics.write(kind, "patch"),
     )
-    .await?;
-    Ok(Some(done))
+    .await;
+    let refused = match refused {
+        None => {
+            ctx.refusals.applied(&object);
+            None
+        }
+        Some((write, e)) => Some(ctx.refusals.note(metrics, (&object, &wanted), write, &e)),
+    };
+    (Some(done), refused)
 }

@@ -85,11 +85,51 @@ pub fn events(
             ));
         }
     }
-    profile_events(reported, decision, effects, unknown, &mut out);
-    calibration_events(reported, &mut out);
-    in_flight_events(reported, &mut out);
+    if reported.committed {
+        profile_events(reported, decision, effects, unknown, &mut out);
+        calibration_events(reported, &mut out);
+        in_flight_events(reported, &mut out);
+    } else {
+        out.extend(write_refused(
+            &reported.profile_before,
+            &reported.profile_after,
+        ));
+    }
     cost_events(reported, &mut out);
     out
+}
+
+/// The events of what actuation wrote: the scale, each pod drained and
+/// undrained (published when done, whatever the report then does).
+pub fn effect_events(effects: &Effects) -> Vec<Note> {
+    let mut out = Vec::new();
+    if let Some(s) = &effects.scaled {
+        out.push(Note {
+            action: format!("Scale{}", s.to()),
+            ..note(Target::Profile, EventType::Normal, "Scaled", s.to_string())
+        });
+    }
+    drain_events(effects, &mut out);
+    out
+}
+
+/// A Warning `WriteRefused` when `Ready` turns `WriteRefused` or names
+/// other refusals.
+fn write_refused(
+    before: &crate::api::CapacityProfileStatus,
+    after: &crate::api::CapacityProfileStatus,
+) -> Option<Note> {
+    let c = condition(&after.conditions, "Ready").filter(|c| c.reason == "WriteRefused")?;
+    let was = condition(&before.conditions, "Ready");
+    if was.is_some_and(|o| o.reason == c.reason && o.message == c.message) {
+        return None;
+    }
+    Some(note(
+        Target::Profile,
+        EventType::Warning,
+        "WriteRefused",
+        c.message.clone(),
+    ))
 }
 
 /// On a lane: a Warning `CostUnderestimated` when `CostCalibrated` turns
@@ -286,13 +326,7 @@ fn profile_events(
             )
         });
     }
-    if let Some(s) = &effects.scaled {
-        out.push(Note {
-            action: format!("Scale{}", s.to()),
-            ..note(Target::Profile, EventType::Normal, "Scaled", s.to_string())
-        });
-    }
-    drain_events(effects, out);
+    out.extend(write_refused(old, new));
     band_events(reported, decision, out);
     telemetry_events(decision, was("TelemetryKnown"), unknown, out);
     if let Some(c) = &effects.scaling_conflict
@@ -511,6 +545,7 @@ mod tests {
         Reported {
             profile_before: st.clone(),
             profile_after: st,
+            committed: true,
             ..Default::default()
         }
     }
@@ -526,6 +561,7 @@ mod tests {
             let r = Reported {
                 profile_before: before,
                 profile_after: after,
+                committed: true,
                 ..Default::default()
             };
             events(
@@ -768,16 +804,15 @@ mod tests {
             }),
             ..Default::default()
         };
-        let n = events(
+        let n = effect_events(&effects);
+        assert_eq!(reasons(&n), ["Scaled", "PodUndrained", "PodDrained"]);
+        let conflict = events(
             &steady(),
             &decision(2, "Known", None),
             &effects,
             &Default::default(),
         );
-        assert_eq!(
-            reasons(&n),
-            ["Scaled", "PodUndrained", "PodDrained", "ScalingConflict"]
-        );
+        assert_eq!(reasons(&conflict), ["ScalingConflict"]);
         assert_eq!(n[0].action, "Scale11");
         assert_eq!(n[0].note, "scaled Deployment pool from 9 to 11 replicas");
         assert_eq!(n[1].action, "Undrainpool-1");
@@ -801,6 +836,59 @@ mod tests {
             &Default::default(),
         );
         assert!(again.is_empty(), "{again:?}");
+    }
+
+    #[test]
+    fn a_refused_write_is_a_warning_when_it_starts_or_names_other_writes() {
+        let ready = |reason: &str, m: &str| {
+            let mut c = cond("Ready", "False", m);
+            c.reason = reason.into();
+            profile(vec![c])
+        };
+        let run = |before: CapacityProfileStatus, after: CapacityProfileStatus, committed| {
+            let r = Reported {
+                profile_before: before,
+                profile_after: after,
+                committed,
+                ..Default::default()
+            };
+            events(
+                &r,
+                &decision(2, "Known", None),
+                &Effects::default(),
+                &Default::default(),
+            )
+        };
+        let refused = ready("WriteRefused", "the API server refused: scale x to 9");
+        // A ConfigMap refused (nothing committed) says so too.
+        for committed in [true, false] {
+            let n = run(steady().profile_before, refused.clone(), committed);
+            assert_eq!(reasons(&n), ["WriteRefused"], "{committed}");
+            assert_eq!(n[0].type_, EventType::Warning);
+            assert_eq!(n[0].note, "the API server refused: scale x to 9");
+        }
+        assert!(run(refused.clone(), refused.clone(), true).is_empty());
+        let other = ready("WriteRefused", "the API server refused: scale x to 10");
+        assert_eq!(
+            reasons(&run(refused.clone(), other, true)),
+            ["WriteRefused"]
+        );
+        assert!(run(refused, steady().profile_after, true).is_empty());
+        let unavailable = ready("ScaleTargetUnavailable", "x");
+        assert!(run(steady().profile_before, unavailable, true).is_empty());
+    }
+
+    #[test]
+    fn what_the_profile_status_commits_is_said_only_once_it_is_written() {
+        let mut r = steady();
+        r.committed = false;
+        let n = events(
+            &r,
+            &decision(2, "Known", Some((0, 2))),
+            &Effects::default(),
+            &Default::default(),
+        );
+        assert!(n.is_empty(), "{n:?}");
     }
 
     #[test]
@@ -874,6 +962,7 @@ mod tests {
         let mut r = Reported {
             profile_before: valid.clone(),
             profile_after: changed("sha256:bbbbbbbbbbbbbbbbbbbb"),
+            committed: true,
             ..Default::default()
         };
         let n = run(&r);

@@ -22,6 +22,7 @@ use super::super::context::{Context, FIELD_MANAGER};
 use super::super::error::Error;
 use super::events::{Note, Target};
 use super::observe::Observation;
+use super::refusals::Refused;
 use crate::api::freeze::{EXCEPTION_ANNOTATION, parse_exception};
 use crate::api::{
     CapacityProfileStatus, Covered, FreezeException, FreezeState, FreezeStatus, LaneFreeze,
@@ -95,12 +96,13 @@ fn exceptions(obs: &Observation, objects: &[(String, String, Covered)]) -> Vec<F
 
 /// Keeps the profile's freeze parameters current and returns the freeze
 /// for its status (None: no lane has an objective and no exception is in
-/// force).
+/// force). A refused write of the parameters goes into `refused`.
 pub async fn actuate(
     ctx: &Context,
     obs: &Observation,
     decision: &ProfileDecision,
-) -> Result<Option<FreezeStatus>, Error> {
+    refused: &mut Vec<Refused>,
+) -> Option<FreezeStatus> {
     let f = freeze::freeze(&decision.lanes);
     let objects = covered(obs);
     let refs: Vec<(&str, &str, Covered)> = objects
@@ -112,17 +114,19 @@ pub async fn actuate(
     } else {
         freeze::params(obs.profile.name_str(), &f, &refs, obs.now)
     };
-    write_params(ctx, obs, wanted).await?;
+    if let Err(r) = write_params(ctx, obs, wanted).await {
+        refused.push(r);
+    }
     let exceptions = exceptions(obs, &objects);
     if f.band.is_none() && exceptions.is_empty() {
-        return Ok(None);
+        return None;
     }
-    Ok(Some(FreezeStatus {
+    Some(FreezeStatus {
         state: f.state,
         band: f.band,
         lanes: f.lane_names(),
         exceptions,
-    }))
+    })
 }
 
 /// Writes the profile's LaneFreeze when its spec differs from what the
@@ -132,7 +136,7 @@ async fn write_params(
     ctx: &Context,
     obs: &Observation,
     wanted: LaneFreezeSpec,
-) -> Result<(), Error> {
+) -> Result<(), Refused> {
     let profile = &obs.profile;
     let name = profile.name_str().to_owned();
     let key = profile.key();
@@ -167,13 +171,21 @@ async fn write_params(
         ..Default::default()
     };
     let api: Api<LaneFreeze> = Api::namespaced(ctx.client.clone(), profile.namespace_str());
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .map_err(|e| Error::kube("apply LaneFreeze", e))?;
+    let write = async {
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .map_err(|e| Error::kube("apply LaneFreeze", e))
+    };
+    let target = format!("LaneFreeze/{key}");
+    let spec = serde_json::to_string(&wanted).unwrap_or_default();
+    let what = || format!("apply the freeze parameters {target}");
+    ctx.refusals
+        .attempt(&ctx.metrics, (&target, &spec), what, write)
+        .await?;
     ctx.metrics.write("LaneFreeze", "apply");
     tracing::info!(profile = %key, state = wanted.state.as_str(), "freeze parameters written");
     ctx.seen

@@ -12,6 +12,7 @@
 //!
 //! [`pool`] reads what the pool's workload says beyond its size (its pod
 //! template's hash, its rollout) for observe. [`writes`] keeps what our writes returned (the watch lags behind them);
+//! [`refusals`] the writes the API server refused, each backing off;
 //! [`sweep`] covers what no profile's reconcile sees.
 
 pub mod actuate;
@@ -19,6 +20,7 @@ pub mod events;
 pub mod freeze;
 pub mod observe;
 pub mod pool;
+pub mod refusals;
 pub mod report;
 pub mod sweep;
 pub mod writes;
@@ -59,6 +61,9 @@ pub async fn reconcile(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    if let Some(wait) = backoff_left(&ctx, &profile.key()) {
+        return Ok(Action::requeue(wait));
+    }
     let result = reconcile_profile(profile, &ctx).await;
     ctx.metrics
         .reconcile_duration
@@ -75,7 +80,10 @@ pub async fn reconcile(
 
 /// Observe → decide → actuate → report → events; when a watch of the pool
 /// is still on its first list, nothing (its first list triggers the next
-/// reconcile, and the grace's end one at the latest).
+/// reconcile, and the grace's end one at the latest). A refused write
+/// stops nothing after it but the gateway ConfigMap's: the ConfigMap the
+/// gateways enforce and the engine's state move together. Events are
+/// published for what was done, also when a later write fails.
 async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<Action, Error> {
     let obs = match observe::observe(ctx, profile).await? {
         observe::Observed::Ready(obs) => obs,
@@ -83,14 +91,32 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<A
     };
     let (decision, next) =
         policy::evaluate_profile(&obs.binding(), &obs.snapshot, obs.approved, &obs.prev);
-    let effects = actuate::actuate(ctx, &obs, &decision).await?;
-    let frozen = freeze::actuate(ctx, &obs, &decision).await?;
-    let reported = report::report(ctx, &obs, &decision, &next, &effects, frozen).await?;
+    let mut effects = match actuate::actuate(ctx, &obs, &decision).await {
+        Ok(effects) => effects,
+        Err(refused) => {
+            let reported = report::config_refused(ctx, &obs, &refused.refused).await?;
+            let notes = events::events(&reported, &decision, &Default::default(), &obs.unknown);
+            publish(ctx, &obs, notes).await;
+            return Err(refused.error);
+        }
+    };
+    let frozen = freeze::actuate(ctx, &obs, &decision, &mut effects.refused).await;
+    report::count_drain(ctx, &obs, &effects);
+    publish(ctx, &obs, events::effect_events(&effects)).await;
+    let (reported, result) = report::report(ctx, &obs, &decision, &next, &effects, frozen).await;
     let mut notes = events::events(&reported, &decision, &effects, &obs.unknown);
-    notes.extend(freeze::events(
-        &reported.profile_before,
-        &reported.profile_after,
-    ));
+    if reported.committed {
+        notes.extend(freeze::events(
+            &reported.profile_before,
+            &reported.profile_after,
+        ));
+    }
+    publish(ctx, &obs, notes).await;
+    result.map(|()| Action::requeue(ctx.settings.resync))
+}
+
+/// Publishes each note on its object.
+async fn publish(ctx: &Context, obs: &observe::Observation, notes: Vec<events::Note>) {
     for n in notes {
         match n.target {
             Target::Profile => events::publish(ctx, &obs.profile, &n).await,
@@ -99,10 +125,20 @@ async fn reconcile_profile(profile: &CapacityProfile, ctx: &Context) -> Result<A
             Target::Lane(i) => events::publish(ctx, obs.binding().lanes[i], &n).await,
         }
     }
-    Ok(Action::requeue(ctx.settings.resync))
 }
 
-/// Backoff per object: 1 s doubling up to 5 minutes.
+/// How long the profile's backoff after failed reconciles still holds.
+fn backoff_left(ctx: &Context, key: &str) -> Option<Duration> {
+    let failures = ctx.failures.lock().expect("not poisoned");
+    let (_, retry_at) = failures.get(key)?;
+    retry_at
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+}
+
+/// Backoff per object: 1 s doubling up to 5 minutes. It holds against the
+/// resync ticker and the triggers too ([`reconcile`] waits it out), so a
+/// reconcile that keeps failing is not retried on every tick.
 pub fn error_policy(
     obj: Arc<DeserializeGuard<CapacityProfile>>,
     err: &Error,
@@ -121,9 +157,10 @@ pub fn error_policy(
         ),
     };
     let mut failures = ctx.failures.lock().expect("not poisoned");
-    let n = failures.entry(key.clone()).or_insert(0);
+    let (n, retry_at) = failures.entry(key.clone()).or_insert((0, Instant::now()));
     *n = n.saturating_add(1);
     let delay = Duration::from_secs(1u64 << (*n - 1).min(8)).min(Duration::from_secs(300));
+    *retry_at = Instant::now() + delay;
     tracing::warn!(profile = %key, error = %err, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

@@ -13,12 +13,12 @@ use super::super::context::{APPROVE_ANNOTATION, Context};
 use super::super::error::Error;
 use super::super::index::TargetView;
 use super::super::pods::{self, CachedPod};
-use super::super::scale::TargetState;
+use super::super::scale::{self, TargetState};
 use super::pool::{self as pool_view, PoolView, WorkloadKind};
 use crate::api::calibration::CalibrationCheck;
 use crate::api::{
     Approval, CapacityProfile, DegradationPolicy, DrainReason, DrainedPod, LaneContract, ObjectKey,
-    PolicyMode, ProfileState, StaleCalibrationMode,
+    PolicyMode, ProfileState, ScalingMode, StaleCalibrationMode,
 };
 use crate::policy::{self, Binding};
 use crate::signals::{SourceInput, SourceOutput, merge};
@@ -245,15 +245,19 @@ async fn scale_target(
 }
 
 /// The engine's last state, from status, with the drained set read from the
-/// cluster (when the pods are known). A profile that never sized its pool
-/// starts from the pool's current `replicas`: demand that wants fewer waits
-/// out the stabilization window (and any degradation) like every other
-/// scale-down, instead of shrinking the pool it just adopted on its first
-/// reconcile.
+/// cluster (when the pods are known). Its pool size is the one lanekeeper
+/// sets as the cluster has it now (`sized`, see [`sized_replicas`]), as an
+/// HPA starts from the current replicas: a person's scale-up is where the
+/// engine starts, so it is never undone while the pool is degraded or
+/// telemetry is unknown, and only after the stabilization window
+/// otherwise. Where lanekeeper sets no size, the engine's own last value;
+/// a profile that never sized its pool starts from the pool's current
+/// `replicas`, so demand that wants fewer waits out the stabilization
+/// window (and any degradation) like every other scale-down.
 fn engine_state(
     profile: &CapacityProfile,
     pods: Option<&[Arc<CachedPod>]>,
-    current_replicas: Option<i32>,
+    (sized, current_replicas): (Option<i32>, Option<i32>),
     now: i64,
 ) -> ProfileState {
     let mut prev: ProfileState = profile
@@ -261,11 +265,45 @@ fn engine_state(
         .as_ref()
         .and_then(|s| s.engine.clone())
         .unwrap_or_default();
-    prev.desired_replicas = prev.desired_replicas.or(current_replicas);
+    prev.desired_replicas = sized.or(prev.desired_replicas).or(current_replicas);
     if let Some(ps) = pods {
         prev.drained = drained_from_cluster(ps, &prev.drained, now);
     }
     prev
+}
+
+/// The replica count lanekeeper sets, as the server has it now (what this
+/// leader wrote while the watch has not shown it yet, else the cache): the
+/// scale target's replicas in `Direct` mode, its HPA's `minReplicas` in
+/// `HPAMinReplicas` mode. None where lanekeeper sets none (observe mode,
+/// `Disabled`, an HPA that `Direct` leaves alone) or it can't be read.
+fn sized_replicas(
+    ctx: &Context,
+    profile: &CapacityProfile,
+    mode: PolicyMode,
+    target: Option<&TargetState>,
+) -> Option<i32> {
+    if mode == PolicyMode::Observe {
+        return None;
+    }
+    let ns = profile.namespace_str();
+    let r = &profile.spec.pool.scale_target_ref;
+    let written = |key: String, rv: Option<String>| {
+        let w = ctx.index.lag.written_on(&key, rv.as_deref())?;
+        w.parse().ok()
+    };
+    match (ctx.index.hpa(ns, r), profile.spec.scaling.mode) {
+        (_, ScalingMode::Disabled) | (Some(_), ScalingMode::Direct) => None,
+        (Some(h), ScalingMode::HpaMinReplicas) => {
+            written(scale::hpa_key(ns, &h.name_any()), h.resource_version())
+                .or(h.spec.as_ref()?.min_replicas)
+        }
+        (None, _) => {
+            let t = target?;
+            let rv = t.workload.as_ref().and_then(|w| w.resource_version());
+            written(scale::target_key(ns, r), rv).or(t.replicas)
+        }
+    }
 }
 
 /// Reads everything the decision needs. Fails only on API errors worth a
@@ -350,7 +388,13 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observe
     snapshot.lanes = out.lanes;
 
     let current_replicas = target.as_ref().and_then(|t| t.replicas);
-    let prev = engine_state(&profile, raw_pods.as_deref(), current_replicas, now);
+    let sized = sized_replicas(ctx, &profile, mode, target.as_ref());
+    let prev = engine_state(
+        &profile,
+        raw_pods.as_deref(),
+        (sized, current_replicas),
+        now,
+    );
     Ok(Observed::Ready(Box::new(Observation {
         now,
         profile,

@@ -72,6 +72,8 @@ pub struct Fault {
     pub method: Option<String>,
     /// Substring the request path must contain ("" matches any).
     pub path_contains: String,
+    /// Substring the request path must not contain (`None`: no exclusion).
+    pub path_excludes: Option<String>,
     /// `Some(true)`: only watch requests; `Some(false)`: only non-watch requests.
     pub watch: Option<bool>,
     pub action: FaultAction,
@@ -84,6 +86,7 @@ impl Fault {
         Fault {
             method: None,
             path_contains: String::new(),
+            path_excludes: None,
             watch,
             action,
             times: 1,
@@ -107,6 +110,12 @@ impl Fault {
     }
     pub fn path(mut self, contains: &str) -> Self {
         self.path_contains = contains.to_string();
+        self
+    }
+    /// Matches only paths without `excludes` (an object but not its
+    /// `/status`, say).
+    pub fn not_path(mut self, excludes: &str) -> Self {
+        self.path_excludes = Some(excludes.to_string());
         self
     }
     pub fn times(mut self, n: usize) -> Self {
@@ -183,6 +192,7 @@ impl Inner {
             let matches = f.times > 0
                 && f.method.as_deref().is_none_or(|m| m == method)
                 && path.contains(&f.path_contains)
+                && f.path_excludes.as_deref().is_none_or(|x| !path.contains(x))
                 && f.watch.is_none_or(|w| w == is_watch)
                 && (is_watch || !matches!(f.action, FaultAction::DropWatch { .. }));
             if matches {
