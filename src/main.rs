@@ -643,7 +643,7 @@ fn run_operator(args: &RunArgs, log_format: LogFormat) -> Result<(), CliError> {
         // spec.signals.
         let extra_sources: Vec<std::sync::Arc<dyn lanekeeper::signals::SignalSource>> = vec![
             std::sync::Arc::new(lanekeeper::signals::prometheus::PrometheusSource::new(Some(client.clone()), Some(metrics.clone()))),
-            std::sync::Arc::new(lanekeeper::signals::scrape::ScrapeSource::new(Some(metrics.clone()))),
+            std::sync::Arc::new(lanekeeper::signals::scrape_source::ScrapeSource::new(Some(metrics.clone()))),
         ];
         let operator = controller::Operator { client, settings, metrics, readiness, extra_sources };
         let result = operator.run(shutdown_signal()).await;

@@ -360,7 +360,7 @@ pub struct PrometheusSignals {
     /// How long one query may take, in seconds; a slower answer makes the
     /// signal Unknown (reason `timeout`).
     #[serde(default = "default_prom_timeout")]
-    #[x_kube(validation = Rule::new("self > 0").message("timeoutSeconds must be > 0"))]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 60").message("timeoutSeconds must be between 1 and 60"))]
     pub timeout_seconds: i64,
     /// A sample older than this many seconds (at the time of evaluation) is
     /// stale: the signal is Unknown (reason `stale`), never its last value.
@@ -586,16 +586,19 @@ pub struct ScrapeSignals {
     /// Scrape each pod at most this often, in seconds; results are reused in
     /// between.
     #[serde(default = "default_scrape_interval")]
-    #[x_kube(validation = Rule::new("self > 0").message("intervalSeconds must be > 0"))]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("intervalSeconds must be between 1 and 3600"))]
     pub interval_seconds: i64,
-    /// How long one pod's scrape may take, in seconds; a slower pod has no
-    /// evidence this round (reason `timeout`).
+    /// How long one pod's scrape may take, in seconds (at most 60); a slower
+    /// pod has no evidence this round (reason `timeout`). A reconcile waits
+    /// for a round at most this long plus 1 s; a longer round goes on beside
+    /// it and triggers the profile's reconcile when it ends.
     #[serde(default = "default_scrape_timeout")]
-    #[x_kube(validation = Rule::new("self > 0").message("timeoutSeconds must be > 0"))]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 60").message("timeoutSeconds must be between 1 and 60"))]
     pub timeout_seconds: i64,
-    /// Most pods scraped at the same time.
+    /// Most pods scraped at the same time (at most 64: each may hold a page
+    /// of up to 16 MiB).
     #[serde(default = "default_scrape_concurrency")]
-    #[x_kube(validation = Rule::new("self >= 1").message("maxConcurrency must be >= 1"))]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 64").message("maxConcurrency must be between 1 and 64"))]
     pub max_concurrency: i32,
     /// Metric names to read; the defaults are vLLM's.
     #[serde(default)]

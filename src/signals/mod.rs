@@ -19,6 +19,7 @@ pub mod goodput_rule;
 pub mod prometheus;
 pub mod rules;
 pub mod scrape;
+pub mod scrape_source;
 pub mod token_rules;
 
 /// A pool pod as the controller keeps it (stripped of everything else).

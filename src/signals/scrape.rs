@@ -15,19 +15,14 @@
 //! on its own, so a page the text format allows (no `# TYPE` lines, or
 //! another family mixing label sets) still gives its evidence.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::future::BoxFuture;
-use kube::ResourceExt;
 use openmetrics_parser::{PrometheusValue, prometheus::parse_prometheus};
 
-use super::{SignalSource, SourceInput, SourceOutput};
+use super::SourceOutput;
 use crate::api::profile::{ScrapeMetrics, ScrapeSignals};
-use crate::metrics::Metrics;
-use crate::policy::key;
 
 /// The largest metrics page read from a pod (a vLLM page is tens to
 /// hundreds of KiB).
@@ -322,7 +317,7 @@ fn wanted(cfg: &ScrapeSignals) -> [(&'static str, String); 3] {
 /// Nothing could be scraped: every total this source gives is Unknown for
 /// `why` (each under its own key, as the triggers read them), and so is the
 /// source as a whole (`scrape`).
-fn nothing_scraped(
+pub(super) fn nothing_scraped(
     cfg: &ScrapeSignals,
     why: &str,
     reason: &str,
@@ -406,80 +401,4 @@ pub fn to_output(
         reasons.insert("scrape:pods".into(), reason.into());
     }
     (out, reasons)
-}
-
-/// The controller's scrape source. Profiles without `spec.signals.scrape`
-/// get nothing from it.
-pub struct ScrapeSource {
-    http: reqwest::Client,
-    metrics: Option<Metrics>,
-    cache: Mutex<HashMap<String, (i64, SourceOutput)>>,
-}
-
-impl ScrapeSource {
-    /// A source reporting errors to `metrics`.
-    pub fn new(metrics: Option<Metrics>) -> Self {
-        Self {
-            http: client(),
-            metrics,
-            cache: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Collects one profile's scrape signals (reusing a result younger than
-    /// `intervalSeconds`).
-    pub async fn observe(&self, input: &SourceInput<'_>) -> SourceOutput {
-        let profile = input.profile;
-        let Some(cfg) = profile
-            .spec
-            .signals
-            .as_ref()
-            .and_then(|s| s.scrape.as_ref())
-        else {
-            return SourceOutput::default();
-        };
-        let pkey = key(
-            &profile.namespace().unwrap_or_default(),
-            &profile.name_any(),
-        );
-        if let Some((at, out)) = self.cache.lock().expect("not poisoned").get(&pkey)
-            && input.now - at < cfg.interval_seconds
-        {
-            return out.clone();
-        }
-        let Some(pods) = input.pods else {
-            return nothing_scraped(cfg, "the pod index has not synced yet", "unsynced").0;
-        };
-        let targets: Vec<(String, String)> = pods
-            .iter()
-            .filter(|p| p.signals().is_ready())
-            .filter_map(|p| p.ip.clone().map(|ip| (p.name.clone(), ip)))
-            .collect();
-        let results = scrape_pool(&self.http, cfg, &targets).await;
-        let (out, reasons) = to_output(cfg, &results);
-        if let Some(m) = &self.metrics {
-            for s in ["scrape:inFlight", "scrape:queueDepth"] {
-                if reasons.contains_key(s) {
-                    let _ = m.signal_age.remove_label_values(&[&pkey, s]);
-                } else {
-                    m.signal_age.with_label_values(&[&pkey, s]).set(0.0);
-                }
-            }
-            for (s, r) in &reasons {
-                m.signal_errors.with_label_values(&[&pkey, s, r]).inc();
-            }
-        }
-        let mut cache = self.cache.lock().expect("not poisoned");
-        if cache.len() > 4096 {
-            cache.clear();
-        }
-        cache.insert(pkey, (input.now, out.clone()));
-        out
-    }
-}
-
-impl SignalSource for ScrapeSource {
-    fn collect<'a>(&'a self, input: &'a SourceInput<'a>) -> BoxFuture<'a, SourceOutput> {
-        Box::pin(self.observe(input))
-    }
 }

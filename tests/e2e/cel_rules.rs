@@ -457,7 +457,16 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
                 "/spec/signals/prometheus/timeoutSeconds",
                 Some(json!(0)),
             ),
-            "timeoutSeconds must be > 0",
+            "timeoutSeconds must be between 1 and 60",
+        ),
+        (
+            "prometheus timeout over a minute",
+            with(
+                p(),
+                "/spec/signals/prometheus/timeoutSeconds",
+                Some(json!(61)),
+            ),
+            "timeoutSeconds must be between 1 and 60",
         ),
         (
             "prometheus staleness 0",
@@ -630,17 +639,36 @@ fn bad_cases() -> Vec<(&'static str, Value, &'static str)> {
         (
             "scrape interval 0",
             with(p(), "/spec/signals/scrape/intervalSeconds", Some(json!(0))),
-            "intervalSeconds must be > 0",
+            "intervalSeconds must be between 1 and 3600",
+        ),
+        (
+            "scrape interval over an hour",
+            with(
+                p(),
+                "/spec/signals/scrape/intervalSeconds",
+                Some(json!(3601)),
+            ),
+            "intervalSeconds must be between 1 and 3600",
         ),
         (
             "scrape timeout 0",
             with(p(), "/spec/signals/scrape/timeoutSeconds", Some(json!(0))),
-            "timeoutSeconds must be > 0",
+            "timeoutSeconds must be between 1 and 60",
+        ),
+        (
+            "scrape timeout over a minute",
+            with(p(), "/spec/signals/scrape/timeoutSeconds", Some(json!(61))),
+            "timeoutSeconds must be between 1 and 60",
         ),
         (
             "scrape concurrency 0",
             with(p(), "/spec/signals/scrape/maxConcurrency", Some(json!(0))),
-            "maxConcurrency must be >= 1",
+            "maxConcurrency must be between 1 and 64",
+        ),
+        (
+            "scrape concurrency past what the controller holds",
+            with(p(), "/spec/signals/scrape/maxConcurrency", Some(json!(65))),
+            "maxConcurrency must be between 1 and 64",
         ),
         (
             "scrape running name empty",

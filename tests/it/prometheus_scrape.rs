@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use lanekeeper::api::CapacityProfile;
 use lanekeeper::api::profile::ScrapeMetrics;
-use lanekeeper::signals::scrape::{self, ScrapeError, ScrapeSource, parse_page, scrape_one};
+use lanekeeper::signals::scrape::{self, ScrapeError, parse_page, scrape_one};
+use lanekeeper::signals::scrape_source::ScrapeSource;
 use lanekeeper::signals::{PoolPod, SourceInput};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -332,4 +333,71 @@ async fn nothing_to_scrape_makes_every_total_unknown_under_its_own_key() {
         }
         assert_eq!(out.profile.in_flight, None);
     }
+}
+
+/// A round longer than one pod's timeout does not hold the reconcile: with
+/// four pods answering after 0.8 s each, one at a time, the round takes at
+/// least 3.2 s, the reconcile waits at most `timeoutSeconds` + 1 s (2 s) and
+/// gets every total Unknown (`slow`) rather than a guess. The round goes on
+/// by itself and, when it ends, triggers the profile's reconcile, which then
+/// has its evidence without scraping again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_round_runs_beside_the_reconcile_and_triggers_it_when_done() {
+    use futures::StreamExt;
+    use lanekeeper::signals::SignalSource;
+    let port = prometheus_support::free_port();
+    let mut counters = Vec::new();
+    let mut pods = Vec::new();
+    for i in 0..4 {
+        let ip = format!("127.0.0.{}", 10 + i);
+        counters.push(fake_pod(&ip, port, VLLM_PAGE, Duration::from_millis(800)).await);
+        pods.push(pod(&format!("vllm-{i}"), &ip));
+    }
+    let scraped = || {
+        counters
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .sum::<usize>()
+    };
+    let mut v = serde_json::to_value(profile(port)).unwrap();
+    v["spec"]["signals"]["scrape"]["maxConcurrency"] = serde_json::json!(1);
+    let p: CapacityProfile = serde_json::from_value(v).unwrap();
+    let source = ScrapeSource::new(None);
+    let (tx, mut triggered) = futures::channel::mpsc::unbounded();
+    source.attach(&None, tx);
+    let input = SourceInput {
+        profile: &p,
+        lanes: &[],
+        target_ready_replicas: None,
+        pods: Some(&pods),
+        now: 1000,
+    };
+
+    let out = source.observe(&input).await;
+    assert_eq!(out.profile.in_flight, None);
+    assert!(
+        out.unknown["scrape:inFlight"].contains("slow: the first scrape round is still running"),
+        "{:?}",
+        out.unknown
+    );
+    assert!(scraped() < 4, "the reconcile waited for the whole round");
+
+    let r = tokio::time::timeout(Duration::from_secs(20), triggered.next())
+        .await
+        .expect("the round ends and triggers the profile")
+        .unwrap();
+    assert_eq!(
+        (r.name.as_str(), r.namespace.as_deref()),
+        ("agent-assist", Some("ai-platform"))
+    );
+    assert_eq!(scraped(), 4);
+
+    let out = source.observe(&SourceInput { now: 1004, ..input }).await;
+    assert_eq!(out.profile.in_flight, Some(4.0 * 41.0));
+    assert!(out.unknown.is_empty(), "{:?}", out.unknown);
+    assert_eq!(
+        scraped(),
+        4,
+        "the round's result is used, not scraped again"
+    );
 }
