@@ -20,6 +20,11 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 /// The lease script: `KEYS[1]` the lane's bucket (a hash of `tokens` and
 /// `updated`), `ARGV` rate, burst, `take` or `give`, a token count and the
 /// key's expiry in milliseconds. Returns the tokens granted (0 for `give`).
+///
+/// What it reads back is not trusted: a NaN or negative `tokens` counts as
+/// an empty bucket, and a NaN `updated` or one in the future (the store's
+/// clock stepped back, or a failover to a host behind it) as now, so a
+/// damaged key neither opens the lane nor starves it past one refill.
 const LEASE_SCRIPT: &str = r"
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
@@ -33,6 +38,8 @@ if tokens == nil or updated == nil then
   tokens = burst
   updated = now
 end
+if tokens ~= tokens or tokens < 0 then tokens = 0 end
+if updated ~= updated or updated > now then updated = now end
 local elapsed = now - updated
 if elapsed < 0 then elapsed = 0 end
 tokens = math.min(burst, tokens + elapsed * rate)

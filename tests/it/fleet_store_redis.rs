@@ -172,6 +172,70 @@ async fn the_script_is_the_fleet_buckets_arithmetic() {
     );
 }
 
+/// A damaged bucket (another writer, a restore, a failover to a host whose
+/// clock is behind) neither opens its lane nor starves it: a NaN `updated`
+/// used to grant a full burst on every call, forever, and an `updated` in
+/// the future granted nothing until the store's clock caught up.
+#[tokio::test]
+async fn a_damaged_bucket_neither_opens_nor_starves_its_lane() {
+    let Some(server) = Server::start("a_damaged_bucket_neither_opens_nor_starves_its_lane") else {
+        return;
+    };
+    let store = FleetStore::connect(&server.url(), "test", DEADLINE)
+        .await
+        .unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let mut set = async |fields: &[(&str, String)]| {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg("test:lane:p3:bucket");
+        for (f, v) in fields {
+            cmd.arg(*f).arg(v);
+        }
+        let _: () = cmd.query_async(&mut raw).await.unwrap();
+    };
+    let slow = FleetLimits {
+        rate: 0.001,
+        burst: 2.0,
+    };
+    for (what, tokens, updated) in [
+        ("a NaN time", "1".to_string(), "nan".to_string()),
+        ("NaN tokens", "nan".to_string(), "1".to_string()),
+        ("negative tokens", "-5".to_string(), "1".to_string()),
+    ] {
+        set(&[("tokens", tokens), ("updated", updated)]).await;
+        let granted: Vec<u64> = [
+            store.take("p3", slow, 5).await.unwrap(),
+            store.take("p3", slow, 5).await.unwrap(),
+            store.take("p3", slow, 5).await.unwrap(),
+        ]
+        .into();
+        assert!(
+            granted.iter().sum::<u64>() <= 2,
+            "{what}: at most one burst over three takes, got {granted:?}"
+        );
+    }
+    // A time 30 s ahead of the store's clock: the bucket refills from the
+    // first call on.
+    let fast = FleetLimits {
+        rate: 100.0,
+        burst: 10.0,
+    };
+    let ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        + 30.0;
+    set(&[("tokens", "0".into()), ("updated", format!("{ahead}"))]).await;
+    assert_eq!(store.take("p3", fast, 10).await.unwrap(), 0, "empty now");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let granted = store.take("p3", fast, 10).await.unwrap();
+    assert!(
+        granted >= 5,
+        "0.2 s at 100/s refills about 20 (at most the burst of 10); got {granted}"
+    );
+}
+
 /// Three replicas leasing one lane's bucket as fast as they can for 2 s:
 /// together they get the lane's rate plus one burst, never more, and not
 /// much less.
