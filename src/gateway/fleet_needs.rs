@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use lanes::fleet_core::LeaseNeed;
+use lanes::fleet_mode::FleetMode;
 use lanes::fleet_spare::SpareNeed;
 
 use super::fleet_lease_calls::{Budget, Want, give_back, take_all};
@@ -37,19 +38,25 @@ impl Needs {
 
 /// What each lane and the spare bucket need now (the core leased if it is
 /// not yet: a config installed while shared), and the lanes' deadlines
-/// noted for sightings.
+/// noted for sightings. `None` without a config, or when the replica went
+/// back to its local share since the round began: the mode is read under
+/// the core's lock, so a fall back (which sets the mode, then un-leases the
+/// core) is never undone by a round that read the mode before it.
 pub(super) fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<Needs> {
     let now = gw.now();
     let needs = gw.with_core(|core| {
+        if fleet.mode() != FleetMode::Shared {
+            return None;
+        }
         if !core.leased() {
             core.set_leased(true);
         }
-        Needs {
+        Some(Needs {
             profile: core.config().profile.clone(),
             lanes: core.lease_needs(now),
             spare: core.spare_lease_need(now),
-        }
-    })?;
+        })
+    })??;
     let deadlines = needs
         .lanes
         .iter()
@@ -126,5 +133,52 @@ fn lane_budget(n: &LeaseNeed) -> Budget {
     Budget::Lane {
         index: n.lane,
         name: n.name.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use clap::Parser;
+    use lanes::{Core, GatewayConfig};
+
+    use super::super::fleet_args::FleetArgs;
+    use super::super::fleet_share::{Fleet, FleetHost};
+    use super::needs;
+
+    struct Host(Mutex<Option<Core>>);
+
+    impl FleetHost for Host {
+        fn now(&self) -> f64 {
+            1.0
+        }
+        fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> Option<R> {
+            self.0.lock().unwrap().as_mut().map(f)
+        }
+        fn wake(&self) {}
+    }
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        fleet: FleetArgs,
+    }
+
+    /// The race a review found: a round reads the mode (shared), a request's
+    /// call fails and puts the replica on its local share (the core
+    /// un-leased), then the round's `needs` leased the core again, and its
+    /// buckets never refilled for the whole outage. `needs` now reads the
+    /// mode under the core's lock and leases only when shared.
+    #[test]
+    fn a_round_never_leases_the_core_of_a_replica_on_its_local_share() {
+        let text = include_str!("../../examples/inc-47/lanes-420.json");
+        let cfg = GatewayConfig::from_json(text.as_bytes()).unwrap();
+        let host = Host(Mutex::new(Some(Core::new(cfg, 1.0, 0.0, 1e6).unwrap())));
+        let cli = Cli::parse_from(["gw", "--shared-state", "redis://127.0.0.1:1"]);
+        let registry = prometheus::Registry::new();
+        let fleet = Fleet::from_args(&cli.fleet, &registry, 0.0).unwrap();
+        assert!(needs(&host, &fleet).is_none(), "local: no round");
+        assert!(!host.with_core(|c| c.leased()).unwrap());
     }
 }
