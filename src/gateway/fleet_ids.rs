@@ -15,11 +15,15 @@ use lanes::fleet_mode::FleetMode;
 use super::decision::{Reason, Verdict};
 use super::fleet_metrics::StoreOp;
 use super::fleet_share::{Fleet, FleetHost, PendingDeferral, locked};
+use super::fleet_store::FleetStore;
+use super::fleet_store_ids::Sighting;
 
 /// Most deferrals kept for a store that does not answer.
 const MAX_PENDING_DEFERRALS: usize = 10_000;
-use super::fleet_store::FleetStore;
-use super::fleet_store_ids::Sighting;
+/// Kept deferrals written per lease round, in one pipelined call (10,000
+/// are written within 16 s of the store's return, each round's call a few
+/// kilobytes).
+const DEFERRALS_PER_ROUND: usize = 64;
 
 impl Fleet {
     /// Where the fleet remembers ids of `lane` (the store's key, how long
@@ -120,29 +124,48 @@ impl Fleet {
     fn defer_later(&self, d: PendingDeferral) {
         let mut pending = locked(&self.pending_deferrals);
         if pending.len() >= MAX_PENDING_DEFERRALS {
-            pending.remove(0);
+            pending.pop_front();
         }
-        pending.push(d);
+        pending.push_back(d);
     }
 
-    /// Writes the deferrals kept while the store did not answer (shared
-    /// mode only); those it does not take are kept for the next round.
+    /// Writes up to [`DEFERRALS_PER_ROUND`] of the deferrals kept while the
+    /// store did not answer, in one call (shared mode only; the round's
+    /// last move, so leases never wait behind them); the rest, and a batch
+    /// the store did not take, wait for the next round.
     pub(super) async fn write_pending_deferrals(&self, gw: &impl FleetHost, store: &FleetStore) {
         if self.mode() != FleetMode::Shared {
             return;
         }
-        let pending = std::mem::take(&mut *locked(&self.pending_deferrals));
-        let mut left = pending.into_iter();
-        while let Some(d) = left.next() {
-            let for_how_long = Duration::from_secs(d.seconds.max(1));
-            if let Err(e) = store.deferred(&d.key, &d.id, for_how_long).await {
-                let mut kept = locked(&self.pending_deferrals);
-                kept.push(d);
-                kept.extend(left);
-                drop(kept);
-                return self.failed(gw, StoreOp::Deferral, &e.to_string());
+        let batch: Vec<PendingDeferral> = {
+            let mut pending = locked(&self.pending_deferrals);
+            let n = pending.len().min(DEFERRALS_PER_ROUND);
+            pending.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let items: Vec<(&str, &str, Duration)> = batch
+            .iter()
+            .map(|d| {
+                (
+                    d.key.as_str(),
+                    d.id.as_str(),
+                    Duration::from_secs(d.seconds.max(1)),
+                )
+            })
+            .collect();
+        match store.deferred_all(&items).await {
+            Ok(()) => self.metrics.call(StoreOp::Deferral, true),
+            Err(e) => {
+                let mut pending = locked(&self.pending_deferrals);
+                for d in batch.into_iter().rev() {
+                    pending.push_front(d);
+                }
+                pending.truncate(MAX_PENDING_DEFERRALS);
+                drop(pending);
+                self.failed(gw, StoreOp::Deferral, &e.to_string());
             }
-            self.metrics.call(StoreOp::Deferral, true);
         }
     }
 }

@@ -53,7 +53,6 @@ async fn round<G: FleetHost + 'static>(gw: &Arc<G>, fleet: &Arc<Fleet>) {
         }
         fleet.metrics.call(StoreOp::Probe, true);
     }
-    fleet.write_pending_deferrals(gw_ref, &store).await;
     if let Err((op, why)) = give_back_excess(gw_ref, fleet, &store, &needs).await {
         return fleet.failed(gw_ref, op, &why);
     }
@@ -61,6 +60,7 @@ async fn round<G: FleetHost + 'static>(gw: &Arc<G>, fleet: &Arc<Fleet>) {
         return fleet.failed(gw_ref, op, &why);
     }
     if let Err((op, why)) = slot_round(gw_ref, fleet, &store, &needs.profile).await {
-        fleet.failed(gw_ref, op, &why);
+        return fleet.failed(gw_ref, op, &why);
     }
+    fleet.write_pending_deferrals(gw_ref, &store).await;
 }

@@ -14,7 +14,7 @@
 //! itself. A request never waits on the store beyond one call's deadline
 //! and is never failed because the store is down.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -65,7 +65,7 @@ pub(super) struct Fleet {
     /// Rounds in a row that called nothing (see [`quiet_for_a_second`]).
     quiet_rounds: AtomicU32,
     /// Deferrals the store has not taken yet (see `fleet_ids`).
-    pub(super) pending_deferrals: Mutex<Vec<PendingDeferral>>,
+    pub(super) pending_deferrals: Mutex<VecDeque<PendingDeferral>>,
 }
 
 /// A request id deferred while the store did not answer: written to the
@@ -101,7 +101,7 @@ impl Fleet {
             slot_seen: Mutex::new(HashMap::new()),
             lanes: Mutex::new((String::new(), HashMap::new())),
             quiet_rounds: AtomicU32::new(0),
-            pending_deferrals: Mutex::new(Vec::new()),
+            pending_deferrals: Mutex::new(VecDeque::new()),
         }))
     }
 

@@ -126,4 +126,30 @@ impl FleetStore {
             .await
             .map(|_| ())
     }
+
+    /// Marks every `(lane, id, for how long)` of `items` deferred, in one
+    /// pipelined call with one deadline.
+    pub async fn deferred_all(
+        &self,
+        items: &[(&str, &str, Duration)],
+    ) -> Result<(), FleetStoreError> {
+        let invocations: Vec<_> = items
+            .iter()
+            .map(|(lane, id, d)| {
+                let mut inv = SCRIPT.key(self.id_key(lane, id));
+                inv.arg("defer").arg(d.as_millis().max(1) as u64);
+                inv
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.load_script(&SCRIPT).ignore();
+        for inv in &invocations {
+            pipe.invoke_script(inv).ignore();
+        }
+        let mut conn = self.conn.clone();
+        tokio::time::timeout(self.deadline, pipe.query_async::<()>(&mut conn))
+            .await
+            .map_err(|_| FleetStoreError::Timeout(self.deadline))?
+            .map_err(FleetStoreError::from)
+    }
 }

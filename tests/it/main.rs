@@ -51,6 +51,7 @@ mod gateway_objective;
 mod gateway_replay;
 mod gateway_service_time;
 mod gateway_shared;
+mod gateway_shared_deferrals;
 mod gateway_shared_fleet;
 mod gateway_shared_late;
 mod gateway_shared_spare;
