@@ -369,8 +369,8 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
         if names != [want]:
             fail(f"{label}: the gateway's Role must name only {want}: {names}")
         # Who may use a lane: no identity access when it trusts the header;
-        # else Secrets list/watch in the profile's namespace only and
-        # TokenReview create, nothing more.
+        # else Secrets list/watch in the profile's namespace only, TokenReview
+        # create and get on the cluster's ServiceAccount keys, nothing more.
         auth = gw.get("auth", {})
         trusting = auth.get("trustLaneHeader", False)
         if trusting != ("--trust-lane-header" in gargs):
@@ -385,8 +385,11 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
             secrets = [r for r in ident[0]["rules"] if r["resources"] == ["secrets"]]
             if [r["verbs"] for r in secrets] != [["list", "watch"]]:
                 fail(f"{label}: Secrets list and watch only: {ident[0]['rules']}")
-            if len(review) != 1 or review[0]["rules"] != [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]:
-                fail(f"{label}: TokenReview create only: {review}")
+            if len(review) != 1 or review[0]["rules"] != [
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"nonResourceURLs": ["/openid/v1/jwks"], "verbs": ["get"]},
+            ]:
+                fail(f"{label}: TokenReview create and the ServiceAccount keys' get only: {review}")
 
 
 def check_log_level(label: str, container: dict, component_values: dict) -> None:

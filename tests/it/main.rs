@@ -49,6 +49,7 @@ mod gateway_doc;
 mod gateway_fleet_demand;
 mod gateway_objective;
 mod gateway_replay;
+mod gateway_service_account;
 mod gateway_service_time;
 mod gateway_shared;
 mod gateway_shared_fleet;

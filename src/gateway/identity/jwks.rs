@@ -22,8 +22,20 @@ use lanes::JwksSource;
 pub(super) const JWKS_MAX_AGE: Duration = Duration::from_secs(300);
 /// The least time between two fetches of one key set.
 pub(super) const JWKS_MIN_REFETCH: Duration = Duration::from_secs(30);
+/// Where the API server serves the ServiceAccount token keys.
+const SERVICE_ACCOUNT_KEYS: &str = "/openid/v1/jwks";
 /// The largest key set read, in bytes.
 const MAX_JWKS_BYTES: usize = 1 << 20;
+
+/// Where a key set is read from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) enum KeySource {
+    /// A JWT issuer's keys, as a lane's rule names them.
+    Issuer(JwksSource),
+    /// The keys the cluster signs ServiceAccount tokens with: the API
+    /// server's `/openid/v1/jwks` (ServiceAccount issuer discovery).
+    ServiceAccounts,
+}
 
 /// One key set as fetched.
 #[derive(Default)]
@@ -54,14 +66,14 @@ impl Entry {
                 .is_none_or(|t| now.duration_since(t) >= JWKS_MIN_REFETCH)
     }
 
-    fn answer(&self, source: &JwksSource) -> Result<JwkSet, String> {
+    fn answer(&self, source: &KeySource) -> Result<JwkSet, String> {
         self.set.clone().ok_or_else(|| {
             let why = self.error.as_deref().unwrap_or("not tried");
             format!("the JWKS {source:?} could not be read yet: {why}")
         })
     }
 
-    fn fetched(&mut self, source: &JwksSource, at: Instant, got: Result<JwkSet, String>) {
+    fn fetched(&mut self, source: &KeySource, at: Instant, got: Result<JwkSet, String>) {
         match got {
             Ok(set) => {
                 self.set = Some(set);
@@ -108,7 +120,7 @@ impl Source {
 pub(super) struct KeySets {
     http: reqwest::Client,
     /// The sources; the map is locked only to look one up.
-    sources: std::sync::Mutex<HashMap<JwksSource, Arc<Source>>>,
+    sources: std::sync::Mutex<HashMap<KeySource, Arc<Source>>>,
 }
 
 impl KeySets {
@@ -126,7 +138,7 @@ impl KeySets {
         }
     }
 
-    fn source(&self, source: &JwksSource) -> Arc<Source> {
+    fn source(&self, source: &KeySource) -> Arc<Source> {
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = sources.get(source) {
             return s.clone();
@@ -141,7 +153,7 @@ impl KeySets {
     pub(super) async fn get(
         &self,
         kube: Option<&kube::Client>,
-        source: &JwksSource,
+        source: &KeySource,
         stale: bool,
     ) -> Result<JwkSet, String> {
         let s = self.source(source);
@@ -172,11 +184,11 @@ impl KeySets {
 async fn fetch(
     http: &reqwest::Client,
     kube: Option<&kube::Client>,
-    source: &JwksSource,
+    source: &KeySource,
 ) -> Result<JwkSet, String> {
     let bytes = match source {
-        JwksSource::Url(url) => read_url(http, url).await?,
-        JwksSource::ConfigMap(k) => {
+        KeySource::Issuer(JwksSource::Url(url)) => read_url(http, url).await?,
+        KeySource::Issuer(JwksSource::ConfigMap(k)) => {
             let client = kube.cloned().ok_or("no Kubernetes client")?;
             let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
                 kube::Api::namespaced(client, &k.namespace);
@@ -184,6 +196,17 @@ async fn fetch(
             cm.data
                 .and_then(|mut d| d.remove(&k.key))
                 .ok_or_else(|| format!("the ConfigMap has no key {}", k.key))?
+                .into_bytes()
+        }
+        KeySource::ServiceAccounts => {
+            let client = kube.cloned().ok_or("no Kubernetes client")?;
+            let req = axum::http::Request::get(SERVICE_ACCOUNT_KEYS)
+                .body(Vec::new())
+                .map_err(|e| e.to_string())?;
+            client
+                .request_text(req)
+                .await
+                .map_err(|e| format!("{SERVICE_ACCOUNT_KEYS}: {e}"))?
                 .into_bytes()
         }
     };

@@ -618,7 +618,11 @@ async fn a_jwks_url_that_redirects_is_refused_and_its_target_never_read() {
     assert_eq!(hits.load(Ordering::SeqCst), 0, "the redirect was followed");
     // Said plainly (the WARN log carries the same).
     let err = super::jwks::KeySets::new()
-        .get(None, &JwksSource::Url(url), false)
+        .get(
+            None,
+            &super::jwks::KeySource::Issuer(JwksSource::Url(url)),
+            false,
+        )
         .await
         .unwrap_err();
     assert!(err.contains("redirect"), "{err}");
@@ -627,7 +631,11 @@ async fn a_jwks_url_that_redirects_is_refused_and_its_target_never_read() {
 /// The error of a first read of the key set at `url`.
 async fn jwks_error(url: &str) -> String {
     super::jwks::KeySets::new()
-        .get(None, &JwksSource::Url(url.into()), false)
+        .get(
+            None,
+            &super::jwks::KeySource::Issuer(JwksSource::Url(url.into())),
+            false,
+        )
         .await
         .unwrap_err()
 }
