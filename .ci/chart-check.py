@@ -86,6 +86,11 @@ VALUE_SETS: dict[str, dict] = {
                     "auth": {"apiKeyHeader": "x-api-key", "tokenAudience": "gateway.example",
                              "jwksConfigMaps": ["idp-jwks"], "credentialsSecret": "gateway-credentials"}},
     },
+    "gateway-named-secrets": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
+                    "auth": {"apiKeySecretNames": ["agent-keys", "batch-keys"]}},
+    },
     "gateway-shared-state": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
                     "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
@@ -177,6 +182,7 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("namespace not DNS-1123", {"watchNamespaces": ["Bad_NS"]}),
     ("duplicate namespaces", {"watchNamespaces": ["a", "a"]}),
     ("bad pull policy", {"image": {"pullPolicy": "Sometimes"}}),
+    ("API-key Secret name not a name", {"gateway": {"auth": {"apiKeySecretNames": ["Agent Keys"]}}}),
     ("bad digest", {"image": {"digest": "md5:abc"}}),
     ("scale target without resource", {"rbac": {"extraScaleTargets": [{"apiGroup": "argoproj.io"}]}}),
     ("bad whenUnsatisfiable", {"topologySpread": {"whenUnsatisfiable": "Maybe"}}),
@@ -385,6 +391,9 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
             secrets = [r for r in ident[0]["rules"] if r["resources"] == ["secrets"]]
             if [r["verbs"] for r in secrets] != [["list", "watch"]]:
                 fail(f"{label}: Secrets list and watch only: {ident[0]['rules']}")
+            # Named Secrets only, when the values name them.
+            if [r.get("resourceNames") for r in secrets] != [auth.get("apiKeySecretNames") or None]:
+                fail(f"{label}: the Secrets rule must name {auth.get('apiKeySecretNames')}: {secrets}")
             if len(review) != 1 or review[0]["rules"] != [
                 {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
                 {"nonResourceURLs": ["/openid/v1/jwks"], "verbs": ["get"]},

@@ -16,26 +16,31 @@ use crate::gateway::{
 use crate::scratch::ScratchFile;
 use crate::support::apiserver::ApiServer;
 
-const LANE: &str = "p1-agent-assist";
+pub(crate) const LANE: &str = "p1-agent-assist";
 const NS: &str = "ai-platform";
 const SA: &str = "agent";
 
-/// A gateway (and what it needs kept) whose P1 lane admits the
-/// ServiceAccount `ai-platform/agent`, with the API double as its cluster.
-struct Rig {
-    api: ApiServer,
-    gw: Proc,
+/// A gateway (and what it needs kept) with the API double as its cluster.
+pub(crate) struct Rig {
+    pub(crate) api: ApiServer,
+    pub(crate) gw: Proc,
     _model: Proc,
     _config: ConfigFile,
     _kubeconfig: ScratchFile,
 }
 
+/// The P1 lane admits the ServiceAccount `ai-platform/agent`.
 async fn rig(test: &str) -> Rig {
-    let api = ApiServer::start().await;
+    let clients = json!([{"serviceAccount": {"namespace": NS, "name": SA}, "tenant": "agents"}]);
+    rig_with(test, ApiServer::start().await, clients).await
+}
+
+/// A gateway whose P1 lane (`p1-agent-assist`) admits `clients`, with
+/// `api` as its cluster, in front of a fake model; ready.
+pub(crate) async fn rig_with(test: &str, api: ApiServer, clients: Value) -> Rig {
     let kubeconfig = ScratchFile::new(&format!("gw-{test}"), "kubeconfig", api.kubeconfig());
     let mut cfg = inc47();
-    lane_mut(&mut cfg, LANE)["clients"] =
-        json!([{"serviceAccount": {"namespace": NS, "name": SA}, "tenant": "agents"}]);
+    lane_mut(&mut cfg, LANE)["clients"] = clients;
     let config = config_file(test, &cfg);
     let model = model(&[]);
     let path = config.display().to_string();
@@ -70,7 +75,7 @@ async fn rig(test: &str) -> Rig {
 
 impl Rig {
     /// The status of a request on the lane with this bearer token.
-    async fn status(&self, c: &reqwest::Client, token: &str) -> u16 {
+    pub(crate) async fn status(&self, c: &reqwest::Client, token: &str) -> u16 {
         chat(c, &self.gw, Some(LANE))
             .bearer_auth(token)
             .send()

@@ -39,6 +39,7 @@ mod engine_rules;
 mod fake_model;
 mod fleet_store_redis;
 mod gateway;
+mod gateway_api_key_secrets;
 mod gateway_body_memory;
 mod gateway_breaker;
 mod gateway_capacity;
