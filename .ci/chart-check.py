@@ -16,6 +16,9 @@ Checks:
   * every manifest rendered with each value set validates strictly against
     the Kubernetes OpenAPI schemas (prometheus-operator kinds, which have no
     built-in schema, get a structural check);
+  * a deployed shared store with a password gets it off its command line,
+    and, with valkey-server or redis-server on PATH, runs from the rendered
+    command and args and asks for it (chart_store_password.py);
   * every rendered PodDisruptionBudget allows at least one eviction of the
     replicas its Deployment renders (else node drains block on it);
   * the chart's crds/ equal the top-level crds/ byte for byte;
@@ -34,6 +37,8 @@ from pathlib import Path
 import helm_python as helm
 import kubernetes_validate
 import yaml
+
+from chart_store_password import check_store_password
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "lanekeeper"
@@ -500,6 +505,11 @@ def main() -> None:
         docs = render(chart, copy.deepcopy(values) or None)
         validate(docs, label)
         structural_checks(label, docs, values)
+        for path, text in docs:
+            obj = yaml.safe_load(text)
+            if obj["kind"] == "Deployment" and path.endswith("templates/shared-state.yaml") \
+                    and values.get("gateway", {}).get("sharedState", {}).get("passwordSecret"):
+                check_store_password(label, obj["spec"]["template"]["spec"]["containers"][0], fail)
         if label == "default":
             default_docs = docs
         if label == "gateway":
