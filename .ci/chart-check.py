@@ -16,6 +16,9 @@ Checks:
   * every manifest rendered with each value set validates strictly against
     the Kubernetes OpenAPI schemas (prometheus-operator kinds, which have no
     built-in schema, get a structural check);
+  * a deployed shared store with a password gets it off its command line,
+    and, with valkey-server or redis-server on PATH, runs from the rendered
+    command and args and asks for it (chart_store_password.py);
   * every rendered PodDisruptionBudget allows at least one eviction of the
     replicas its Deployment renders (else node drains block on it);
   * the chart's crds/ equal the top-level crds/ byte for byte;
@@ -34,6 +37,8 @@ from pathlib import Path
 import helm_python as helm
 import kubernetes_validate
 import yaml
+
+from chart_store_password import check_store_password
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "lanekeeper"
@@ -85,6 +90,11 @@ VALUE_SETS: dict[str, dict] = {
                     "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
                     "auth": {"apiKeyHeader": "x-api-key", "tokenAudience": "gateway.example",
                              "jwksConfigMaps": ["idp-jwks"], "credentialsSecret": "gateway-credentials"}},
+    },
+    "gateway-named-secrets": {
+        "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
+                    "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
+                    "auth": {"apiKeySecretNames": ["agent-keys", "batch-keys"]}},
     },
     "gateway-shared-state": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
@@ -177,6 +187,7 @@ BAD_VALUES: list[tuple[str, dict]] = [
     ("namespace not DNS-1123", {"watchNamespaces": ["Bad_NS"]}),
     ("duplicate namespaces", {"watchNamespaces": ["a", "a"]}),
     ("bad pull policy", {"image": {"pullPolicy": "Sometimes"}}),
+    ("API-key Secret name not a name", {"gateway": {"auth": {"apiKeySecretNames": ["Agent Keys"]}}}),
     ("bad digest", {"image": {"digest": "md5:abc"}}),
     ("scale target without resource", {"rbac": {"extraScaleTargets": [{"apiGroup": "argoproj.io"}]}}),
     ("bad whenUnsatisfiable", {"topologySpread": {"whenUnsatisfiable": "Maybe"}}),
@@ -369,8 +380,8 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
         if names != [want]:
             fail(f"{label}: the gateway's Role must name only {want}: {names}")
         # Who may use a lane: no identity access when it trusts the header;
-        # else Secrets list/watch in the profile's namespace only and
-        # TokenReview create, nothing more.
+        # else Secrets list/watch in the profile's namespace only, TokenReview
+        # create and get on the cluster's ServiceAccount keys, nothing more.
         auth = gw.get("auth", {})
         trusting = auth.get("trustLaneHeader", False)
         if trusting != ("--trust-lane-header" in gargs):
@@ -385,8 +396,14 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
             secrets = [r for r in ident[0]["rules"] if r["resources"] == ["secrets"]]
             if [r["verbs"] for r in secrets] != [["list", "watch"]]:
                 fail(f"{label}: Secrets list and watch only: {ident[0]['rules']}")
-            if len(review) != 1 or review[0]["rules"] != [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]:
-                fail(f"{label}: TokenReview create only: {review}")
+            # Named Secrets only, when the values name them.
+            if [r.get("resourceNames") for r in secrets] != [auth.get("apiKeySecretNames") or None]:
+                fail(f"{label}: the Secrets rule must name {auth.get('apiKeySecretNames')}: {secrets}")
+            if len(review) != 1 or review[0]["rules"] != [
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"nonResourceURLs": ["/openid/v1/jwks"], "verbs": ["get"]},
+            ]:
+                fail(f"{label}: TokenReview create and the ServiceAccount keys' get only: {review}")
 
 
 def check_log_level(label: str, container: dict, component_values: dict) -> None:
@@ -488,6 +505,11 @@ def main() -> None:
         docs = render(chart, copy.deepcopy(values) or None)
         validate(docs, label)
         structural_checks(label, docs, values)
+        for path, text in docs:
+            obj = yaml.safe_load(text)
+            if obj["kind"] == "Deployment" and path.endswith("templates/shared-state.yaml") \
+                    and values.get("gateway", {}).get("sharedState", {}).get("passwordSecret"):
+                check_store_password(label, obj["spec"]["template"]["spec"]["containers"][0], fail)
         if label == "default":
             default_docs = docs
         if label == "gateway":

@@ -28,8 +28,14 @@ impl Drop for Proc {
 
 /// Starts a binary that prints `listening on ADDR [metrics on ADDR]`.
 fn spawn(bin: &str, args: &[&str]) -> Proc {
+    spawn_with_env(bin, args, &[])
+}
+
+/// `spawn`, with these environment variables set.
+pub(crate) fn spawn_with_env(bin: &str, args: &[&str], env: &[(&str, &Path)]) -> Proc {
     let mut child = Command::new(bin)
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -4,7 +4,10 @@
 //! [`JWKS_MIN_REFETCH`] (a stream of made-up key ids cannot make the
 //! gateway hammer the issuer). Each source is fetched on its own: a slow
 //! issuer delays only the tokens that wait for its keys, and one fetch of a
-//! source serves every caller that wants it meanwhile.
+//! source serves every caller that wants it meanwhile. A set past its age
+//! still answers at once while it is read again in the background
+//! (stale-while-revalidate): only a token whose key id the kept set lacks,
+//! or a source never read, waits for a fetch.
 //!
 //! A URL is read as configured, never through a redirect, and only when it
 //! is `https://` or `http://` to a loopback address ([`jwks_url`]):
@@ -22,8 +25,27 @@ use lanes::JwksSource;
 pub(super) const JWKS_MAX_AGE: Duration = Duration::from_secs(300);
 /// The least time between two fetches of one key set.
 pub(super) const JWKS_MIN_REFETCH: Duration = Duration::from_secs(30);
+/// Where the API server serves the ServiceAccount token keys.
+const SERVICE_ACCOUNT_KEYS: &str = "/openid/v1/jwks";
 /// The largest key set read, in bytes.
 const MAX_JWKS_BYTES: usize = 1 << 20;
+
+/// Where a key set is read from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) enum KeySource {
+    /// A JWT issuer's keys, as a lane's rule names them.
+    Issuer(JwksSource),
+    /// The keys the cluster signs ServiceAccount tokens with: the API
+    /// server's `/openid/v1/jwks` (ServiceAccount issuer discovery).
+    ServiceAccounts,
+}
+
+/// How old a kept set may get, and how soon a set may be fetched again.
+#[derive(Clone, Copy, Debug)]
+struct Ages {
+    max_age: Duration,
+    min_refetch: Duration,
+}
 
 /// One key set as fetched.
 #[derive(Default)]
@@ -38,30 +60,30 @@ struct Entry {
 impl Entry {
     /// Whether a fetch would help: no set yet, one older than
     /// [`JWKS_MAX_AGE`], or `stale` (a token names a key id it lacks).
-    fn wants(&self, now: Instant, stale: bool) -> bool {
+    fn wants(&self, now: Instant, stale: bool, ages: Ages) -> bool {
         stale
             || self
                 .fetched
-                .is_none_or(|t| now.duration_since(t) > JWKS_MAX_AGE)
+                .is_none_or(|t| now.duration_since(t) > ages.max_age)
     }
 
     /// Whether a fetch may start: wanted, and none tried within
     /// [`JWKS_MIN_REFETCH`].
-    fn due(&self, now: Instant, stale: bool) -> bool {
-        self.wants(now, stale)
+    fn due(&self, now: Instant, stale: bool, ages: Ages) -> bool {
+        self.wants(now, stale, ages)
             && self
                 .tried
-                .is_none_or(|t| now.duration_since(t) >= JWKS_MIN_REFETCH)
+                .is_none_or(|t| now.duration_since(t) >= ages.min_refetch)
     }
 
-    fn answer(&self, source: &JwksSource) -> Result<JwkSet, String> {
+    fn answer(&self, source: &KeySource) -> Result<JwkSet, String> {
         self.set.clone().ok_or_else(|| {
             let why = self.error.as_deref().unwrap_or("not tried");
             format!("the JWKS {source:?} could not be read yet: {why}")
         })
     }
 
-    fn fetched(&mut self, source: &JwksSource, at: Instant, got: Result<JwkSet, String>) {
+    fn fetched(&mut self, source: &KeySource, at: Instant, got: Result<JwkSet, String>) {
         match got {
             Ok(set) => {
                 self.set = Some(set);
@@ -94,10 +116,10 @@ impl Source {
     }
 
     /// Marks a fetch as started when one is due: its start.
-    fn claim(&self, stale: bool) -> Option<Instant> {
+    fn claim(&self, stale: bool, ages: Ages) -> Option<Instant> {
         let mut e = self.entry();
         let now = Instant::now();
-        e.due(now, stale).then(|| {
+        e.due(now, stale, ages).then(|| {
             e.tried = Some(now);
             now
         })
@@ -108,12 +130,23 @@ impl Source {
 pub(super) struct KeySets {
     http: reqwest::Client,
     /// The sources; the map is locked only to look one up.
-    sources: std::sync::Mutex<HashMap<JwksSource, Arc<Source>>>,
+    sources: std::sync::Mutex<HashMap<KeySource, Arc<Source>>>,
+    ages: Ages,
 }
 
 impl KeySets {
     pub(super) fn new() -> KeySets {
+        KeySets::with_ages(JWKS_MAX_AGE, JWKS_MIN_REFETCH)
+    }
+
+    /// With other ages than [`JWKS_MAX_AGE`] and [`JWKS_MIN_REFETCH`]
+    /// (tests).
+    pub(super) fn with_ages(max_age: Duration, min_refetch: Duration) -> KeySets {
         KeySets {
+            ages: Ages {
+                max_age,
+                min_refetch,
+            },
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 // A JWKS endpoint that redirects is a configuration error
@@ -126,7 +159,7 @@ impl KeySets {
         }
     }
 
-    fn source(&self, source: &JwksSource) -> Arc<Source> {
+    fn source(&self, source: &KeySource) -> Arc<Source> {
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = sources.get(source) {
             return s.clone();
@@ -135,36 +168,59 @@ impl KeySets {
     }
 
     /// The key set of a source: the kept one while fresh (or when `stale`
-    /// asks for a re-read too soon), else fetched; a failed fetch keeps the
+    /// asks for a re-read too soon); past its age, the kept one too, read
+    /// again in the background; else (none kept, or `stale`: a token's key
+    /// id is not in it) fetched, and waited for. A failed fetch keeps the
     /// last good set. A caller that wants a fetch while one is under way
     /// waits for it instead of starting another.
     pub(super) async fn get(
         &self,
         kube: Option<&kube::Client>,
-        source: &JwksSource,
+        source: &KeySource,
         stale: bool,
     ) -> Result<JwkSet, String> {
         let s = self.source(source);
-        let wants = s.entry().wants(Instant::now(), stale);
-        if wants {
-            let flight = s.flight.clone().lock_owned().await;
-            if let Some(at) = s.claim(stale) {
-                // A task of its own, the flight with it: a caller that goes
-                // away (its client hung up) does not cancel the fetch that
-                // the others wait for and that counts as this source's try.
-                let (http, kube, src, slot) =
-                    (self.http.clone(), kube.cloned(), source.clone(), s.clone());
-                let fetch = tokio::spawn(async move {
-                    let got = fetch(&http, kube.as_ref(), &src).await;
-                    slot.entry().fetched(&src, at, got);
-                    drop(flight);
-                });
-                if let Err(e) = fetch.await {
-                    s.entry().error = Some(format!("the fetch failed: {e}"));
-                }
+        let (wants, kept) = {
+            let e = s.entry();
+            (e.wants(Instant::now(), stale, self.ages), e.set.is_some())
+        };
+        if wants && kept && !stale {
+            // Stale-while-revalidate: the tokens whose keys are kept never
+            // wait for an issuer that may hang.
+            if s.entry().due(Instant::now(), false, self.ages) {
+                drop(self.spawn_fetch(kube, source, &s, false));
             }
+        } else if wants && let Err(e) = self.spawn_fetch(kube, source, &s, stale).await {
+            s.entry().error = Some(format!("the fetch failed: {e}"));
         }
         s.entry().answer(source)
+    }
+
+    /// A fetch of a source in a task of its own, once the source's flight
+    /// is its own and if a fetch is still due then (else it ends at once):
+    /// a caller that goes away (its client hung up) does not cancel the
+    /// fetch that the others wait for and that counts as this source's try.
+    fn spawn_fetch(
+        &self,
+        kube: Option<&kube::Client>,
+        source: &KeySource,
+        s: &Arc<Source>,
+        stale: bool,
+    ) -> tokio::task::JoinHandle<()> {
+        let (http, kube, src, slot, ages) = (
+            self.http.clone(),
+            kube.cloned(),
+            source.clone(),
+            s.clone(),
+            self.ages,
+        );
+        tokio::spawn(async move {
+            let _flight = slot.flight.clone().lock_owned().await;
+            if let Some(at) = slot.claim(stale, ages) {
+                let got = fetch(&http, kube.as_ref(), &src).await;
+                slot.entry().fetched(&src, at, got);
+            }
+        })
     }
 }
 
@@ -172,11 +228,11 @@ impl KeySets {
 async fn fetch(
     http: &reqwest::Client,
     kube: Option<&kube::Client>,
-    source: &JwksSource,
+    source: &KeySource,
 ) -> Result<JwkSet, String> {
     let bytes = match source {
-        JwksSource::Url(url) => read_url(http, url).await?,
-        JwksSource::ConfigMap(k) => {
+        KeySource::Issuer(JwksSource::Url(url)) => read_url(http, url).await?,
+        KeySource::Issuer(JwksSource::ConfigMap(k)) => {
             let client = kube.cloned().ok_or("no Kubernetes client")?;
             let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
                 kube::Api::namespaced(client, &k.namespace);
@@ -184,6 +240,17 @@ async fn fetch(
             cm.data
                 .and_then(|mut d| d.remove(&k.key))
                 .ok_or_else(|| format!("the ConfigMap has no key {}", k.key))?
+                .into_bytes()
+        }
+        KeySource::ServiceAccounts => {
+            let client = kube.cloned().ok_or("no Kubernetes client")?;
+            let req = axum::http::Request::get(SERVICE_ACCOUNT_KEYS)
+                .body(Vec::new())
+                .map_err(|e| e.to_string())?;
+            client
+                .request_text(req)
+                .await
+                .map_err(|e| format!("{SERVICE_ACCOUNT_KEYS}: {e}"))?
                 .into_bytes()
         }
     };

@@ -32,12 +32,36 @@ pub(super) enum JwtRefusal {
     Invalid(String),
 }
 
+/// What a token must carry besides a good signature.
+pub(super) struct Expect<'a> {
+    /// Its `iss`; `None`: any (the cluster's own ServiceAccount keys sign
+    /// only the cluster's tokens).
+    pub(super) issuer: Option<&'a str>,
+    /// One of its `aud`.
+    pub(super) audience: &'a str,
+}
+
 /// Checks a token against one rule with its issuer's key set: the claims
 /// when it passes.
 pub(super) fn verify(
     token: &str,
     rule: &JwtIssuer,
     keys: &JwkSet,
+) -> Result<Map<String, Value>, JwtRefusal> {
+    let expect = Expect {
+        issuer: Some(rule.issuer.as_str()),
+        audience: rule.audience.as_str(),
+    };
+    subject_matches(rule, verify_signed(token, keys, &expect)?)
+}
+
+/// Checks a token's signature against a key set, then its audience, `exp`
+/// (required), `nbf` and, when expected, its issuer: the claims when it
+/// passes.
+pub(super) fn verify_signed(
+    token: &str,
+    keys: &JwkSet,
+    expect: &Expect<'_>,
 ) -> Result<Map<String, Value>, JwtRefusal> {
     let header = decode_header(token).map_err(|e| JwtRefusal::Invalid(e.to_string()))?;
     let candidates = keys
@@ -61,18 +85,34 @@ pub(super) fn verify(
         let Ok(key) = DecodingKey::from_jwk(jwk) else {
             continue;
         };
-        let mut v = Validation::new(header.alg);
-        v.leeway = LEEWAY_SECONDS;
-        v.validate_nbf = true;
-        v.set_issuer(&[rule.issuer.as_str()]);
-        v.set_audience(&[rule.audience.as_str()]);
-        v.set_required_spec_claims(&["exp", "iss", "aud"]);
-        match decode::<Map<String, Value>>(token, &key, &v) {
-            Ok(data) => return subject_matches(rule, data.claims),
+        match decode::<Map<String, Value>>(token, &key, &validation(header.alg, expect)) {
+            Ok(data) => return Ok(data.claims),
             Err(e) => last = JwtRefusal::Invalid(e.to_string()),
         }
     }
     Err(last)
+}
+
+fn validation(alg: jsonwebtoken::Algorithm, expect: &Expect<'_>) -> Validation {
+    let mut v = Validation::new(alg);
+    v.leeway = LEEWAY_SECONDS;
+    v.validate_nbf = true;
+    v.set_audience(&[expect.audience]);
+    match expect.issuer {
+        Some(iss) => {
+            v.set_issuer(&[iss]);
+            v.set_required_spec_claims(&["exp", "iss", "aud"]);
+        }
+        None => v.set_required_spec_claims(&["exp", "aud"]),
+    }
+    v
+}
+
+/// A verified token's `exp`, in seconds since the epoch.
+pub(super) fn expiry(claims: &Map<String, Value>) -> Option<u64> {
+    claims
+        .get("exp")
+        .and_then(|v| v.as_u64().or_else(|| v.as_f64().map(|f| f.max(0.0) as u64)))
 }
 
 fn subject_matches(

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, header};
+use jsonwebtoken::jwk::JwkSet;
 use lanes::{ApiKeySecret, LaneConfig};
+use serde_json::{Map, Value};
 use tokio::sync::watch;
 
 use super::super::peer::PeerCertificate;
@@ -16,7 +18,7 @@ use super::certificate;
 use super::credentials::Credentials;
 use super::flags::IdentityArgs;
 use super::index::{Grant, Index, NoLane, choose, grants};
-use super::jwks::KeySets;
+use super::jwks::{KeySets, KeySource};
 use super::jwt::{self, JwtRefusal};
 use super::refused::AuthRefusal;
 use super::service_account::{Reviewed, Reviewer, service_account_of};
@@ -271,12 +273,34 @@ impl Identity {
         }
     }
 
+    /// A token claiming a listed ServiceAccount: first checked here against
+    /// the cluster's ServiceAccount keys (signature, audience, `exp`), so a
+    /// made-up token is refused without a TokenReview and cannot spend the
+    /// review budget of the tokens the cluster did issue; then reviewed.
     async fn service_account(
         &self,
         ix: &Index,
         t: &str,
     ) -> Result<(IdentityKind, Vec<Grant>), AuthRefusal> {
-        match self.reviewer.review(self.client.get(), t).await {
+        let expect = jwt::Expect {
+            issuer: None,
+            audience: self.reviewer.audience(),
+        };
+        let claims = match self
+            .verified(&KeySource::ServiceAccounts, |keys| {
+                jwt::verify_signed(t, keys, &expect)
+            })
+            .await
+        {
+            Err(e) => {
+                tracing::warn!(error = %e, "the cluster's ServiceAccount keys could not be read");
+                return Err(AuthRefusal::Unavailable);
+            }
+            Ok(Err(_)) => return Err(AuthRefusal::RejectedToken),
+            Ok(Ok(claims)) => claims,
+        };
+        let exp = jwt::expiry(&claims);
+        match self.reviewer.review(self.client.get(), t, exp).await {
             Err(e) => {
                 tracing::warn!(error = %e, "a ServiceAccount token could not be reviewed");
                 Err(AuthRefusal::Unavailable)
@@ -291,6 +315,25 @@ impl Identity {
         }
     }
 
+    /// A check of a token against a key set: with the kept set, and once
+    /// more after a fetch when the set lacks the token's key id. `Err`: the
+    /// set could not be read.
+    async fn verified(
+        &self,
+        source: &KeySource,
+        check: impl Fn(&JwkSet) -> Result<Map<String, Value>, JwtRefusal>,
+    ) -> Result<Result<Map<String, Value>, JwtRefusal>, String> {
+        let client = self.client.get();
+        let set = self.jwks.get(client, source, false).await?;
+        Ok(match check(&set) {
+            Err(JwtRefusal::UnknownKey) => match self.jwks.get(client, source, true).await {
+                Ok(set) => check(&set),
+                Err(_) => Err(JwtRefusal::UnknownKey),
+            },
+            other => other,
+        })
+    }
+
     /// A JWT checked against every rule of its issuer; the grants of those
     /// it passes.
     async fn jwt(
@@ -302,19 +345,13 @@ impl Identity {
         let mut out = Vec::new();
         let mut unreadable = false;
         for (rule, allowed) in ix.jwt.iter().filter(|(j, _)| j.issuer == iss) {
-            let client = self.client.get();
-            let Ok(set) = self.jwks.get(client, &rule.jwks, false).await else {
+            let source = KeySource::Issuer(rule.jwks.clone());
+            let Ok(checked) = self
+                .verified(&source, |set| jwt::verify(t, rule, set))
+                .await
+            else {
                 unreadable = true;
                 continue;
-            };
-            let checked = match jwt::verify(t, rule, &set) {
-                Err(JwtRefusal::UnknownKey) => {
-                    match self.jwks.get(client, &rule.jwks, true).await {
-                        Ok(set) => jwt::verify(t, rule, &set),
-                        Err(_) => Err(JwtRefusal::UnknownKey),
-                    }
-                }
-                other => other,
             };
             if let Ok(claims) = checked {
                 let own = claims

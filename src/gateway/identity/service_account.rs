@@ -1,13 +1,15 @@
 //! Kubernetes ServiceAccount tokens: a TokenReview with the gateway's
 //! audience (`--token-audience`) asks the API server whether a token is
 //! valid and whose it is. Answers are cached briefly, in a bounded cache
-//! keyed by the token's hash; a failed review (the API server unreachable)
-//! is never cached. A token that does not even claim to be a listed
-//! ServiceAccount is refused without asking.
+//! keyed by the token's hash, and never past the token's own `exp`; a
+//! failed review (the API server unreachable) is never cached. A token is
+//! only sent for review once `resolve` has checked it against the cluster's
+//! ServiceAccount keys (signature, audience, `exp`) and found it claims a
+//! listed ServiceAccount: a made-up token never spends the review budget.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
@@ -22,9 +24,10 @@ pub(super) const REVIEW_TTL: Duration = Duration::from_secs(10);
 pub(super) const MAX_CACHED: usize = 10_000;
 /// Longest wait for the API server.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
-/// Most TokenReviews sent per second (answers from the cache are free):
-/// a client sending made-up tokens cannot make the gateway flood the API
-/// server; beyond it a token that needs a review is answered 503.
+/// Most TokenReviews sent per second (answers from the cache are free), a
+/// backstop for the API server: only tokens the cluster signed reach it
+/// (made-up ones are refused by their signature first); beyond it a token
+/// that needs a review is answered 503.
 pub(super) const MAX_REVIEWS_PER_SECOND: u32 = 100;
 const PREFIX: &str = "system:serviceaccount:";
 
@@ -47,9 +50,20 @@ pub(super) fn service_account_of(username: &str) -> Option<ServiceAccountName> {
     })
 }
 
+/// How long an answer given `now` may be reused: [`REVIEW_TTL`], and never
+/// past the token's `exp` (seconds since the epoch, at `wall`).
+pub(super) fn reuse_until(now: Instant, wall: SystemTime, exp: Option<u64>) -> Instant {
+    let left = exp.map_or(REVIEW_TTL, |exp| {
+        let at = UNIX_EPOCH + Duration::from_secs(exp);
+        at.duration_since(wall).unwrap_or(Duration::ZERO)
+    });
+    now + left.min(REVIEW_TTL)
+}
+
 /// The bounded cache, pure (the time is an argument).
 #[derive(Debug, Default)]
 pub(super) struct ReviewCache {
+    /// The answer, and the instant it stops being reused.
     entries: HashMap<[u8; 32], (Reviewed, Instant)>,
 }
 
@@ -58,21 +72,20 @@ impl ReviewCache {
     pub(super) fn get(&self, key: &[u8; 32], now: Instant) -> Option<Reviewed> {
         self.entries
             .get(key)
-            .filter(|(_, at)| now.duration_since(*at) < REVIEW_TTL)
+            .filter(|(_, until)| now < *until)
             .map(|(r, _)| r.clone())
     }
 
-    /// Keeps an answer; when full, the stale ones go, and if none is stale,
-    /// everything (the cache only saves API calls).
-    pub(super) fn put(&mut self, key: [u8; 32], r: Reviewed, now: Instant) {
+    /// Keeps an answer until `until`; when full, the stale ones go, and if
+    /// none is stale, everything (the cache only saves API calls).
+    pub(super) fn put(&mut self, key: [u8; 32], r: Reviewed, now: Instant, until: Instant) {
         if self.entries.len() >= MAX_CACHED {
-            self.entries
-                .retain(|_, (_, at)| now.duration_since(*at) < REVIEW_TTL);
+            self.entries.retain(|_, (_, u)| now < *u);
             if self.entries.len() >= MAX_CACHED {
                 self.entries.clear();
             }
         }
-        self.entries.insert(key, (r, now));
+        self.entries.insert(key, (r, until));
     }
 
     #[cfg(test)]
@@ -126,11 +139,18 @@ impl Reviewer {
         }
     }
 
-    /// The API server's answer for a token (cached), or why there is none.
+    /// The audience a token must be issued for.
+    pub(super) fn audience(&self) -> &str {
+        &self.audience
+    }
+
+    /// The API server's answer for a token (cached, never past `exp`, the
+    /// token's own expiry), or why there is none.
     pub(super) async fn review(
         &self,
         client: Option<&kube::Client>,
         token: &str,
+        exp: Option<u64>,
     ) -> Result<Reviewed, String> {
         let key = sha256(token.as_bytes());
         let cached = self
@@ -168,10 +188,12 @@ impl Reviewer {
                 .map_err(|_| "the TokenReview timed out".to_owned())?
                 .map_err(|e| format!("the TokenReview failed: {e}"))?;
         let r = self.verdict(answer);
+        let now = Instant::now();
+        let until = reuse_until(now, SystemTime::now(), exp);
         self.cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .put(key, r.clone(), Instant::now());
+            .put(key, r.clone(), now, until);
         Ok(r)
     }
 
@@ -222,7 +244,7 @@ mod tests {
     fn answers_expire_and_the_cache_stays_bounded() {
         let mut c = ReviewCache::default();
         let t0 = Instant::now();
-        c.put([1; 32], Reviewed::Rejected, t0);
+        c.put([1; 32], Reviewed::Rejected, t0, t0 + REVIEW_TTL);
         assert_eq!(
             c.get(&[1; 32], t0 + REVIEW_TTL / 2),
             Some(Reviewed::Rejected)
@@ -235,9 +257,27 @@ mod tests {
         for i in 0..MAX_CACHED + 5 {
             let mut k = [0u8; 32];
             k[..8].copy_from_slice(&(i as u64).to_le_bytes());
-            c.put(k, Reviewed::Rejected, t0);
+            c.put(k, Reviewed::Rejected, t0, t0 + REVIEW_TTL);
         }
         assert!(c.len() <= MAX_CACHED, "{}", c.len());
+    }
+
+    #[test]
+    fn an_answer_is_never_reused_past_the_tokens_exp() {
+        let (t0, wall) = (Instant::now(), SystemTime::now());
+        let secs = wall.duration_since(UNIX_EPOCH).unwrap().as_secs();
+        // `exp` in 3 s: 3 s at most (the second `wall` is into, at most).
+        let until = reuse_until(t0, wall, Some(secs + 3));
+        assert!(until <= t0 + Duration::from_secs(3), "{:?}", until - t0);
+        assert!(until > t0 + Duration::from_secs(2), "{:?}", until - t0);
+        // Already past: not at all.
+        assert_eq!(reuse_until(t0, wall, Some(secs - 1)), t0);
+        // Far ahead, or unknown: the TTL.
+        assert_eq!(reuse_until(t0, wall, Some(secs + 3600)), t0 + REVIEW_TTL);
+        assert_eq!(reuse_until(t0, wall, None), t0 + REVIEW_TTL);
+        let mut c = ReviewCache::default();
+        c.put([2; 32], Reviewed::Rejected, t0, until);
+        assert_eq!(c.get(&[2; 32], until), None, "gone at exp");
     }
 
     #[test]

@@ -618,7 +618,11 @@ async fn a_jwks_url_that_redirects_is_refused_and_its_target_never_read() {
     assert_eq!(hits.load(Ordering::SeqCst), 0, "the redirect was followed");
     // Said plainly (the WARN log carries the same).
     let err = super::jwks::KeySets::new()
-        .get(None, &JwksSource::Url(url), false)
+        .get(
+            None,
+            &super::jwks::KeySource::Issuer(JwksSource::Url(url)),
+            false,
+        )
         .await
         .unwrap_err();
     assert!(err.contains("redirect"), "{err}");
@@ -627,7 +631,11 @@ async fn a_jwks_url_that_redirects_is_refused_and_its_target_never_read() {
 /// The error of a first read of the key set at `url`.
 async fn jwks_error(url: &str) -> String {
     super::jwks::KeySets::new()
-        .get(None, &JwksSource::Url(url.into()), false)
+        .get(
+            None,
+            &super::jwks::KeySource::Issuer(JwksSource::Url(url.into())),
+            false,
+        )
         .await
         .unwrap_err()
 }
@@ -786,6 +794,51 @@ async fn a_fetch_outlives_the_request_that_started_it() {
     jwks.gate.send(true).unwrap();
     assert_eq!(later.await.unwrap(), passed());
     assert_eq!(jwks.hits.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_stale_key_set_checks_its_own_tokens_at_once_while_the_issuer_hangs() {
+    use super::jwks::{KeySets, KeySource};
+    use std::time::Duration;
+    let key = TestKey::new("k1");
+    let mut jwks = gated_jwks(json!({"keys": [key.jwk()]})).await;
+    // Every set is past its age at once, and may be read again at once.
+    let sets = KeySets::with_ages(Duration::ZERO, Duration::ZERO);
+    let source = KeySource::Issuer(JwksSource::Url(jwks.url.clone()));
+    jwks.gate.send(true).unwrap();
+    sets.get(None, &source, false).await.unwrap();
+    jwks.arrived.recv().await.unwrap();
+    // From now on the issuer hangs (until its 5 s timeout).
+    jwks.gate.send(false).unwrap();
+    let rule = JwtIssuer {
+        issuer: ISSUER.into(),
+        audience: "lanekeeper".into(),
+        jwks: JwksSource::Url(jwks.url.clone()),
+        subject: None,
+    };
+    let t = now();
+    let token = key.sign(&json!({"iss": ISSUER, "aud": "lanekeeper", "sub": "a", "exp": t + 60}));
+    // Its key id is in the kept set: checked with it, without waiting for
+    // the issuer (the bound is far below the issuer's 5 s).
+    let set = tokio::time::timeout(Duration::from_secs(3), sets.get(None, &source, false))
+        .await
+        .expect("the kept set answered at once")
+        .unwrap();
+    assert!(super::jwt::verify(&token, &rule, &set).is_ok());
+    // ... and the set is read again in the background.
+    jwks.arrived.recv().await.unwrap();
+    assert_eq!(jwks.hits.load(Ordering::SeqCst), 2);
+    // A key id the set lacks waits for the fetch under way.
+    let unknown = tokio::spawn(async move {
+        let got = sets.get(None, &source, true).await;
+        (got, sets)
+    });
+    for _ in 0..16 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!unknown.is_finished(), "a token of an unknown key id waits");
+    jwks.gate.send(true).unwrap();
+    assert!(unknown.await.unwrap().0.is_ok());
 }
 
 // ---- the property ----------------------------------------------------------

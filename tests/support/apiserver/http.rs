@@ -219,6 +219,15 @@ async fn route(
                 &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": inner.addr.to_string()}]}),
             );
         }
+        ["openid", "v1", "jwks"] if *method == Method::GET => {
+            return json_response(200, &inner.signer.jwks());
+        }
+        ["apis", "authentication.k8s.io", "v1", "tokenreviews"] if *method == Method::POST => {
+            return match serde_json::from_slice::<Value>(body) {
+                Ok(review) => json_response(201, &inner.signer.review(&review)),
+                Err(e) => error_response(&ApiError::bad_request(format!("not a TokenReview: {e}"))),
+            };
+        }
         ["apis"] => return json_response(200, &inner.api_groups()),
         ["apis", g] => {
             let groups = inner.api_groups();

@@ -7,12 +7,15 @@
 //! Faithful where a controller depends on it: list/watch with resourceVersions, label and field
 //! selectors, pagination, 410 on expired history, create/replace/patch (merge, strategic, JSON,
 //! server-side apply with field ownership and conflicts), delete with ownerReference cascade and
-//! finalizers, the status and scale subresources, generation, CRDs that become served, discovery.
+//! finalizers, the status and scale subresources, generation, CRDs that become served, discovery;
+//! ServiceAccount tokens it issues (`service_account_token`), their key set at `/openid/v1/jwks`
+//! and TokenReviews of them (`tokens.rs`).
 
 mod fields;
 mod http;
 mod select;
 mod store;
+mod tokens;
 
 #[allow(unused_imports)]
 pub use select::Selector;
@@ -161,6 +164,8 @@ pub(crate) struct Inner {
     faults: Mutex<Vec<Fault>>,
     pub(crate) addr: SocketAddr,
     pub(crate) bookmark_interval: Duration,
+    /// The key ServiceAccount tokens are signed with.
+    pub(crate) signer: tokens::Signer,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -327,6 +332,7 @@ impl ApiServer {
             faults: Mutex::new(Vec::new()),
             addr,
             bookmark_interval: opts.bookmark_interval,
+            signer: tokens::Signer::new(),
         });
         let app = axum::Router::new()
             .fallback(http::handle)
@@ -347,6 +353,34 @@ impl ApiServer {
         let uri: axum::http::Uri = self.url().parse().expect("server url");
         let config = kube::Config::new(uri);
         kube::Client::try_from(config).expect("kube client for the double")
+    }
+
+    /// A kubeconfig for this server, as a file's text (no credentials).
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {}\n\
+             users:\n- name: anyone\n  user: {{}}\ncontexts:\n- name: double\n  context:\n    \
+             cluster: double\n    user: anyone\n    namespace: default\ncurrent-context: double\n",
+            self.url()
+        )
+    }
+
+    /// A ServiceAccount token of `namespace/name` for `audiences`, valid for
+    /// `ttl`, signed with the key the server serves at `/openid/v1/jwks`
+    /// and accepts in TokenReviews.
+    pub fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        audiences: &[&str],
+        ttl: Duration,
+    ) -> String {
+        self.inner.signer.issue(namespace, name, audiences, ttl)
+    }
+
+    /// The key id of the server's ServiceAccount token key.
+    pub fn service_account_key_id(&self) -> String {
+        self.inner.signer.kid.clone()
     }
 
     // ----- requests and faults -----
