@@ -73,7 +73,12 @@ impl FleetArgs {
             }
             return Ok(Some(pw));
         }
-        Ok(std::env::var(PASSWORD_ENV).ok().filter(|p| !p.is_empty()))
+        // As from the file: a Secret made from a file often ends in a line
+        // break, which is not part of the password.
+        Ok(std::env::var(PASSWORD_ENV)
+            .ok()
+            .map(|p| p.lines().next().unwrap_or_default().trim_end().to_owned())
+            .filter(|p| !p.is_empty()))
     }
 
     /// The CA bundle's bytes, if one is given (it must hold a certificate).

@@ -40,6 +40,9 @@ pub(super) trait FleetHost: Send + Sync {
     fn wake(&self);
 }
 
+/// At most one warning this often while the store stays unusable.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// Keys of the store start with this (then the profile and the lane).
 const KEY_PREFIX: &str = "lanekeeper";
 
@@ -66,6 +69,8 @@ pub(super) struct Fleet {
     quiet_rounds: AtomicU32,
     /// Deferrals the store has not taken yet (see `fleet_ids`).
     pub(super) pending_deferrals: Mutex<VecDeque<PendingDeferral>>,
+    /// When the last warning about the store was logged.
+    warned_at: Mutex<Option<std::time::Instant>>,
 }
 
 /// A request id deferred while the store did not answer: written to the
@@ -89,6 +94,11 @@ impl Fleet {
     /// core's clock. The flags were checked at start ([`Fleet::check`]).
     pub(super) fn from_args(args: &FleetArgs, r: &Registry, now: f64) -> Option<Arc<Fleet>> {
         let url = args.url().ok().flatten()?.to_owned();
+        tracing::info!(
+            store = %store_host(&url),
+            tls = url.starts_with("rediss://"),
+            "shared state: lane budgets are shared through the store; this replica's 1/N share until it answers"
+        );
         Some(Arc::new(Fleet {
             url,
             password: args.password().ok().flatten(),
@@ -102,6 +112,7 @@ impl Fleet {
             lanes: Mutex::new((String::new(), HashMap::new())),
             quiet_rounds: AtomicU32::new(0),
             pending_deferrals: Mutex::new(VecDeque::new()),
+            warned_at: Mutex::new(None),
         }))
     }
 
@@ -158,7 +169,13 @@ impl Fleet {
                 Some(s)
             }
             Err(e) => {
-                tracing::debug!(error = %e, "shared store: no connection");
+                if self.warn_now() {
+                    tracing::warn!(
+                        store = %store_host(&self.url),
+                        error = %e,
+                        "shared state: cannot connect to the store (address, password, TLS?); enforcing this replica's 1/N share"
+                    );
+                }
                 None
             }
         }
@@ -169,8 +186,15 @@ impl Fleet {
         self.metrics.call(op, false);
         let now = gw.now();
         let Some(mode) = locked(&self.health).failed(now) else {
+            if self.warn_now() {
+                tracing::warn!(
+                    error = why,
+                    "shared state: the store still does not answer; enforcing this replica's 1/N share"
+                );
+            }
             return;
         };
+        *locked(&self.warned_at) = Some(std::time::Instant::now());
         self.metrics.mode(mode);
         self.metrics.fell_back();
         *locked(&self.replica) = replica_name();
@@ -181,6 +205,17 @@ impl Fleet {
         );
         gw.with_core(|core| core.set_leased(false));
         gw.wake();
+    }
+
+    /// Whether a warning about the store is due: at most one a minute
+    /// while it stays unusable (the first at once).
+    fn warn_now(&self) -> bool {
+        let mut at = locked(&self.warned_at);
+        if at.is_some_and(|t| t.elapsed() < WARN_EVERY) {
+            return false;
+        }
+        *at = Some(std::time::Instant::now());
+        true
     }
 
     /// A call answered in time: the fleet's budgets (again).
@@ -200,6 +235,15 @@ impl Fleet {
         let seconds = *l.1.get(lane)?;
         Some((format!("{}/{lane}", l.0), seconds))
     }
+}
+
+/// The store's host and port, for logs (never the password a URL may
+/// hold).
+pub(super) fn store_host(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port().unwrap_or(6379))))
+        .unwrap_or_else(|| "(unparsable URL)".to_owned())
 }
 
 /// A name for this replica's holdings in the store: random per process, so

@@ -53,6 +53,7 @@ mod gateway_replay;
 mod gateway_service_account;
 mod gateway_service_time;
 mod gateway_shared;
+mod gateway_shared_auth;
 mod gateway_shared_deferrals;
 mod gateway_shared_fleet;
 mod gateway_shared_late;
