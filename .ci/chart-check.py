@@ -100,7 +100,8 @@ VALUE_SETS: dict[str, dict] = {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
                     "routes": {"agent-large": "http://vllm-agent-large.ai-platform:8000"},
                     "sharedState": {"address": "rediss://valkey.lanekeeper-system:6380",
-                                    "passwordSecret": "valkey-auth", "timeoutMillis": 20}},
+                                    "passwordSecret": "valkey-auth", "timeoutMillis": 20,
+                                    "caSecret": "valkey-ca", "caKey": "ca.pem"}},
     },
     "gateway-shared-state-deployed": {
         "gateway": {"enabled": True, "profile": "agent-assist", "profileNamespace": "ai-platform",
@@ -373,6 +374,7 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
             want_args.append(f"--token-audience={gw.get('auth', {}).get('tokenAudience', 'lanekeeper')}")
         if gw.get("sharedState", {}).get("address") and not gw["sharedState"].get("deploy"):
             want_args.append(f"--shared-state={gw['sharedState']['address']}")
+        check_shared_state_ca(label, gdep[0]["spec"]["template"]["spec"] if gdep else {}, gw)
         if missing := [a for a in want_args if a not in gargs]:
             fail(f"{label}: the gateway's args lack {missing}: {gargs}")
         names = [n for r in roles if r["metadata"]["name"].endswith("-gateway")
@@ -404,6 +406,23 @@ def structural_checks(label: str, docs: list[tuple[str, str]], values: dict) -> 
                 {"nonResourceURLs": ["/openid/v1/jwks"], "verbs": ["get"]},
             ]:
                 fail(f"{label}: TokenReview create and the ServiceAccount keys' get only: {review}")
+
+
+def check_shared_state_ca(label: str, pod: dict, gw: dict) -> None:
+    """The shared store's CA Secret, when given, is mounted and passed as
+    --shared-state-ca; without one, neither."""
+    shared = gw.get("sharedState", {})
+    args = pod.get("containers", [{}])[0].get("args", [])
+    flag = "--shared-state-ca=/etc/lanekeeper/shared-state-ca/ca.crt"
+    vols = [v for v in pod.get("volumes", []) if v["name"] == "shared-state-ca"]
+    if not shared.get("caSecret") or not (shared.get("address") or shared.get("deploy")):
+        if flag in args or vols:
+            fail(f"{label}: no sharedState.caSecret, yet a shared-state CA is mounted or passed")
+        return
+    want = {"secretName": shared["caSecret"], "items": [{"key": shared.get("caKey", "ca.crt"), "path": "ca.crt"}]}
+    mounts = [m for m in pod["containers"][0].get("volumeMounts", []) if m["name"] == "shared-state-ca"]
+    if flag not in args or [v.get("secret") for v in vols] != [want] or len(mounts) != 1:
+        fail(f"{label}: sharedState.caSecret must be mounted and passed as {flag}: {args} {vols} {mounts}")
 
 
 def check_log_level(label: str, container: dict, component_values: dict) -> None:
