@@ -184,7 +184,7 @@ impl Fleet {
             // This request, beside what is in use and waiting already.
             let want = slots_wanted(n.in_use, n.waiting + 1, others);
             let op = SlotOp::Take(want.saturating_sub(n.held).max(1));
-            let got = call(self, &store, n, op).await;
+            let got = call(self, &store, n, op, n.held).await;
             self.apply(gw, &store, n, got).await
         });
         for r in join_all(calls).await {
@@ -214,7 +214,8 @@ impl Fleet {
             Some(true) => gw.wake(),
             Some(false) => {}
             None if g.granted > 0 => {
-                call(self, store, n, SlotOp::GiveBack(g.granted)).await?;
+                // The core no longer leases the count: it holds none.
+                call(self, store, n, SlotOp::GiveBack(g.granted), 0).await?;
             }
             None => {}
         }
@@ -222,12 +223,14 @@ impl Fleet {
     }
 }
 
-/// One slot call for a count.
+/// One slot call for a count; `held`: what the core holds of it, before
+/// a take's grant or after a give back.
 async fn call(
     fleet: &Fleet,
     store: &FleetStore,
     n: &Need,
     op: SlotOp,
+    held: u64,
 ) -> Result<SlotGrant, FleetStoreError> {
     let waiting = match op {
         SlotOp::Take(k) => n.short().max(k),
@@ -241,6 +244,7 @@ async fn call(
             waiting,
             max: n.max,
             lease: Duration::from_secs_f64(SLOT_LEASE_SECONDS),
+            held,
         })
         .await
 }
@@ -280,7 +284,14 @@ pub(super) async fn slot_round(
             *k = gw.with_core(|c| n.take_back(c, *k)).unwrap_or(0);
         }
     }
-    let answers = join_all(calls.iter().map(|(n, op)| call(fleet, store, n, *op))).await;
+    let answers = join_all(calls.iter().map(|(n, op)| {
+        let held = match op {
+            SlotOp::Take(_) => n.held,
+            SlotOp::GiveBack(k) => n.held.saturating_sub(*k),
+        };
+        call(fleet, store, n, *op, held)
+    }))
+    .await;
     let mut failure = None;
     for ((n, _), got) in calls.iter().zip(answers) {
         if let Err(e) = fleet.apply(gw, store, n, got).await {

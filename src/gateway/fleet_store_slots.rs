@@ -14,15 +14,22 @@ use super::fleet_store::{FleetStore, FleetStoreError};
 /// `KEYS[1]` the count (a hash: `h:R` slots held by replica R, `w:R` its
 /// requests waiting short of a slot, `e:R` when its lease runs out, in
 /// milliseconds of the store's clock). `ARGV`: the replica, `take` or
-/// `give`, how many, its waiting, the maximum, the lease in milliseconds.
-/// Holdings whose lease ran out are dropped first. Returns `{granted,
-/// others_waiting, others_held}`.
+/// `give`, how many, its waiting, the maximum, the lease in milliseconds,
+/// and what the replica holds by its own count (before a take's grant,
+/// after a give). Holdings whose lease ran out are dropped first. The
+/// replica's own count is the truth of what it holds: a store that
+/// forgot it (flushed, evicted, failed over to a lagging copy, its clock
+/// stepped past every lease) counts it again before it grants anyone
+/// else, so the maximum holds across the fleet; the sum may then stand
+/// above the maximum until requests end, never below what is in use.
+/// Returns `{granted, others_waiting, others_held}`.
 const SLOTS_SCRIPT: &str = r"
 local me = ARGV[1]
 local n = tonumber(ARGV[3])
 local waiting = tonumber(ARGV[4])
 local max = tonumber(ARGV[5])
 local lease = tonumber(ARGV[6])
+local held = tonumber(ARGV[7])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local flat = redis.call('HGETALL', KEYS[1])
@@ -44,6 +51,7 @@ for k, v in pairs(f) do
 end
 local granted = 0
 if ARGV[2] == 'take' then
+  if mine < held then mine = held end
   local free = max - others - mine
   if free < 0 then free = 0 end
   granted = math.min(n, free)
@@ -51,6 +59,7 @@ if ARGV[2] == 'take' then
   if n - granted > waiting then waiting = n - granted end
 else
   mine = mine - n
+  if mine < held then mine = held end
   if mine < 0 then mine = 0 end
 end
 if mine == 0 and waiting == 0 then
@@ -106,6 +115,9 @@ pub struct SlotCall<'a> {
     pub max: u64,
     /// The holding's lease.
     pub lease: Duration,
+    /// What the replica holds by its own count: before a take's grant, or
+    /// after a give back (see the script).
+    pub held: u64,
 }
 
 impl FleetStore {
@@ -132,7 +144,8 @@ impl FleetStore {
             .arg(n)
             .arg(call.waiting)
             .arg(call.max)
-            .arg(call.lease.as_millis().max(1) as u64);
+            .arg(call.lease.as_millis().max(1) as u64)
+            .arg(call.held);
         let (granted, others_waiting, others_held): (u64, u64, u64) =
             tokio::time::timeout(self.deadline, invocation.invoke_async(&mut conn))
                 .await

@@ -508,6 +508,7 @@ async fn slot_holdings_stay_under_the_maximum_and_a_crashed_replicas_come_back()
         waiting,
         max: 4,
         lease: Duration::from_millis(lease_ms),
+        held: 0,
     };
     let g = |granted, others_waiting| (granted, others_waiting);
     let s = &Slots(&store);
@@ -558,4 +559,58 @@ async fn slot_holdings_stay_under_the_maximum_and_a_crashed_replicas_come_back()
         s.slots(call("c", SlotOp::Take(9), 0, 5_000)).await.unwrap(),
         g(2, 0)
     );
+}
+
+/// A store that forgets the slot holdings (flushed here; the same for an
+/// eviction, a failover to a lagging copy, its clock stepped past every
+/// lease) while no call fails: the replicas' renewals carry what they hold,
+/// so the store counts it again before it grants anyone else. Before, A's
+/// renewal wrote a holding of 0 and B was granted the whole maximum again:
+/// eight in flight under a `maxConcurrency` of 4.
+#[tokio::test]
+async fn a_store_that_forgets_slot_holdings_counts_them_again_from_the_renewals() {
+    use lanekeeper::gateway::fleet_store_slots::{SlotCall, SlotCount};
+    use lanes::fleet_slots::SlotOp;
+    let Some(server) =
+        Server::start("a_store_that_forgets_slot_holdings_counts_them_again_from_the_renewals")
+    else {
+        return;
+    };
+    let store = FleetStore::connect(&server.url(), "fleet", DEADLINE)
+        .await
+        .unwrap();
+    let call = |replica: &'static str, op, held| SlotCall {
+        count: SlotCount::Tenant {
+            lane: "p/l",
+            tenant: "team-a",
+        },
+        replica,
+        op,
+        waiting: 0,
+        max: 4,
+        lease: Duration::from_secs(5),
+        held,
+    };
+    let granted = async |c: SlotCall<'_>| store.slots(c).await.unwrap().granted;
+    assert_eq!(granted(call("a", SlotOp::Take(4), 0)).await, 4);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+    // A renews what it holds (a take of 0, holding 4).
+    assert_eq!(granted(call("a", SlotOp::Take(0), 4)).await, 0);
+    assert_eq!(
+        granted(call("b", SlotOp::Take(4), 0)).await,
+        0,
+        "A's four are counted again: nothing is free"
+    );
+    // A gives two back: it holds two, and B may have them.
+    assert_eq!(granted(call("a", SlotOp::GiveBack(2), 2)).await, 0);
+    assert_eq!(granted(call("b", SlotOp::Take(4), 0)).await, 2);
+    // Flushed again before A's give back: its count after the give back
+    // (one) is what the store keeps, and B's take carries its two, so B
+    // gets the one left and no more.
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+    assert_eq!(granted(call("a", SlotOp::GiveBack(1), 1)).await, 0);
+    assert_eq!(granted(call("b", SlotOp::Take(4), 2)).await, 1);
+    assert_eq!(granted(call("c", SlotOp::Take(1), 0)).await, 0);
 }
