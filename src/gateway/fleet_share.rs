@@ -12,6 +12,8 @@
 //! refill on their own again), with a log line and the mode metric; it
 //! probes the store once a second and goes back to the fleet's budgets by
 //! itself. A request never waits on the store beyond one call's deadline
+//! (its sighting and its slot take run at once; a slot granted just as the
+//! replica fell back is given back, one more call)
 //! and is never failed because the store is down.
 
 use std::collections::{HashMap, VecDeque};

@@ -288,11 +288,13 @@ async fn answer(
         Err(r) => return r,
     };
     if let Some(fleet) = &gw.fleet {
+        // Both at once: the request waits for the store at most one call's
+        // deadline, not one per call.
         let (lane, id) = (asked.lane.as_deref(), asked.request_id.as_deref());
-        fleet
-            .count_sighting(&**gw, lane, id, &mut asked.attempt)
-            .await;
-        fleet.take_slots(&**gw, lane, asked.tenant.as_deref()).await;
+        tokio::join!(
+            fleet.count_sighting(&**gw, lane, id, &mut asked.attempt),
+            fleet.take_slots(&**gw, lane, asked.tenant.as_deref()),
+        );
     }
     let decided = decide(gw, &asked, sized.size);
     if matches!(decided, Decided::Verdict { .. }) {
