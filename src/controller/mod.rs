@@ -187,6 +187,7 @@ async fn run_namespace(
     );
     let (trigger_tx, trigger_rx) = futures::channel::mpsc::unbounded();
     let controller = Controller::new(profiles, watch_config());
+    let profile_store = controller.store();
     let lane_map = |lane: DeserializeGuard<LaneContract>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
         let l = lane.0.ok()?;
         Some(ObjectRef::new(&l.spec.profile).within(&l.namespace()?))
@@ -230,6 +231,7 @@ async fn run_namespace(
         metrics: metrics.clone(),
         recorder,
         sources,
+        profiles: profile_store.clone(),
         lanes: lane_store.clone(),
         policies: policy_store.clone(),
         pods: pods::PodIndex::new(client.clone(), trigger_tx.clone()),
@@ -246,7 +248,6 @@ async fn run_namespace(
         failures: Mutex::new(HashMap::new()),
         refusals: Default::default(),
     });
-    let profile_store = controller.store();
     let hpa_profiles = profile_store.clone();
     let resync = settings.resync;
     let ticker = futures::stream::unfold((), move |()| async move {

@@ -544,3 +544,70 @@ async fn an_edited_gateway_config_is_put_back() {
     assert_eq!(patches(&s), before);
     c.stop().await;
 }
+
+/// Two CapacityProfiles whose `scaleTargetRef` names the same workload do
+/// not fight over its replicas: the oldest (by creation time, then name)
+/// sizes it; the other writes no replica count and says why in
+/// `ScalingConflict` and an event. Here the second profile is the older
+/// one, so it wins although its name sorts after the example's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_profiles_on_one_workload_do_not_fight_over_its_replicas() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    let mut older = inc47_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "CapacityProfile")
+        .unwrap();
+    older["metadata"]["name"] = json!("agent-assist-b");
+    older["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+    older["spec"]["replicas"] = json!({"min": 12, "max": 12});
+    s.put_direct(older).unwrap();
+    let c = start(&s, settings(false, "a"));
+    let conflict = |s: &ApiServer, name: &str| {
+        s.get_object(LK, "capacityprofiles", Some(NS), name)
+            .and_then(|p| {
+                p["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == "ScalingConflict")
+                    .cloned()
+            })
+            .unwrap_or(Value::Null)
+    };
+    assert!(
+        s.wait_until(T, |s| pool_replicas(s) == 12
+            && conflict(s, "agent-assist")["status"] == "True"
+            && conflict(s, "agent-assist-b")["status"] == "False")
+            .await,
+        "replicas {}; {:#}; {:#}",
+        pool_replicas(&s),
+        conflict(&s, "agent-assist"),
+        conflict(&s, "agent-assist-b")
+    );
+    let lost = conflict(&s, "agent-assist");
+    assert_eq!(lost["reason"], "ProfileTargetsWorkload");
+    assert!(
+        lost["message"]
+            .as_str()
+            .unwrap()
+            .contains("CapacityProfile agent-assist-b"),
+        "{lost}"
+    );
+    assert!(
+        s.wait_until(T, |s| events(s, "ScalingConflict")
+            .iter()
+            .any(|e| e["regarding"]["name"] == "agent-assist"))
+            .await
+    );
+    // No back and forth, and the conflict is not written again each tick.
+    let status_patches = |s: &ApiServer| {
+        s.requests_matching(Some("PATCH"), "capacityprofiles/agent-assist/status")
+            .len()
+    };
+    let before = (scale_patches(&s), status_patches(&s));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!((scale_patches(&s), status_patches(&s)), before);
+    assert_eq!(pool_replicas(&s), 12);
+    assert_eq!(events(&s, "ScalingConflict").len(), 1);
+    c.stop().await;
+}

@@ -160,7 +160,10 @@ impl Report<'_> {
         let observed = Observed {
             ready_replicas: obs.ready_replicas,
             scale_problem: obs.scale_problem.clone(),
-            scaling_conflict: effects.scaling_conflict.as_ref().map(ToString::to_string),
+            scaling_conflict: effects
+                .scaling_conflict
+                .as_ref()
+                .map(|c| (c.reason(), c.to_string())),
             unknown: obs.unknown.clone(),
             calibration: obs.calibration.clone(),
             observed_config_hash: obs
