@@ -95,7 +95,8 @@ fn refused(a: &PodDrain, reason: DrainReason) -> PodDrain {
 pub enum Acting {
     /// Drains, undrains and readiness gates are written.
     Enforce,
-    /// Observe mode: nothing is written.
+    /// Observe mode: only the readiness gates are written (nothing is
+    /// drained or undrained).
     Observe,
     /// An older profile acts on the same workload: nothing is written.
     Outranked,
@@ -110,8 +111,9 @@ pub type DrainRefused = (String, Error);
 /// bound re-checked against the newest state, by readiness, by a race), the
 /// drained count and the bound after this step. `cached` is the pod watch's
 /// copy of the pool: what a step that writes nothing counts from. In observe
-/// mode ([`Acting::Observe`]) nothing is written (every drain is refused
-/// with `Observe`); a profile another one outranks on the
+/// mode ([`Acting::Observe`]) no pod is drained or undrained (every drain is
+/// refused with `Observe`) but the readiness gates are set, so pods with
+/// lanekeeper's gate become ready; a profile another one outranks on the
 /// workload ([`Acting::Outranked`]) writes nothing at all and refuses every
 /// drain with `ProfileTargetsWorkload`. Without a drain spec (`spec` None) nothing is
 /// drained, the engine's undrains (`Disabled`) release what is, and the
@@ -147,7 +149,11 @@ pub async fn actuate(
                 .filter(|a| a.action == DrainAction::Drain)
                 .map(|a| refused(a, why.clone())),
         );
-        return (carried(done, cached, spec), None);
+        let gates = match acting {
+            Acting::Observe => set_gates(api, cached, now, &mut on_write).await.err(),
+            _ => None,
+        };
+        return (carried(done, cached, spec), gates);
     }
     let step = Step {
         api,

@@ -451,3 +451,24 @@ async fn a_profile_outranked_on_its_workload_drains_no_pod() {
     assert!(events(&s, "PodDrained").is_empty());
     c.stop().await;
 }
+
+/// In observe mode no pod is drained, but pods with lanekeeper's readiness
+/// gate get their serving condition, so they become ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_observe_mode_the_readiness_gates_still_open() {
+    let s = ApiServer::start().await;
+    setup(&s, 8, 1, true, true);
+    let errors = PodErrors::default();
+    for i in 0..8 {
+        errors.set(&pod_name(i), if i == 0 { 0.9 } else { 0.01 });
+    }
+    let c = start(&s, &errors);
+    assert!(
+        s.wait_until(T, |s| (0..8).all(|i| serving(s, i) == "True"))
+            .await,
+        "{:?}",
+        (0..8).map(|i| serving(&s, i)).collect::<Vec<_>>()
+    );
+    assert!(drained(&s).is_empty(), "{:?}", drained(&s));
+    c.stop().await;
+}
