@@ -1,6 +1,7 @@
 //! Prometheus metrics of the controller and its signal sources (a module of
 //! its own, below both, so the signals never import the controller).
 
+use prometheus::core::Collector;
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
@@ -275,18 +276,47 @@ impl Metrics {
             let _ = g.remove_label_values(&[namespace, profile]);
         }
         for lane in lanes {
-            let _ = self
-                .lane_demand
-                .remove_label_values(&[namespace, profile, lane]);
-            let _ = self
-                .lane_admitted
-                .remove_label_values(&[namespace, profile, lane]);
-            for g in [
-                &self.lane_retry_amplification,
-                &self.lane_error_budget_remaining,
-                &self.lane_budget_band,
-            ] {
+            for g in self.lane_gauges() {
                 let _ = g.remove_label_values(&[namespace, profile, lane]);
+            }
+        }
+    }
+
+    /// The gauges with a series per lane.
+    fn lane_gauges(&self) -> [&GaugeVec; 5] {
+        [
+            &self.lane_demand,
+            &self.lane_admitted,
+            &self.lane_retry_amplification,
+            &self.lane_error_budget_remaining,
+            &self.lane_budget_band,
+        ]
+    }
+
+    /// Removes the series of the profile's lanes other than `lanes` (the
+    /// lanes bound to it now): a lane deleted, or moved to another profile,
+    /// is no longer exported with its last value.
+    pub fn keep_lanes(&self, namespace: &str, profile: &str, lanes: &[String]) {
+        for g in self.lane_gauges() {
+            let gone: Vec<String> = g
+                .collect()
+                .iter()
+                .flat_map(|f| f.get_metric())
+                .filter_map(|m| {
+                    let label = |n: &str| {
+                        m.get_label()
+                            .iter()
+                            .find(|l| l.name() == n)
+                            .map(|l| l.value())
+                    };
+                    let lane = label("lane")?;
+                    let ours =
+                        label("namespace") == Some(namespace) && label("profile") == Some(profile);
+                    (ours && !lanes.iter().any(|l| l == lane)).then(|| lane.to_owned())
+                })
+                .collect();
+            for lane in gone {
+                let _ = g.remove_label_values(&[namespace, profile, &lane]);
             }
         }
     }
@@ -382,5 +412,37 @@ mod tests {
             text.contains("le=\"0.0025\"") && text.contains("le=\"5\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_lane_gone_from_its_profile_loses_its_series_and_only_it() {
+        let m = Metrics::new();
+        for (ns, profile, lane) in [
+            ("ns", "pool", "kept"),
+            ("ns", "pool", "gone"),
+            ("ns", "other", "gone"),
+            ("ns2", "pool", "gone"),
+        ] {
+            for g in m.lane_gauges() {
+                g.with_label_values(&[ns, profile, lane]).set(1.0);
+            }
+        }
+        m.keep_lanes("ns", "pool", &["kept".to_owned()]);
+        let text = m.render();
+        for g in m.lane_gauges() {
+            let name = g.desc()[0].fq_name.clone();
+            let series: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .collect();
+            assert_eq!(series.len(), 3, "{series:?}");
+            assert!(
+                !series
+                    .iter()
+                    .any(|l| l.contains(r#"namespace="ns",profile="pool""#)
+                        && l.contains(r#"lane="gone""#)),
+                "{series:?}"
+            );
+        }
     }
 }

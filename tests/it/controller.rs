@@ -611,3 +611,40 @@ async fn two_profiles_on_one_workload_do_not_fight_over_its_replicas() {
     assert_eq!(events(&s, "ScalingConflict").len(), 1);
     c.stop().await;
 }
+
+/// The controller's exported series of a lane of the example profile.
+fn lane_series(c: &Running, lane: &str) -> Vec<String> {
+    let label = format!(r#"lane="{lane}""#);
+    c.metrics
+        .render()
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(&label))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A deleted LaneContract's series leave the controller's metrics (they
+/// were exported with their last value for as long as the controller ran);
+/// the other lanes' stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lane_s_metric_series_go_with_it() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    let c = start(&s, settings(false, "a"));
+    let gone = "p4-eval-backfill";
+    let kept = "p0-disruption-assist";
+    assert!(
+        s.wait_until(T, |_| !lane_series(&c, gone).is_empty()
+            && !lane_series(&c, kept).is_empty())
+            .await
+    );
+    s.delete_direct(LK, "lanecontracts", Some(NS), gone)
+        .unwrap();
+    assert!(
+        s.wait_until(T, |_| lane_series(&c, gone).is_empty()).await,
+        "{:#?}",
+        lane_series(&c, gone)
+    );
+    assert!(!lane_series(&c, kept).is_empty());
+    c.stop().await;
+}

@@ -356,6 +356,8 @@ fn record_metrics(ctx: &Context, obs: &Observation, decision: &ProfileDecision) 
     if let Some(r) = obs.ready_replicas {
         m.ready_replicas.with_label_values(&l).set(f64::from(r));
     }
+    let lanes: Vec<String> = decision.lanes.iter().map(|l| l.name.clone()).collect();
+    m.keep_lanes(ns, name, &lanes);
     m.telemetry_known
         .with_label_values(&l)
         .set(if decision.telemetry == Telemetry::Known {
