@@ -648,3 +648,79 @@ async fn a_deleted_lane_s_metric_series_go_with_it() {
     assert!(!lane_series(&c, kept).is_empty());
     c.stop().await;
 }
+
+/// The names of the lanes in a gateway ConfigMap.
+fn config_lanes(s: &ApiServer, name: &str) -> Vec<String> {
+    lanes_json(s, name)
+        .and_then(|c| {
+            c["lanes"].as_array().map(|l| {
+                l.iter()
+                    .filter_map(|l| l["name"].as_str())
+                    .map(str::to_owned)
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// A LaneContract whose `spec.profile` is edited from A to B leaves A at
+/// once (A is reconciled too, not only B): A's ConfigMap drops it, and so
+/// do A's metric series, long before the resync (a minute here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_moved_to_another_profile_leaves_the_old_one_at_once() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    s.put_direct(deployment("vllm-b", 4, 4)).unwrap();
+    let mut b = inc47_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "CapacityProfile")
+        .unwrap();
+    b["metadata"]["name"] = json!("agent-assist-b");
+    b["spec"]["pool"]["scaleTargetRef"]["name"] = json!("vllm-b");
+    b["spec"]["pool"]["podSelector"] = json!({"matchLabels": {"app": "vllm-b"}});
+    s.put_direct(b).unwrap();
+    let c = start(
+        &s,
+        controller::Settings {
+            resync: Duration::from_secs(60),
+            ..settings(false, "a")
+        },
+    );
+    let moved = "p4-eval-backfill";
+    let in_a = |s: &ApiServer| config_lanes(s, "agent-assist-lanes").contains(&moved.to_owned());
+    assert!(
+        s.wait_until(T, |s| in_a(s)
+            && lanes_json(s, "agent-assist-b-lanes").is_some())
+            .await
+    );
+    // Settled: the first reconciles (and those their own writes trigger)
+    // are over.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.merge_patch_direct(
+        LK,
+        "lanecontracts",
+        Some(NS),
+        moved,
+        json!({"spec": {"profile": "agent-assist-b"}}),
+        None,
+    )
+    .unwrap();
+    let a_series = |c: &Running| {
+        lane_series(c, moved)
+            .into_iter()
+            .filter(|l| l.contains(r#"profile="agent-assist""#))
+            .count()
+    };
+    assert!(
+        s.wait_until(Duration::from_secs(15), |s| !in_a(s)
+            && config_lanes(s, "agent-assist-b-lanes")
+                .contains(&moved.to_owned())
+            && a_series(&c) == 0)
+            .await,
+        "A: {:?}; B: {:?}; A's series of the lane: {}",
+        config_lanes(&s, "agent-assist-lanes"),
+        config_lanes(&s, "agent-assist-b-lanes"),
+        a_series(&c)
+    );
+    c.stop().await;
+}
