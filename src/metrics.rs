@@ -1,9 +1,15 @@
 //! Prometheus metrics of the controller and its signal sources (a module of
 //! its own, below both, so the signals never import the controller).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
+
+/// The lanes whose series were last set, per (namespace, profile).
+type LanesSet = HashMap<(String, String), Vec<String>>;
 
 /// Every metric the controller exports.
 #[derive(Clone)]
@@ -59,6 +65,8 @@ pub struct Metrics {
     pub undrains: IntCounterVec,
     /// Drains the bound refused.
     pub drains_refused: IntCounterVec,
+    /// The lanes whose series were last set, per (namespace, profile).
+    lanes: Arc<Mutex<LanesSet>>,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -251,6 +259,7 @@ impl Metrics {
                 "1 while this instance holds the leader lease.",
             ),
             registry,
+            lanes: Arc::default(),
         }
     }
 
@@ -274,18 +283,46 @@ impl Metrics {
         ] {
             let _ = g.remove_label_values(&[namespace, profile]);
         }
+        self.forget_lanes(namespace, profile, lanes);
+        let key = (namespace.to_owned(), profile.to_owned());
+        let kept = self.lanes.lock().expect("not poisoned").remove(&key);
+        self.forget_lanes(namespace, profile, &kept.unwrap_or_default());
+    }
+
+    /// The gauges with a series per lane.
+    fn lane_gauges(&self) -> [&GaugeVec; 5] {
+        [
+            &self.lane_demand,
+            &self.lane_admitted,
+            &self.lane_retry_amplification,
+            &self.lane_error_budget_remaining,
+            &self.lane_budget_band,
+        ]
+    }
+
+    /// Removes the series of the profile's lanes other than `lanes` (the
+    /// lanes bound to it now, whose series the caller sets): a lane deleted,
+    /// or moved to another profile, is no longer exported with its last
+    /// value. Compares with the lanes it was last given for the profile.
+    pub fn keep_lanes(&self, namespace: &str, profile: &str, lanes: &[String]) {
+        let key = (namespace.to_owned(), profile.to_owned());
+        let before = self
+            .lanes
+            .lock()
+            .expect("not poisoned")
+            .insert(key, lanes.to_vec());
+        let gone: Vec<String> = before
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|l| !lanes.contains(l))
+            .collect();
+        self.forget_lanes(namespace, profile, &gone);
+    }
+
+    /// Removes the series of these lanes of the profile.
+    fn forget_lanes(&self, namespace: &str, profile: &str, lanes: &[String]) {
         for lane in lanes {
-            let _ = self
-                .lane_demand
-                .remove_label_values(&[namespace, profile, lane]);
-            let _ = self
-                .lane_admitted
-                .remove_label_values(&[namespace, profile, lane]);
-            for g in [
-                &self.lane_retry_amplification,
-                &self.lane_error_budget_remaining,
-                &self.lane_budget_band,
-            ] {
+            for g in self.lane_gauges() {
                 let _ = g.remove_label_values(&[namespace, profile, lane]);
             }
         }
@@ -308,6 +345,7 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus::core::Collector;
 
     #[test]
     fn every_metric_is_registered_under_its_name_and_type() {
@@ -382,5 +420,39 @@ mod tests {
             text.contains("le=\"0.0025\"") && text.contains("le=\"5\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_lane_gone_from_its_profile_loses_its_series_and_only_it() {
+        let m = Metrics::new();
+        let set = |ns: &str, profile: &str, lanes: &[&str]| {
+            let lanes: Vec<String> = lanes.iter().map(|l| l.to_string()).collect();
+            m.keep_lanes(ns, profile, &lanes);
+            for lane in &lanes {
+                for g in m.lane_gauges() {
+                    g.with_label_values(&[ns, profile, lane]).set(1.0);
+                }
+            }
+        };
+        set("ns", "pool", &["kept", "gone"]);
+        set("ns", "other", &["gone"]);
+        set("ns2", "pool", &["gone"]);
+        set("ns", "pool", &["kept"]);
+        let text = m.render();
+        for g in m.lane_gauges() {
+            let name = g.desc()[0].fq_name.clone();
+            let series: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .collect();
+            assert_eq!(series.len(), 3, "{series:?}");
+            assert!(
+                !series
+                    .iter()
+                    .any(|l| l.contains(r#"namespace="ns",profile="pool""#)
+                        && l.contains(r#"lane="gone""#)),
+                "{series:?}"
+            );
+        }
     }
 }

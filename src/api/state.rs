@@ -238,8 +238,11 @@ pub enum DrainReason {
     NotReady,
     /// The pod changed between the read and the write.
     Conflict,
-    /// The policy is in observe mode: nothing is written.
+    /// The policy is in observe mode: no pod is drained.
     Observe,
+    /// An older CapacityProfile names the same workload and drains its
+    /// pods: this profile drains none.
+    ProfileTargetsWorkload,
     /// A reason lanekeeper does not recognise (an annotation edited by hand).
     Other(String),
 }
@@ -262,6 +265,7 @@ impl DrainReason {
             DrainReason::NotReady => "NotReady",
             DrainReason::Conflict => "Conflict",
             DrainReason::Observe => "Observe",
+            DrainReason::ProfileTargetsWorkload => "ProfileTargetsWorkload",
             DrainReason::Other(s) => s.split(':').next().unwrap_or(s),
         }
     }
@@ -303,8 +307,11 @@ impl fmt::Display for DrainReason {
                 f.write_str("Conflict: the pod changed while draining; re-evaluated next time")
             }
             DrainReason::Observe => {
-                f.write_str("Observe: the policy is in observe mode; nothing is written")
+                f.write_str("Observe: the policy is in observe mode; no pod is drained")
             }
+            DrainReason::ProfileTargetsWorkload => f.write_str(
+                "ProfileTargetsWorkload: an older CapacityProfile acts on the workload; this one drains no pod",
+            ),
             DrainReason::Other(s) => f.write_str(s),
         }
     }
@@ -328,6 +335,7 @@ impl FromStr for DrainReason {
             DrainReason::NotReady,
             DrainReason::Conflict,
             DrainReason::Observe,
+            DrainReason::ProfileTargetsWorkload,
         ];
         if let Some(r) = fixed.into_iter().find(|r| r.to_string() == s) {
             return Ok(r);
@@ -427,6 +435,7 @@ mod tests {
             DrainReason::NotReady,
             DrainReason::Conflict,
             DrainReason::Observe,
+            DrainReason::ProfileTargetsWorkload,
             DrainReason::Other("drained by the on-call: bad GPU".into()),
         ];
         for r in all {

@@ -16,7 +16,7 @@ use super::pods::PodIndex;
 use super::reconcile::refusals::Refusals;
 use super::reconcile::writes::Writes;
 use super::scale::Resolver;
-use crate::api::{DegradationPolicy, LaneContract};
+use crate::api::{CapacityProfile, DegradationPolicy, LaneContract};
 use crate::metrics::Metrics;
 use crate::signals::SignalSource;
 
@@ -67,6 +67,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Signal sources, applied in order.
     pub sources: Vec<Arc<dyn SignalSource>>,
+    /// The profiles (the controller's own store).
+    pub profiles: Store<DeserializeGuard<CapacityProfile>>,
     /// Lane index.
     pub lanes: Store<DeserializeGuard<LaneContract>>,
     /// Policy index.

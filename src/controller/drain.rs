@@ -90,6 +90,18 @@ fn refused(a: &PodDrain, reason: DrainReason) -> PodDrain {
     }
 }
 
+/// How the drain acts on the pool's pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acting {
+    /// Drains, undrains and readiness gates are written.
+    Enforce,
+    /// Observe mode: only the readiness gates are written (nothing is
+    /// drained or undrained).
+    Observe,
+    /// An older profile acts on the same workload: nothing is written.
+    Outranked,
+}
+
 /// A drain write the API server refused: which (`drain pod P`, `list the
 /// pool's pods`) and its error.
 pub type DrainRefused = (String, Error);
@@ -98,9 +110,12 @@ pub type DrainRefused = (String, Error);
 /// carried out: drains and undrains written, candidates refused (by the
 /// bound re-checked against the newest state, by readiness, by a race), the
 /// drained count and the bound after this step. `cached` is the pod watch's
-/// copy of the pool: what a step that writes nothing counts from. `enforce`
-/// is false in observe mode: then nothing is written and every drain is
-/// refused with `Observe`. Without a drain spec (`spec` None) nothing is
+/// copy of the pool: what a step that writes nothing counts from. In observe
+/// mode ([`Acting::Observe`]) no pod is drained or undrained (every drain is
+/// refused with `Observe`) but the readiness gates are set, so pods with
+/// lanekeeper's gate become ready; a profile another one outranks on the
+/// workload ([`Acting::Outranked`]) writes nothing at all and refuses every
+/// drain with `ProfileTargetsWorkload`. Without a drain spec (`spec` None) nothing is
 /// drained, the engine's undrains (`Disabled`) release what is, and the
 /// readiness gates are still set. A write the API server refuses ends the
 /// step: what was written before it is returned with the refusal.
@@ -111,7 +126,7 @@ pub async fn actuate(
     spec: Option<&DrainSpec>,
     decided: &Drain,
     cached: &[Arc<Pod>],
-    enforce: bool,
+    acting: Acting,
     now: i64,
     mut on_write: impl FnMut(&str),
 ) -> (Drain, Option<DrainRefused>) {
@@ -121,15 +136,24 @@ pub async fn actuate(
         .filter(|a| matches!(a.action, DrainAction::Keep | DrainAction::Refused))
         .cloned()
         .collect();
-    if !enforce {
+    let why = match acting {
+        Acting::Enforce => None,
+        Acting::Observe => Some(DrainReason::Observe),
+        Acting::Outranked => Some(DrainReason::ProfileTargetsWorkload),
+    };
+    if let Some(why) = why {
         done.extend(
             decided
                 .actions
                 .iter()
                 .filter(|a| a.action == DrainAction::Drain)
-                .map(|a| refused(a, DrainReason::Observe)),
+                .map(|a| refused(a, why.clone())),
         );
-        return (carried(done, cached, spec), None);
+        let gates = match acting {
+            Acting::Observe => set_gates(api, cached, now, &mut on_write).await.err(),
+            _ => None,
+        };
+        return (carried(done, cached, spec), gates);
     }
     let step = Step {
         api,

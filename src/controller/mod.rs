@@ -15,6 +15,7 @@ pub mod http;
 pub mod index;
 pub mod lanes_configmap;
 pub mod pods;
+pub mod rebind;
 mod reconcile;
 pub mod scale;
 pub mod status;
@@ -29,12 +30,12 @@ use futures::StreamExt;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
 
 use crate::api::{CapacityProfile, DegradationPolicy, LaneContract, LaneFreeze};
 use crate::signals::{ClusterSource, SignalSource};
@@ -187,16 +188,22 @@ async fn run_namespace(
     );
     let (trigger_tx, trigger_rx) = futures::channel::mpsc::unbounded();
     let controller = Controller::new(profiles, watch_config());
-    let lane_map = |lane: DeserializeGuard<LaneContract>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
-        let l = lane.0.ok()?;
-        Some(ObjectRef::new(&l.spec.profile).within(&l.namespace()?))
-    };
-    let policy_map = |p: DeserializeGuard<DegradationPolicy>| -> Option<ObjectRef<DeserializeGuard<CapacityProfile>>> {
-        let p = p.0.ok()?;
-        Some(ObjectRef::new(&p.spec.profile).within(&p.namespace()?))
-    };
+    let profile_store = controller.store();
     let (lane_store, lane_stream) = reflected(lanes, watch_config());
     let (policy_store, policy_stream) = reflected(policies, watch_config());
+    // A lane or policy whose `spec.profile` was edited concerns the profile
+    // it named before too; the stores say which were deleted (a watch
+    // updates its store before it passes the object on).
+    let (lanes_named, lanes_now) = (rebind::LastProfile::default(), lane_store.clone());
+    let lane_map = move |lane: DeserializeGuard<LaneContract>| {
+        let gone = lanes_now.get(&ObjectRef::from_obj(&lane)).is_none();
+        lanes_named.touched(&lane, |l| l.spec.profile.as_str(), gone)
+    };
+    let (policies_named, policies_now) = (rebind::LastProfile::default(), policy_store.clone());
+    let policy_map = move |p: DeserializeGuard<DegradationPolicy>| {
+        let gone = policies_now.get(&ObjectRef::from_obj(&p)).is_none();
+        policies_named.touched(&p, |p| p.spec.profile.as_str(), gone)
+    };
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -230,6 +237,7 @@ async fn run_namespace(
         metrics: metrics.clone(),
         recorder,
         sources,
+        profiles: profile_store.clone(),
         lanes: lane_store.clone(),
         policies: policy_store.clone(),
         pods: pods::PodIndex::new(client.clone(), trigger_tx.clone()),
@@ -246,7 +254,6 @@ async fn run_namespace(
         failures: Mutex::new(HashMap::new()),
         refusals: Default::default(),
     });
-    let profile_store = controller.store();
     let hpa_profiles = profile_store.clone();
     let resync = settings.resync;
     let ticker = futures::stream::unfold((), move |()| async move {

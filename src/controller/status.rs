@@ -110,8 +110,9 @@ pub struct Observed {
     pub ready_replicas: Option<u32>,
     /// A problem reaching the scale target.
     pub scale_problem: Option<String>,
-    /// An HPA targets the same workload and the scaling mode is `Direct`.
-    pub scaling_conflict: Option<String>,
+    /// Another writer owns the replicas (an HPA in `Direct` mode, an older
+    /// profile on the same workload): the condition's reason and message.
+    pub scaling_conflict: Option<(&'static str, String)>,
     /// Unknown signals with reasons.
     pub unknown: std::collections::BTreeMap<String, String>,
     /// What the calibration says about the pool now.
@@ -291,17 +292,19 @@ fn pool_conditions(profile: &CapacityProfile, observed: &Observed) -> Vec<Cond<'
         },
     });
     wanted.push(match &observed.scaling_conflict {
-        Some(m) => Cond {
+        Some((reason, m)) => Cond {
             type_: "ScalingConflict",
             status: "True",
-            reason: "HPATargetsWorkload",
+            reason,
             message: m.clone(),
         },
         None => Cond {
             type_: "ScalingConflict",
             status: "False",
             reason: "NoConflict",
-            message: "no HorizontalPodAutoscaler competes for the replicas".into(),
+            message:
+                "no HorizontalPodAutoscaler or other CapacityProfile competes for the replicas"
+                    .into(),
         },
     });
     wanted

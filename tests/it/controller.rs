@@ -544,3 +544,183 @@ async fn an_edited_gateway_config_is_put_back() {
     assert_eq!(patches(&s), before);
     c.stop().await;
 }
+
+/// Two CapacityProfiles whose `scaleTargetRef` names the same workload do
+/// not fight over its replicas: the oldest (by creation time, then name)
+/// sizes it; the other writes no replica count and says why in
+/// `ScalingConflict` and an event. Here the second profile is the older
+/// one, so it wins although its name sorts after the example's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_profiles_on_one_workload_do_not_fight_over_its_replicas() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    let mut older = inc47_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "CapacityProfile")
+        .unwrap();
+    older["metadata"]["name"] = json!("agent-assist-b");
+    older["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+    older["spec"]["replicas"] = json!({"min": 12, "max": 12});
+    s.put_direct(older).unwrap();
+    let c = start(&s, settings(false, "a"));
+    let conflict = |s: &ApiServer, name: &str| {
+        s.get_object(LK, "capacityprofiles", Some(NS), name)
+            .and_then(|p| {
+                p["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == "ScalingConflict")
+                    .cloned()
+            })
+            .unwrap_or(Value::Null)
+    };
+    assert!(
+        s.wait_until(T, |s| pool_replicas(s) == 12
+            && conflict(s, "agent-assist")["status"] == "True"
+            && conflict(s, "agent-assist-b")["status"] == "False")
+            .await,
+        "replicas {}; {:#}; {:#}",
+        pool_replicas(&s),
+        conflict(&s, "agent-assist"),
+        conflict(&s, "agent-assist-b")
+    );
+    let lost = conflict(&s, "agent-assist");
+    assert_eq!(lost["reason"], "ProfileTargetsWorkload");
+    assert!(
+        lost["message"]
+            .as_str()
+            .unwrap()
+            .contains("CapacityProfile agent-assist-b"),
+        "{lost}"
+    );
+    assert!(
+        s.wait_until(T, |s| events(s, "ScalingConflict")
+            .iter()
+            .any(|e| e["regarding"]["name"] == "agent-assist"))
+            .await
+    );
+    // No back and forth, and the conflict is not written again each tick.
+    let status_patches = |s: &ApiServer| {
+        s.requests_matching(Some("PATCH"), "capacityprofiles/agent-assist/status")
+            .len()
+    };
+    let before = (scale_patches(&s), status_patches(&s));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!((scale_patches(&s), status_patches(&s)), before);
+    assert_eq!(pool_replicas(&s), 12);
+    assert_eq!(events(&s, "ScalingConflict").len(), 1);
+    c.stop().await;
+}
+
+/// The controller's exported series of a lane of the example profile.
+fn lane_series(c: &Running, lane: &str) -> Vec<String> {
+    let label = format!(r#"lane="{lane}""#);
+    c.metrics
+        .render()
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(&label))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A deleted LaneContract's series leave the controller's metrics (they
+/// were exported with their last value for as long as the controller ran);
+/// the other lanes' stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lane_s_metric_series_go_with_it() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    let c = start(&s, settings(false, "a"));
+    let gone = "p4-eval-backfill";
+    let kept = "p0-disruption-assist";
+    assert!(
+        s.wait_until(T, |_| !lane_series(&c, gone).is_empty()
+            && !lane_series(&c, kept).is_empty())
+            .await
+    );
+    s.delete_direct(LK, "lanecontracts", Some(NS), gone)
+        .unwrap();
+    assert!(
+        s.wait_until(T, |_| lane_series(&c, gone).is_empty()).await,
+        "{:#?}",
+        lane_series(&c, gone)
+    );
+    assert!(!lane_series(&c, kept).is_empty());
+    c.stop().await;
+}
+
+/// The names of the lanes in a gateway ConfigMap.
+fn config_lanes(s: &ApiServer, name: &str) -> Vec<String> {
+    lanes_json(s, name)
+        .and_then(|c| {
+            c["lanes"].as_array().map(|l| {
+                l.iter()
+                    .filter_map(|l| l["name"].as_str())
+                    .map(str::to_owned)
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// A LaneContract whose `spec.profile` is edited from A to B leaves A at
+/// once (A is reconciled too, not only B): A's ConfigMap drops it, and so
+/// do A's metric series, long before the resync (a minute here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_moved_to_another_profile_leaves_the_old_one_at_once() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    s.put_direct(deployment("vllm-b", 4, 4)).unwrap();
+    let mut b = inc47_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "CapacityProfile")
+        .unwrap();
+    b["metadata"]["name"] = json!("agent-assist-b");
+    b["spec"]["pool"]["scaleTargetRef"]["name"] = json!("vllm-b");
+    b["spec"]["pool"]["podSelector"] = json!({"matchLabels": {"app": "vllm-b"}});
+    s.put_direct(b).unwrap();
+    let c = start(
+        &s,
+        controller::Settings {
+            resync: Duration::from_secs(60),
+            ..settings(false, "a")
+        },
+    );
+    let moved = "p4-eval-backfill";
+    let in_a = |s: &ApiServer| config_lanes(s, "agent-assist-lanes").contains(&moved.to_owned());
+    assert!(
+        s.wait_until(T, |s| in_a(s)
+            && lanes_json(s, "agent-assist-b-lanes").is_some())
+            .await
+    );
+    // Settled: the first reconciles (and those their own writes trigger)
+    // are over.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.merge_patch_direct(
+        LK,
+        "lanecontracts",
+        Some(NS),
+        moved,
+        json!({"spec": {"profile": "agent-assist-b"}}),
+        None,
+    )
+    .unwrap();
+    let a_series = |c: &Running| {
+        lane_series(c, moved)
+            .into_iter()
+            .filter(|l| l.contains(r#"profile="agent-assist""#))
+            .count()
+    };
+    assert!(
+        s.wait_until(Duration::from_secs(15), |s| !in_a(s)
+            && config_lanes(s, "agent-assist-b-lanes")
+                .contains(&moved.to_owned())
+            && a_series(&c) == 0)
+            .await,
+        "A: {:?}; B: {:?}; A's series of the lane: {}",
+        config_lanes(&s, "agent-assist-lanes"),
+        config_lanes(&s, "agent-assist-b-lanes"),
+        a_series(&c)
+    );
+    c.stop().await;
+}

@@ -416,3 +416,59 @@ async fn removing_the_drain_spec_releases_drained_pods_and_gates_still_open() {
     );
     c.stop().await;
 }
+
+/// A profile that an older one outranks on the same workload drains none
+/// of its pods (the older one acts on them; here it has no drain section,
+/// so nothing is drained at all) and says why in `ScalingConflict`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_outranked_on_its_workload_drains_no_pod() {
+    let s = ApiServer::start().await;
+    setup(&s, 8, 1, false, false);
+    let mut older = inc47_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "CapacityProfile")
+        .unwrap();
+    older["metadata"]["name"] = json!("agent-assist-b");
+    older["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+    older["spec"]["replicas"] = json!({"min": 8, "max": 8});
+    older["spec"]["drain"] = Value::Null;
+    s.put_direct(older).unwrap();
+    let errors = PodErrors::default();
+    for i in 0..8 {
+        errors.set(&pod_name(i), if i == 0 { 0.9 } else { 0.01 });
+    }
+    let c = start(&s, &errors);
+    assert!(
+        s.wait_until(T, |s| profile_condition(s, "ScalingConflict")["reason"]
+            == "ProfileTargetsWorkload")
+            .await,
+        "{:#}",
+        profile_status(&s)
+    );
+    // Several passes (resync 300 ms) with pod 0 a drain candidate.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(drained(&s).is_empty(), "{:?}", drained(&s));
+    assert!(events(&s, "PodDrained").is_empty());
+    c.stop().await;
+}
+
+/// In observe mode no pod is drained, but pods with lanekeeper's readiness
+/// gate get their serving condition, so they become ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_observe_mode_the_readiness_gates_still_open() {
+    let s = ApiServer::start().await;
+    setup(&s, 8, 1, true, true);
+    let errors = PodErrors::default();
+    for i in 0..8 {
+        errors.set(&pod_name(i), if i == 0 { 0.9 } else { 0.01 });
+    }
+    let c = start(&s, &errors);
+    assert!(
+        s.wait_until(T, |s| (0..8).all(|i| serving(s, i) == "True"))
+            .await,
+        "{:?}",
+        (0..8).map(|i| serving(&s, i)).collect::<Vec<_>>()
+    );
+    assert!(drained(&s).is_empty(), "{:?}", drained(&s));
+    c.stop().await;
+}

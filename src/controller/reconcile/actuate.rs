@@ -30,7 +30,8 @@ pub struct Effects {
     pub config: ConfigEffect,
     /// The pool size or HPA minimum written, if any.
     pub scaled: Option<Scaled>,
-    /// An HPA owns the replicas and the scaling mode is `Direct`.
+    /// An HPA owns the replicas and the scaling mode is `Direct`, or an
+    /// older profile sizes the workload.
     pub scaling_conflict: Option<ScalingConflict>,
     /// The drain as carried out (None without a drain spec or a synced pod
     /// index).
@@ -116,24 +117,52 @@ impl fmt::Display for Scaled {
     }
 }
 
-/// An HPA targets the workload whose replicas lanekeeper would set.
+/// Another writer owns the replicas of the workload lanekeeper would size.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ScalingConflict {
-    /// The HPA.
-    pub hpa: String,
-    /// Kind of the scale target.
-    pub kind: String,
-    /// Its name.
-    pub name: String,
+pub enum ScalingConflict {
+    /// An HPA targets the workload and the scaling mode is `Direct`.
+    Hpa {
+        /// The HPA.
+        hpa: String,
+        /// Kind of the scale target.
+        kind: String,
+        /// Its name.
+        name: String,
+    },
+    /// An older CapacityProfile names the same workload: it sizes (and
+    /// drains) it, this one writes neither.
+    Profile {
+        /// The profile that acts on the workload.
+        winner: String,
+        /// Kind of the scale target.
+        kind: String,
+        /// Its name.
+        name: String,
+    },
+}
+
+impl ScalingConflict {
+    /// The `ScalingConflict` condition's reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ScalingConflict::Hpa { .. } => "HPATargetsWorkload",
+            ScalingConflict::Profile { .. } => "ProfileTargetsWorkload",
+        }
+    }
 }
 
 impl fmt::Display for ScalingConflict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "HorizontalPodAutoscaler {} targets {} {}: lanekeeper leaves the replicas alone (set spec.scaling.mode to HPAMinReplicas to raise its minimum instead, or Disabled)",
-            self.hpa, self.kind, self.name
-        )
+        match self {
+            ScalingConflict::Hpa { hpa, kind, name } => write!(
+                f,
+                "HorizontalPodAutoscaler {hpa} targets {kind} {name}: lanekeeper leaves the replicas alone (set spec.scaling.mode to HPAMinReplicas to raise its minimum instead, or Disabled)"
+            ),
+            ScalingConflict::Profile { winner, kind, name } => write!(
+                f,
+                "CapacityProfile {winner} also targets {kind} {name} and is older: it sizes the workload and drains its pods, this profile writes neither (point spec.pool.scaleTargetRef at another workload, or delete one of the profiles)"
+            ),
+        }
     }
 }
 
@@ -242,14 +271,26 @@ async fn live_carries(api: &Api<ConfigMap>, name: &str, cfg: &lanes::GatewayConf
     live.is_some_and(|l| lanes_configmap::carries(&l, cfg))
 }
 
-/// The pool size: never in observe mode, never without an opinion, never
-/// against an HPA unless the mode says to raise its minimum.
+/// The pool size: never when an older profile sizes the workload, never in
+/// observe mode, never without an opinion, never against an HPA unless the
+/// mode says to raise its minimum.
 async fn pool_size(
     ctx: &Context,
     obs: &Observation,
     decision: &ProfileDecision,
 ) -> Result<(Option<Scaled>, Option<ScalingConflict>), Refused> {
     let profile = &obs.profile;
+    let target_ref = &profile.spec.pool.scale_target_ref;
+    if let Some(winner) = &obs.outranked_by {
+        return Ok((
+            None,
+            Some(ScalingConflict::Profile {
+                winner: winner.clone(),
+                kind: target_ref.kind.clone(),
+                name: target_ref.name.clone(),
+            }),
+        ));
+    }
     let (Some(target), false) = (&obs.target, obs.observe_only()) else {
         return Ok((None, None));
     };
@@ -257,7 +298,6 @@ async fn pool_size(
     if mode == ScalingMode::Disabled {
         return Ok((None, None));
     }
-    let target_ref = &profile.spec.pool.scale_target_ref;
     match (ctx.index.hpa(profile.namespace_str(), target_ref), mode) {
         (Some(h), ScalingMode::HpaMinReplicas) => {
             let want = (decision.desired_replicas, may_shrink(decision));
@@ -266,7 +306,7 @@ async fn pool_size(
         }
         (Some(h), _) => Ok((
             None,
-            Some(ScalingConflict {
+            Some(ScalingConflict::Hpa {
                 hpa: h.name_any(),
                 kind: target_ref.kind.clone(),
                 name: target_ref.name.clone(),
@@ -416,7 +456,7 @@ async fn bounded_drain(
         spec,
         &decision.drain,
         &cached,
-        !obs.observe_only(),
+        obs.drain_acting(),
         obs.now,
         |kind| metrics.write(kind, "patch"),
     )

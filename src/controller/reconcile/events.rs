@@ -330,7 +330,8 @@ fn profile_events(
     band_events(reported, decision, out);
     telemetry_events(decision, was("TelemetryKnown"), unknown, out);
     if let Some(c) = &effects.scaling_conflict
-        && was("ScalingConflict") != Some("True")
+        && condition(&old.conditions, "ScalingConflict")
+            .is_none_or(|o| o.status != "True" || o.reason != c.reason())
     {
         out.push(note(
             Target::Profile,
@@ -792,7 +793,7 @@ mod tests {
                 from: Some(9),
                 to: 11,
             }),
-            scaling_conflict: Some(ScalingConflict {
+            scaling_conflict: Some(ScalingConflict::Hpa {
                 hpa: "pool".into(),
                 kind: "Deployment".into(),
                 name: "pool".into(),
@@ -822,10 +823,9 @@ mod tests {
         );
         // A conflict already reported is not repeated.
         let mut known = steady();
-        known
-            .profile_before
-            .conditions
-            .push(cond("ScalingConflict", "True", "x"));
+        let mut reported = cond("ScalingConflict", "True", "x");
+        reported.reason = "HPATargetsWorkload".into();
+        known.profile_before.conditions.push(reported);
         let again = events(
             &known,
             &decision(2, "Known", None),
@@ -836,6 +836,22 @@ mod tests {
             &Default::default(),
         );
         assert!(again.is_empty(), "{again:?}");
+        // Another writer than the one reported is.
+        let other = events(
+            &known,
+            &decision(2, "Known", None),
+            &Effects {
+                scaling_conflict: Some(ScalingConflict::Profile {
+                    winner: "older".into(),
+                    kind: "Deployment".into(),
+                    name: "pool".into(),
+                }),
+                ..Default::default()
+            },
+            &Default::default(),
+        );
+        assert_eq!(reasons(&other), ["ScalingConflict"]);
+        assert!(other[0].note.contains("CapacityProfile older"), "{other:?}");
     }
 
     #[test]

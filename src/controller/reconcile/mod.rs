@@ -13,7 +13,8 @@
 //! [`pool`] reads what the pool's workload says beyond its size (its pod
 //! template's hash, its rollout) for observe. [`writes`] keeps what our writes returned (the watch lags behind them);
 //! [`refusals`] the writes the API server refused, each backing off;
-//! [`sweep`] covers what no profile's reconcile sees.
+//! [`sweep`] covers what no profile's reconcile sees; [`shared_target`]
+//! picks the one profile that acts on a workload several profiles name.
 
 pub mod actuate;
 pub mod events;
@@ -22,6 +23,7 @@ pub mod observe;
 pub mod pool;
 pub mod refusals;
 pub mod report;
+pub mod shared_target;
 pub mod sweep;
 pub mod writes;
 

@@ -10,11 +10,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use kube::ResourceExt;
 
 use super::super::context::{APPROVE_ANNOTATION, Context};
+use super::super::drain::Acting;
 use super::super::error::Error;
 use super::super::index::TargetView;
 use super::super::pods::{self, CachedPod};
 use super::super::scale::{self, TargetState};
 use super::pool::{self as pool_view, PoolView, WorkloadKind};
+use super::shared_target;
 use crate::api::calibration::CalibrationCheck;
 use crate::api::{
     Approval, CapacityProfile, DegradationPolicy, DrainReason, DrainedPod, LaneContract, ObjectKey,
@@ -69,6 +71,9 @@ pub struct Observation {
     pub pool: Option<PoolView>,
     /// What the calibration says about the pool now.
     pub calibration: CalibrationCheck,
+    /// The older profile that sizes and drains the same workload, when one
+    /// does (then this one writes neither).
+    pub outranked_by: Option<String>,
 }
 
 impl Observation {
@@ -80,6 +85,17 @@ impl Observation {
     /// Whether the governing policy only observes (nothing is enforced).
     pub fn observe_only(&self) -> bool {
         self.mode == PolicyMode::Observe
+    }
+
+    /// How the drain acts on the pool's pods: not at all when another
+    /// profile acts on the workload, only on the readiness gates in observe
+    /// mode.
+    pub fn drain_acting(&self) -> Acting {
+        match (&self.outranked_by, self.observe_only()) {
+            (Some(_), _) => Acting::Outranked,
+            (None, true) => Acting::Observe,
+            (None, false) => Acting::Enforce,
+        }
     }
 }
 
@@ -280,10 +296,10 @@ fn engine_state(
 fn sized_replicas(
     ctx: &Context,
     profile: &CapacityProfile,
-    mode: PolicyMode,
+    (mode, outranked): (PolicyMode, bool),
     target: Option<&TargetState>,
 ) -> Option<i32> {
-    if mode == PolicyMode::Observe {
+    if mode == PolicyMode::Observe || outranked {
         return None;
     }
     let ns = profile.namespace_str();
@@ -388,7 +404,13 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observe
     snapshot.lanes = out.lanes;
 
     let current_replicas = target.as_ref().and_then(|t| t.replicas);
-    let sized = sized_replicas(ctx, &profile, mode, target.as_ref());
+    let outranked_by = shared_target::outranked_by(&profile, &ctx.profiles.state());
+    let sized = sized_replicas(
+        ctx,
+        &profile,
+        (mode, outranked_by.is_some()),
+        target.as_ref(),
+    );
     let prev = engine_state(
         &profile,
         raw_pods.as_deref(),
@@ -412,5 +434,6 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observe
         unschedulable,
         pool,
         calibration,
+        outranked_by,
     })))
 }

@@ -160,7 +160,10 @@ impl Report<'_> {
         let observed = Observed {
             ready_replicas: obs.ready_replicas,
             scale_problem: obs.scale_problem.clone(),
-            scaling_conflict: effects.scaling_conflict.as_ref().map(ToString::to_string),
+            scaling_conflict: effects
+                .scaling_conflict
+                .as_ref()
+                .map(|c| (c.reason(), c.to_string())),
             unknown: obs.unknown.clone(),
             calibration: obs.calibration.clone(),
             observed_config_hash: obs
@@ -353,6 +356,8 @@ fn record_metrics(ctx: &Context, obs: &Observation, decision: &ProfileDecision) 
     if let Some(r) = obs.ready_replicas {
         m.ready_replicas.with_label_values(&l).set(f64::from(r));
     }
+    let lanes: Vec<String> = decision.lanes.iter().map(|l| l.name.clone()).collect();
+    m.keep_lanes(ns, name, &lanes);
     m.telemetry_known
         .with_label_values(&l)
         .set(if decision.telemetry == Telemetry::Known {

@@ -1,0 +1,104 @@
+//! The profiles a changed lane or policy concerns: the one its
+//! `spec.profile` names now and, when that was edited, the one it named
+//! before (which must drop it from its ConfigMap and status at once, not at
+//! the next resync). A watch event carries only the new object, so the
+//! mapper remembers the profile each object last named.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kube::Resource;
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::CapacityProfile;
+
+/// A profile to reconcile.
+pub type ProfileRef = ObjectRef<DeserializeGuard<CapacityProfile>>;
+
+/// The profile each watched object (by namespace and name) last named.
+#[derive(Default)]
+pub struct LastProfile {
+    seen: Mutex<HashMap<(String, String), String>>,
+}
+
+impl LastProfile {
+    /// The profiles to reconcile for a touched object: the one it names now
+    /// (none when it is invalid) and the one it named before, when that is
+    /// another. `gone`: the object was deleted (it is forgotten then, as is
+    /// an invalid one).
+    pub fn touched<K>(
+        &self,
+        obj: &DeserializeGuard<K>,
+        profile_of: impl Fn(&K) -> &str,
+        gone: bool,
+    ) -> Vec<ProfileRef>
+    where
+        K: Resource,
+    {
+        let meta = match &obj.0 {
+            Ok(o) => o.meta(),
+            Err(invalid) => &invalid.metadata,
+        };
+        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+            return Vec::new();
+        };
+        let now = obj.0.as_ref().ok().map(|o| profile_of(o).to_owned());
+        let key = (ns.clone(), name.clone());
+        let before = {
+            let mut seen = self.seen.lock().expect("not poisoned");
+            match (&now, gone) {
+                (Some(p), false) => seen.insert(key, p.clone()),
+                _ => seen.remove(&key),
+            }
+        };
+        let before = before.filter(|b| Some(b) != now.as_ref());
+        now.into_iter()
+            .chain(before)
+            .map(|p| ObjectRef::new(&p).within(ns))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::LaneContract;
+    use serde_json::json;
+
+    fn lane(profile: &str) -> DeserializeGuard<LaneContract> {
+        let l: DeserializeGuard<LaneContract> = serde_json::from_value(json!({
+            "apiVersion": "lanekeeper.dev/v1alpha1", "kind": "LaneContract",
+            "metadata": {"name": "l", "namespace": "ns"},
+            "spec": {
+                "profile": profile, "priority": 1, "workUnitsPerRequest": "1",
+                "expectedRequestsPerSecond": "1", "deadlineSeconds": 10,
+                "queue": {"maxDepth": 10, "ttlSeconds": 5},
+                "retry": {"maxAttempts": 1, "budgetPercent": 5},
+                "routes": {"primary": ["m"]}
+            }
+        }))
+        .unwrap();
+        assert!(l.0.is_ok(), "{:?}", l.0.err());
+        l
+    }
+
+    fn names(refs: Vec<ProfileRef>) -> Vec<String> {
+        refs.into_iter().map(|r| r.name).collect()
+    }
+
+    #[test]
+    fn a_lane_moved_to_another_profile_concerns_both_then_only_the_new_one() {
+        let m = LastProfile::default();
+        fn of(l: &LaneContract) -> &str {
+            &l.spec.profile
+        }
+        assert_eq!(names(m.touched(&lane("a"), of, false)), ["a"]);
+        assert_eq!(names(m.touched(&lane("a"), of, false)), ["a"]);
+        assert_eq!(names(m.touched(&lane("b"), of, false)), ["b", "a"]);
+        assert_eq!(names(m.touched(&lane("b"), of, false)), ["b"]);
+        // Deleted: forgotten, so a lane made again under the name is new.
+        assert_eq!(names(m.touched(&lane("b"), of, true)), ["b"]);
+        assert_eq!(names(m.touched(&lane("c"), of, false)), ["c"]);
+    }
+}
