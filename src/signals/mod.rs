@@ -82,6 +82,40 @@ pub struct SourceOutput {
 /// changed: the profile to reconcile.
 pub type Trigger = UnboundedSender<ObjectRef<CapacityProfile>>;
 
+/// The triggers of the controllers a source that polls on its own is
+/// attached to, one per scope.
+#[derive(Default)]
+pub struct Triggers(std::sync::Mutex<Vec<(Option<String>, Trigger)>>);
+
+impl Triggers {
+    /// The controller for `scope` starts (replacing one for the same
+    /// scope).
+    pub fn attach(&self, scope: &Option<String>, trigger: Trigger) {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|(s, _)| s != scope);
+        t.push((scope.clone(), trigger));
+    }
+
+    /// The controller for `scope` stopped.
+    pub fn detach(&self, scope: &Option<String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(s, _)| s != scope);
+    }
+
+    /// Sends profile `namespace/name` to the controller of its scope.
+    pub fn send(&self, namespace: &str, name: &str) {
+        let t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, t)) = t
+            .iter()
+            .find(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace))
+        {
+            let _ = t.unbounded_send(ObjectRef::new(name).within(namespace));
+        }
+    }
+}
+
 /// A source of live signals.
 pub trait SignalSource: Send + Sync {
     /// Collects signals for one profile.

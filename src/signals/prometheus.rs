@@ -22,12 +22,11 @@ use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, join_all};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde::Deserialize;
 use tokio::task::JoinHandle;
 
-use super::{SignalSource, SourceInput, SourceOutput, Trigger};
+use super::{SignalSource, SourceInput, SourceOutput, Trigger, Triggers};
 use crate::api::profile::{PROMETHEUS_CREDENTIAL_LABEL, PrometheusQueries, PrometheusSignals};
 use crate::api::{CapacityProfile, LaneContract};
 use crate::metrics::Metrics;
@@ -978,7 +977,7 @@ struct Inner {
     metrics: Option<Metrics>,
     clients: Mutex<HashMap<String, PromClient>>,
     credentials: Mutex<HashMap<CredentialKey, (Instant, Vec<u8>)>>,
-    triggers: Mutex<Vec<(Option<String>, Trigger)>>,
+    triggers: Triggers,
     pollers: Mutex<HashMap<String, Poller>>,
 }
 
@@ -1014,7 +1013,7 @@ impl PrometheusSource {
                 metrics,
                 clients: Mutex::new(HashMap::new()),
                 credentials: Mutex::new(HashMap::new()),
-                triggers: Mutex::new(Vec::new()),
+                triggers: Triggers::default(),
                 pollers: Mutex::new(HashMap::new()),
             }),
         }
@@ -1126,15 +1125,8 @@ impl Inner {
 
     /// Sends the profile to the controller of its scope.
     fn trigger(&self, profile: &CapacityProfile) {
-        let ns = profile.namespace();
-        let triggers = self.triggers.lock().expect("not poisoned");
-        if let Some((_, t)) = triggers
-            .iter()
-            .find(|(scope, _)| scope.is_none() || *scope == ns)
-        {
-            let r = ObjectRef::new(&profile.name_any()).within(ns.as_deref().unwrap_or_default());
-            let _ = t.unbounded_send(r);
-        }
+        let ns = profile.namespace().unwrap_or_default();
+        self.triggers.send(&ns, &profile.name_any());
     }
 
     /// Evaluates the queries now and records ages and errors.
@@ -1322,17 +1314,11 @@ impl SignalSource for PrometheusSource {
     }
 
     fn attach(&self, scope: &Option<String>, trigger: Trigger) {
-        let mut t = self.inner.triggers.lock().expect("not poisoned");
-        t.retain(|(s, _)| s != scope);
-        t.push((scope.clone(), trigger));
+        self.inner.triggers.attach(scope, trigger);
     }
 
     fn detach(&self, scope: &Option<String>) {
-        self.inner
-            .triggers
-            .lock()
-            .expect("not poisoned")
-            .retain(|(s, _)| s != scope);
+        self.inner.triggers.detach(scope);
         self.inner
             .pollers
             .lock()

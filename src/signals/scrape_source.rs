@@ -17,11 +17,10 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use kube::ResourceExt;
-use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 
 use super::scrape::{client, nothing_scraped, scrape_pool, to_output};
-use super::{SignalSource, SourceInput, SourceOutput, Trigger};
+use super::{SignalSource, SourceInput, SourceOutput, Trigger, Triggers};
 use crate::api::CapacityProfile;
 use crate::api::profile::ScrapeSignals;
 use crate::metrics::Metrics;
@@ -37,7 +36,7 @@ struct Inner {
     http: reqwest::Client,
     metrics: Option<Metrics>,
     profiles: Mutex<HashMap<String, Rounds>>,
-    triggers: Mutex<Vec<(Option<String>, Trigger)>>,
+    triggers: Triggers,
     next_round: AtomicU64,
 }
 
@@ -77,7 +76,7 @@ impl ScrapeSource {
                 http: client(),
                 metrics,
                 profiles: Mutex::new(HashMap::new()),
-                triggers: Mutex::new(Vec::new()),
+                triggers: Triggers::default(),
                 next_round: AtomicU64::new(0),
             }),
         }
@@ -228,7 +227,7 @@ impl Inner {
         };
         let _ = done.send(true);
         if late {
-            self.trigger(&round.namespace, &round.name);
+            self.triggers.send(&round.namespace, &round.name);
         }
     }
 
@@ -247,16 +246,6 @@ impl Inner {
             m.signal_errors.with_label_values(&[pkey, s, r]).inc();
         }
     }
-
-    fn trigger(&self, namespace: &str, name: &str) {
-        let triggers = self.triggers.lock().expect("not poisoned");
-        if let Some((_, t)) = triggers
-            .iter()
-            .find(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace))
-        {
-            let _ = t.unbounded_send(ObjectRef::new(name).within(namespace));
-        }
-    }
 }
 
 impl SignalSource for ScrapeSource {
@@ -265,17 +254,11 @@ impl SignalSource for ScrapeSource {
     }
 
     fn attach(&self, scope: &Option<String>, trigger: Trigger) {
-        let mut t = self.inner.triggers.lock().expect("not poisoned");
-        t.retain(|(s, _)| s != scope);
-        t.push((scope.clone(), trigger));
+        self.inner.triggers.attach(scope, trigger);
     }
 
     fn detach(&self, scope: &Option<String>) {
-        self.inner
-            .triggers
-            .lock()
-            .expect("not poisoned")
-            .retain(|(s, _)| s != scope);
+        self.inner.triggers.detach(scope);
         let prefix = scope.as_ref().map(|ns| format!("{ns}/"));
         self.inner
             .profiles

@@ -10,55 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 use crate::fleet_store_redis::Server;
 use crate::gateway::{lane_mut, model};
 use crate::gateway_shared::{Answers, config, fleet_at, load_to, tally, wait_mode};
+use crate::gateway_shared_late::Proxy;
 
 const P2: &str = "p2-email-extract";
 const P3: &str = "p3-shift-batch";
-
-/// A TCP proxy to the store that delays every answer by `delay`.
-async fn slow_proxy(store_port: u16, delay: Duration) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = TcpStream::connect(("127.0.0.1", store_port)).await else {
-                continue;
-            };
-            tokio::spawn(relay(client, server, delay));
-        }
-    });
-    port
-}
-
-async fn relay(client: TcpStream, server: TcpStream, delay: Duration) {
-    let (mut c_read, mut c_write) = client.into_split();
-    let (mut s_read, mut s_write) = server.into_split();
-    tokio::spawn(async move { tokio::io::copy(&mut c_read, &mut s_write).await });
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    tokio::spawn(async move {
-        while let Some((due, chunk)) = rx.recv().await {
-            tokio::time::sleep_until(due.into()).await;
-            if c_write.write_all(&chunk).await.is_err() {
-                return;
-            }
-        }
-    });
-    let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n) = s_read.read(&mut buf).await {
-        if n == 0
-            || tx
-                .send((Instant::now() + delay, buf[..n].to_vec()))
-                .is_err()
-        {
-            return;
-        }
-    }
-}
 
 /// P3 at 1/s with no queue: nearly every request is deferred.
 fn p3_deferring_config() -> Value {
@@ -101,9 +60,9 @@ async fn deferrals_kept_while_the_store_was_down_do_not_stall_the_leases() {
     let Some(mut store) = Server::start(test) else {
         return;
     };
-    let port = slow_proxy(store.port(), Duration::from_millis(3)).await;
+    let proxy = Proxy::always(store.port(), Duration::from_millis(3)).await;
     let m = model(&["--service-millis", "0"]);
-    let url = format!("redis://127.0.0.1:{port}");
+    let url = proxy.url();
     let (gws, c, _cfg) = fleet_at(test, &p3_deferring_config(), &m, &url).await;
     store.stop();
     wait_mode(&c, &gws, "local", Duration::from_secs(3)).await;

@@ -33,30 +33,40 @@ const FLEET_BURST: f64 = 12.0;
 const KEPT: f64 = 3.0 * 2.0 * 2.0;
 
 /// Forwards loopback connections to the store; while `delaying`, every
-/// answer of the store reaches the replica `DELAY` late (in order).
-struct Proxy {
+/// answer of the store reaches the replica its delay late (in order).
+pub(crate) struct Proxy {
     port: u16,
     delaying: Arc<AtomicBool>,
 }
 
 impl Proxy {
+    /// Answers `DELAY` late while [`Proxy::delay`] is on (off at first).
     async fn start(store_port: u16) -> Proxy {
+        Proxy::with_delay(store_port, DELAY, false).await
+    }
+
+    /// Every answer `delay` late, from the start (a store that far away).
+    pub(crate) async fn always(store_port: u16, delay: Duration) -> Proxy {
+        Proxy::with_delay(store_port, delay, true).await
+    }
+
+    async fn with_delay(store_port: u16, delay: Duration, on: bool) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let delaying = Arc::new(AtomicBool::new(false));
+        let delaying = Arc::new(AtomicBool::new(on));
         let d = delaying.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", store_port)).await else {
                     continue;
                 };
-                tokio::spawn(pipe(client, server, d.clone()));
+                tokio::spawn(pipe(client, server, d.clone(), delay));
             }
         });
         Proxy { port, delaying }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
@@ -67,7 +77,7 @@ impl Proxy {
 
 /// Requests straight through; answers through a queue that releases each
 /// chunk at its due time.
-async fn pipe(client: TcpStream, server: TcpStream, delaying: Arc<AtomicBool>) {
+async fn pipe(client: TcpStream, server: TcpStream, delaying: Arc<AtomicBool>, delay: Duration) {
     let (mut c_read, mut c_write) = client.into_split();
     let (mut s_read, mut s_write) = server.into_split();
     tokio::spawn(async move { tokio::io::copy(&mut c_read, &mut s_write).await });
@@ -86,7 +96,7 @@ async fn pipe(client: TcpStream, server: TcpStream, delaying: Arc<AtomicBool>) {
             return;
         }
         let late = if delaying.load(Ordering::SeqCst) {
-            DELAY
+            delay
         } else {
             Duration::ZERO
         };
