@@ -21,6 +21,8 @@ pub(super) enum StoreOp {
     Slots,
     /// A request id marked deferred.
     Deferral,
+    /// The replica noted as sharing, and the sharing replicas counted.
+    Heartbeat,
 }
 
 impl StoreOp {
@@ -32,6 +34,7 @@ impl StoreOp {
             StoreOp::Probe => "probe",
             StoreOp::Slots => "slots",
             StoreOp::Deferral => "deferral",
+            StoreOp::Heartbeat => "heartbeat",
         }
     }
 }

@@ -44,7 +44,7 @@ impl Needs {
 /// core) is never undone by a round that read the mode before it.
 pub(super) fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<Needs> {
     let now = gw.now();
-    let needs = gw.with_core(|core| {
+    let mut needs = gw.with_core(|core| {
         if fleet.mode() != FleetMode::Shared {
             return None;
         }
@@ -57,6 +57,7 @@ pub(super) fn needs(gw: &impl FleetHost, fleet: &Fleet) -> Option<Needs> {
             spare: core.spare_lease_need(now),
         })
     })??;
+    fleet.scale_to_sharing(&mut needs.lanes, needs.spare.as_mut());
     let deadlines = needs
         .lanes
         .iter()

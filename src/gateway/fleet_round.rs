@@ -42,6 +42,9 @@ async fn round<G: FleetHost + 'static>(gw: &Arc<G>, fleet: &Arc<Fleet>) {
             Err(e) => return fleet.failed(gw_ref, StoreOp::Probe, &e.to_string()),
         }
     }
+    if let Err((op, why)) = fleet.count_replicas(gw_ref, &store).await {
+        return fleet.failed(gw_ref, op, &why);
+    }
     let Some(needs) = needs(gw_ref, fleet) else {
         return;
     };

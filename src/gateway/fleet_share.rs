@@ -73,6 +73,18 @@ pub(super) struct Fleet {
     pub(super) pending_deferrals: Mutex<VecDeque<PendingDeferral>>,
     /// When the last warning about the store was logged.
     warned_at: Mutex<Option<std::time::Instant>>,
+    /// The replicas sharing now, as a fraction of the fleet, and when it
+    /// is next counted (see `fleet_counted`).
+    pub(super) counted: Mutex<Counted>,
+}
+
+/// The fraction of the fleet's replicas that share its budgets through
+/// the store (the others, cut off, enforce their 1/N share alone), and the
+/// core's clock when it is next counted.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Counted {
+    pub(super) fraction: f64,
+    pub(super) due: f64,
 }
 
 /// A request id deferred while the store did not answer: written to the
@@ -115,6 +127,10 @@ impl Fleet {
             quiet_rounds: AtomicU32::new(0),
             pending_deferrals: Mutex::new(VecDeque::new()),
             warned_at: Mutex::new(None),
+            counted: Mutex::new(Counted {
+                fraction: 1.0,
+                due: 0.0,
+            }),
         }))
     }
 
@@ -201,6 +217,7 @@ impl Fleet {
         self.metrics.fell_back();
         *locked(&self.replica) = replica_name();
         locked(&self.slot_seen).clear();
+        locked(&self.counted).due = 0.0;
         tracing::warn!(
             error = why,
             "shared state: the store is down or slow; enforcing this replica's 1/N share until it answers again"

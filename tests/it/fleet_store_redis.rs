@@ -614,3 +614,44 @@ async fn a_store_that_forgets_slot_holdings_counts_them_again_from_the_renewals(
     assert_eq!(granted(call("b", SlotOp::Take(4), 2)).await, 1);
     assert_eq!(granted(call("c", SlotOp::Take(1), 0)).await, 0);
 }
+
+/// The replicas sharing a profile's budgets, counted in the store: each
+/// note counts once, this replica's included, and a note that is not a
+/// time (another writer) is dropped, never counted.
+#[tokio::test]
+async fn sharing_replicas_are_counted_once_each_and_garbage_is_not_a_replica() {
+    let Some(server) =
+        Server::start("sharing_replicas_are_counted_once_each_and_garbage_is_not_a_replica")
+    else {
+        return;
+    };
+    let store = FleetStore::connect(&server.url(), "fleet", DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(store.heartbeat("ns/p", "a").await.unwrap(), 1);
+    assert_eq!(store.heartbeat("ns/p", "a").await.unwrap(), 1, "once each");
+    assert_eq!(store.heartbeat("ns/p", "b").await.unwrap(), 2);
+    assert_eq!(
+        store.heartbeat("ns/other", "c").await.unwrap(),
+        1,
+        "per profile"
+    );
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("fleet:pool:ns/p:replicas")
+        .arg("x")
+        .arg("nan")
+        .arg("y")
+        .arg("soon")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(store.heartbeat("ns/p", "a").await.unwrap(), 2);
+    let left: Vec<String> = redis::cmd("HKEYS")
+        .arg("fleet:pool:ns/p:replicas")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 2, "garbage dropped: {left:?}");
+}

@@ -57,6 +57,7 @@ mod gateway_shared_auth;
 mod gateway_shared_deferrals;
 mod gateway_shared_fleet;
 mod gateway_shared_late;
+mod gateway_shared_partition;
 mod gateway_shared_spare;
 mod gateway_tenants;
 mod gateway_tls;
