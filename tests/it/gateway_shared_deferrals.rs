@@ -9,28 +9,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::fleet_store_redis::Server;
-use crate::gateway::{lane_mut, model};
-use crate::gateway_shared::{Answers, config, fleet_at, load_to, tally, wait_mode};
-use crate::gateway_shared_late::Proxy;
+use crate::gateway::model;
+use crate::gateway_shared::{Answers, fleet_at, load_to, tally, wait_mode};
+use crate::gateway_shared_late::{Proxy, late_config};
 
 const P2: &str = "p2-email-extract";
 const P3: &str = "p3-shift-batch";
-
-/// P3 at 1/s with no queue: nearly every request is deferred.
-fn p3_deferring_config() -> Value {
-    let mut cfg = config();
-    cfg["inFlight"] = Value::Null;
-    let l = lane_mut(&mut cfg, P3);
-    l["admittedRequestsPerSecond"] = json!(1.0);
-    l["burst"] = json!(1);
-    l["queue"]["maxDepth"] = json!(0);
-    l["spareCapacity"] = json!(false);
-    l["floorUnitsPerSecond"] = Value::Null;
-    cfg
-}
 
 async fn defer_many(c: &reqwest::Client, target: &str) -> usize {
     let mut deferred = 0;
@@ -63,7 +50,7 @@ async fn deferrals_kept_while_the_store_was_down_do_not_stall_the_leases() {
     let proxy = Proxy::always(store.port(), Duration::from_millis(3)).await;
     let m = model(&["--service-millis", "0"]);
     let url = proxy.url();
-    let (gws, c, _cfg) = fleet_at(test, &p3_deferring_config(), &m, &url).await;
+    let (gws, c, _cfg) = fleet_at(test, &late_config(), &m, &url).await;
     store.stop();
     wait_mode(&c, &gws, "local", Duration::from_secs(3)).await;
     let target = gws[1].addr.clone();

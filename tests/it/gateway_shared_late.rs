@@ -110,7 +110,7 @@ const P3: &str = "p3-shift-batch";
 
 /// The capped lane of `gateway_shared`, no in-flight slots, and P3 at one
 /// request a second over the fleet with no queue (the next is deferred).
-fn late_config() -> Value {
+pub(crate) fn late_config() -> Value {
     let mut cfg = config();
     cfg["inFlight"] = Value::Null;
     let l = lane_mut(&mut cfg, P3);
