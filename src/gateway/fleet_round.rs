@@ -42,9 +42,6 @@ async fn round<G: FleetHost + 'static>(gw: &Arc<G>, fleet: &Arc<Fleet>) {
             Err(e) => return fleet.failed(gw_ref, StoreOp::Probe, &e.to_string()),
         }
     }
-    if let Err((op, why)) = fleet.count_replicas(gw_ref, &store).await {
-        return fleet.failed(gw_ref, op, &why);
-    }
     let Some(needs) = needs(gw_ref, fleet) else {
         return;
     };
@@ -63,6 +60,11 @@ async fn round<G: FleetHost + 'static>(gw: &Arc<G>, fleet: &Arc<Fleet>) {
         return fleet.failed(gw_ref, op, &why);
     }
     if let Err((op, why)) = slot_round(gw_ref, fleet, &store, &needs.profile).await {
+        return fleet.failed(gw_ref, op, &why);
+    }
+    // After the leases: a slow store shows first on a lease call, whose
+    // late answer is used or given back; the count is at most a second old.
+    if let Err((op, why)) = fleet.count_replicas(gw_ref, &store).await {
         return fleet.failed(gw_ref, op, &why);
     }
     fleet.write_pending_deferrals(gw_ref, &store).await;

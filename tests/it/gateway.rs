@@ -990,6 +990,15 @@ async fn callers_need_a_credential_and_the_credentials_file_is_followed() {
         send(Some(key_b), "p1-agent-assist").await.unwrap().status(),
         200
     );
+    // An empty file (read between a writer's truncate and its write) is
+    // refused: the last good one stays.
+    std::fs::write(&file, "").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        send(Some(key_b), "p1-agent-assist").await.unwrap().status(),
+        200,
+        "an empty credentials file is not 'no callers'"
+    );
     // A file with a raw key instead of its hash is refused: the last good
     // one stays.
     std::fs::write(

@@ -108,6 +108,15 @@ pub(crate) async fn watch_credentials(identity: Arc<Identity>, path: PathBuf, ev
             Ok(bytes) if last.as_deref() != Some(&bytes[..]) => {
                 reported = false;
                 match Credentials::parse(&bytes) {
+                    // Read between a writer's truncate and its write (an
+                    // editor, a shell redirection): never "no callers".
+                    // Revoking every key is an explicit empty list.
+                    _ if bytes.iter().all(u8::is_ascii_whitespace) => {
+                        tracing::error!(
+                            source,
+                            "credentials file empty; keeping the last good one"
+                        );
+                    }
                     Ok(c) => {
                         tracing::info!(source, "credentials file loaded");
                         identity.credentials_loaded(c);
