@@ -520,7 +520,11 @@ async fn an_edited_gateway_config_is_put_back() {
         .unwrap()
         .replace("\"level\": 1", "\"level\": 0");
     assert_ne!(edited, written.as_str().unwrap());
+    // The double records a request once it has answered it, so a put-back
+    // is counted by waiting for its PATCH too, not only for the data.
+    let patches = |s: &ApiServer| s.requests_matching(Some("PATCH"), "/configmaps/").len();
     for edit in [json!(edited), json!("{}")] {
+        let writes = patches(&s);
         s.merge_patch_direct(
             "v1",
             "configmaps",
@@ -536,9 +540,9 @@ async fn an_edited_gateway_config_is_put_back() {
             "not put back after {edit}: {:?}",
             data(&s)
         );
+        assert!(s.wait_until(T, |s| patches(s) > writes).await);
     }
     // Put back once: then steady, no ConfigMap write on the next ticks.
-    let patches = |s: &ApiServer| s.requests_matching(Some("PATCH"), "/configmaps/").len();
     let before = patches(&s);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(patches(&s), before);

@@ -87,7 +87,7 @@ async fn three_replicas_series_give_the_demand_of_originals_once() {
         "--shared-state",
         &url,
         "--shared-state-timeout-millis",
-        "1000",
+        "5000",
     ];
     let gws: Vec<Proc> = (0..3).map(|_| gateway_to(&path, &m.addr, &flags)).collect();
     let c = client();
