@@ -3,7 +3,10 @@
 //! replicas noted (`fleet_store_replicas`). With k of N replicas cut off
 //! from the store, each of them enforces its 1/N share alone; the shared
 //! buckets then run at (N - k)/N of the lanes' rates, so the fleet as a
-//! whole stays at the rate instead of the rate × (1 + k/N).
+//! whole stays at the rate instead of the rate × (1 + k/N). Slot maxima
+//! (a tenant's `maxConcurrency`, the pool's `stopAt`) leave room the same
+//! way: the sharing replicas hold at most the maximum less what the k
+//! cut-off replicas may each hold on their local share.
 
 use lanes::fleet_core::LeaseNeed;
 use lanes::fleet_spare::SpareNeed;
@@ -36,9 +39,10 @@ impl Fleet {
             .await
             .map_err(|e| (StoreOp::Heartbeat, e.to_string()))?;
         self.metrics.call(StoreOp::Heartbeat, true);
-        let fraction = sharing_fraction(alive, share);
         *locked(&self.counted) = super::fleet_share::Counted {
-            fraction,
+            fraction: sharing_fraction(alive, share),
+            cut_off: cut_off(alive, share),
+            share,
             due: now + EVERY,
         };
         Ok(())
@@ -55,6 +59,27 @@ impl Fleet {
             s.limits.rate *= f;
         }
     }
+
+    /// The most slots the sharing replicas may hold together of a count
+    /// whose fleet-wide maximum is `max`.
+    pub(super) fn sharing_slot_max(&self, max: u64) -> u64 {
+        let c = locked(&self.counted);
+        slot_max(max, c.cut_off, c.share)
+    }
+}
+
+/// Replicas of the fleet (1/`share` of them) not among the `alive` noted.
+fn cut_off(alive: u64, share: f64) -> u64 {
+    let fleet = (1.0 / share).round() as u64;
+    fleet.saturating_sub(alive.max(1))
+}
+
+/// A count's maximum `max` less what `cut_off` replicas may each hold on
+/// their local share (`max` × `share` rounded up, at least 1, as the core
+/// enforces it there); none left when they may hold it all.
+fn slot_max(max: u64, cut_off: u64, share: f64) -> u64 {
+    let local = ((max as f64 * share).ceil() as u64).max(1);
+    max.saturating_sub(cut_off.saturating_mul(local))
 }
 
 /// `alive` replicas noted of a fleet whose replicas each have `share`
@@ -66,7 +91,7 @@ pub(super) fn sharing_fraction(alive: u64, share: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::sharing_fraction;
+    use super::{cut_off, sharing_fraction, slot_max};
 
     #[test]
     fn the_fraction_is_the_replicas_counted_over_the_fleet_within_bounds() {
@@ -78,5 +103,23 @@ mod tests {
         assert!((sharing_fraction(5, third) - 1.0).abs() < 1e-12);
         // Never less than its own share, even if the count were 0.
         assert!((sharing_fraction(0, third) - third).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_sharing_replicas_leave_the_cut_off_ones_their_local_slots() {
+        let third = 1.0 / 3.0;
+        assert_eq!(cut_off(3, third), 0);
+        assert_eq!(cut_off(2, third), 1);
+        assert_eq!(cut_off(7, third), 0);
+        assert_eq!(cut_off(0, third), 2, "this replica counts itself");
+        // All sharing: the whole maximum.
+        assert_eq!(slot_max(4, 0, third), 4);
+        // One of three cut off holds up to ceil(4 / 3) = 2 on its own.
+        assert_eq!(slot_max(4, 1, third), 2);
+        assert_eq!(slot_max(8, 1, third), 5);
+        // Two cut off may hold it all: none left for the one sharing.
+        assert_eq!(slot_max(4, 2, third), 0);
+        // A local share is at least one slot.
+        assert_eq!(slot_max(2, 1, 0.1), 1);
     }
 }

@@ -24,18 +24,6 @@ pub(super) struct Needs {
     pub(super) spare: Option<SpareNeed>,
 }
 
-impl Needs {
-    /// Whether anything is to be taken or given back.
-    pub(super) fn busy(&self) -> bool {
-        self.lanes
-            .iter()
-            .any(|n| n.to_take() > 0 || n.to_give_back() > 0)
-            || self
-                .spare
-                .is_some_and(|s| s.to_take() > 0 || s.to_give_back() > 0)
-    }
-}
-
 /// What each lane and the spare bucket need now (the core leased if it is
 /// not yet: a config installed while shared), and the lanes' deadlines
 /// noted for sightings. `None` without a config, or when the replica went

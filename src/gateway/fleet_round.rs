@@ -11,7 +11,7 @@ use lanes::fleet_mode::FleetMode;
 
 use super::fleet_metrics::StoreOp;
 use super::fleet_needs::{give_back_excess, needs, top_up};
-use super::fleet_share::{Fleet, FleetHost, quiet_for_a_second};
+use super::fleet_share::{Fleet, FleetHost};
 use super::fleet_slots::slot_round;
 
 /// Keeps the leases topped up, every [`LEASE_SECONDS`], until the gateway
@@ -45,14 +45,6 @@ async fn round<G: FleetHost + 'static>(gw: &Arc<G>, fleet: &Arc<Fleet>) {
     let Some(needs) = needs(gw_ref, fleet) else {
         return;
     };
-    if !needs.busy() && quiet_for_a_second(fleet) {
-        // An idle replica asks nothing of the store: a ping once a second
-        // keeps its mode true.
-        if let Err(e) = store.ping().await {
-            return fleet.failed(gw_ref, StoreOp::Probe, &e.to_string());
-        }
-        fleet.metrics.call(StoreOp::Probe, true);
-    }
     if let Err((op, why)) = give_back_excess(gw_ref, fleet, &store, &needs).await {
         return fleet.failed(gw_ref, op, &why);
     }
@@ -64,6 +56,7 @@ async fn round<G: FleetHost + 'static>(gw: &Arc<G>, fleet: &Arc<Fleet>) {
     }
     // After the leases: a slow store shows first on a lease call, whose
     // late answer is used or given back; the count is at most a second old.
+    // It is an idle replica's one call a second, which keeps its mode true.
     if let Err((op, why)) = fleet.count_replicas(gw_ref, &store).await {
         return fleet.failed(gw_ref, op, &why);
     }

@@ -1,6 +1,6 @@
 //! The gateway's side of the fleet's shared state: a task that keeps each
 //! lane's leased bucket, and the pool's spare bucket, topped up from the
-//! shared store ahead of need (every [`LEASE_SECONDS`], sized from the
+//! shared store ahead of need (every [`lanes::fleet_lease::LEASE_SECONDS`], sized from the
 //! replica's own recent demand and queue; the calls and their late answers
 //! in `fleet_lease_calls`) and gives back what demand no longer needs, and
 //! the fleet-wide
@@ -17,13 +17,11 @@
 //! and is never failed because the store is down.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lanes::Core;
-use lanes::fleet_lease::LEASE_SECONDS;
-use lanes::fleet_mode::{FleetHealth, FleetMode, PROBE_SECONDS};
+use lanes::fleet_mode::{FleetHealth, FleetMode};
 use prometheus::Registry;
 
 use super::fleet_args::FleetArgs;
@@ -67,8 +65,6 @@ pub(super) struct Fleet {
     /// The profile of the config in force and each lane's deadline in
     /// seconds (how long a request id is remembered), as of the last round.
     pub(super) lanes: Mutex<(String, HashMap<String, u64>)>,
-    /// Rounds in a row that called nothing (see [`quiet_for_a_second`]).
-    quiet_rounds: AtomicU32,
     /// Deferrals the store has not taken yet (see `fleet_ids`).
     pub(super) pending_deferrals: Mutex<VecDeque<PendingDeferral>>,
     /// When the last warning about the store was logged.
@@ -83,7 +79,12 @@ pub(super) struct Fleet {
 /// core's clock when it is next counted.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Counted {
+    /// The fraction of the fleet noted as sharing.
     pub(super) fraction: f64,
+    /// Replicas of the fleet not noted (cut off from the store).
+    pub(super) cut_off: u64,
+    /// Each replica's share (1/N) when counted.
+    pub(super) share: f64,
     pub(super) due: f64,
 }
 
@@ -124,11 +125,12 @@ impl Fleet {
             replica: Mutex::new(replica_name()),
             slot_seen: Mutex::new(HashMap::new()),
             lanes: Mutex::new((String::new(), HashMap::new())),
-            quiet_rounds: AtomicU32::new(0),
             pending_deferrals: Mutex::new(VecDeque::new()),
             warned_at: Mutex::new(None),
             counted: Mutex::new(Counted {
                 fraction: 1.0,
+                cut_off: 0,
+                share: 1.0,
                 due: 0.0,
             }),
         }))
@@ -272,15 +274,4 @@ fn replica_name() -> String {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(std::process::id());
     format!("{:016x}", h.finish())
-}
-
-/// Counts a round without a call; true once every second of them.
-pub(super) fn quiet_for_a_second(fleet: &Fleet) -> bool {
-    let rounds = (PROBE_SECONDS / LEASE_SECONDS).round() as u32;
-    let n = fleet.quiet_rounds.fetch_add(1, Ordering::Relaxed) + 1;
-    if n >= rounds {
-        fleet.quiet_rounds.store(0, Ordering::Relaxed);
-        return true;
-    }
-    false
 }

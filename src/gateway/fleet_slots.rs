@@ -242,7 +242,7 @@ async fn call(
             replica: &fleet.replica(),
             op,
             waiting,
-            max: n.max,
+            max: fleet.sharing_slot_max(n.max),
             lease: Duration::from_secs_f64(SLOT_LEASE_SECONDS),
             held,
         })

@@ -33,16 +33,24 @@ pub(crate) struct Server {
     child: Child,
     port: u16,
     bin: PathBuf,
+    how: Serve,
+}
+
+/// How a store server serves.
+#[derive(Clone, Default)]
+pub(crate) struct Serve {
     /// A directory with `cert.pem`, `key.pem` and `ca.pem`: TLS only.
-    tls: Option<PathBuf>,
+    pub(crate) tls: Option<PathBuf>,
+    /// The password it requires (`requirepass`), if any.
+    pub(crate) password: Option<String>,
 }
 
 impl Server {
     pub(crate) fn start(test: &str) -> Option<Server> {
-        Server::start_with(test, None)
+        Server::start_with(test, Serve::default())
     }
 
-    fn start_with(test: &str, tls: Option<PathBuf>) -> Option<Server> {
+    pub(crate) fn start_with(test: &str, how: Serve) -> Option<Server> {
         let Some(bin) = on_path("valkey-server").or_else(|| on_path("redis-server")) else {
             if std::env::var("LANEKEEPER_REQUIRE_REDIS").as_deref() == Ok("1") {
                 panic!(
@@ -59,12 +67,12 @@ impl Server {
             .local_addr()
             .unwrap()
             .port();
-        let child = spawn(&bin, port, tls.as_deref());
+        let child = spawn(&bin, port, &how);
         let server = Server {
             child,
             port,
             bin,
-            tls,
+            how,
         };
         server.wait_ready();
         Some(server)
@@ -96,14 +104,14 @@ impl Server {
 
     pub(crate) fn restart(&mut self) {
         self.stop();
-        self.child = spawn(&self.bin, self.port, self.tls.as_deref());
+        self.child = spawn(&self.bin, self.port, &self.how);
         self.wait_ready();
     }
 }
 
-fn spawn(bin: &PathBuf, port: u16, tls: Option<&std::path::Path>) -> Child {
+fn spawn(bin: &PathBuf, port: u16, how: &Serve) -> Child {
     let mut cmd = Command::new(bin);
-    match tls {
+    match &how.tls {
         None => cmd.args(["--port", &port.to_string()]),
         Some(dir) => {
             let file = |f: &str| dir.join(f).display().to_string();
@@ -114,6 +122,9 @@ fn spawn(bin: &PathBuf, port: u16, tls: Option<&std::path::Path>) -> Child {
                 .args(["--tls-auth-clients", "no"])
         }
     };
+    if let Some(password) = &how.password {
+        cmd.args(["--requirepass", password]);
+    }
     cmd.args(["--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
         .stdout(Stdio::null())
@@ -439,7 +450,11 @@ fn tls_dir(test: &str) -> Scratch {
 async fn a_tls_store_is_reached_with_its_ca_and_not_without() {
     let test = "a_tls_store_is_reached_with_its_ca_and_not_without";
     let dir = tls_dir(test);
-    let Some(server) = Server::start_with(test, Some(dir.to_path_buf())) else {
+    let how = Serve {
+        tls: Some(dir.to_path_buf()),
+        password: None,
+    };
+    let Some(server) = Server::start_with(test, how) else {
         return;
     };
     let url = format!("rediss://127.0.0.1:{}", server.port);

@@ -232,7 +232,7 @@ async fn three_replicas_share_one_budget_and_fall_back_safely() {
     store.stop();
     let fell = wait_mode(&c, &gws[..1], "local", Duration::from_secs(2)).await;
     assert!(fell < Duration::from_secs(1), "fell back after {fell:?}");
-    // The idle replicas notice by their once-a-second ping.
+    // The idle replicas notice by their once-a-second note in the store.
     wait_mode(&c, &gws, "local", Duration::from_millis(1_500)).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let back_at = t0.elapsed().as_secs_f64();

@@ -6,18 +6,11 @@
 //! Real `redis-server` with `requirepass`, the real gateway binary.
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::fleet_store_redis::{Serve, Server};
 use crate::scratch::Scratch;
-
-fn redis_bin() -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .flat_map(|d| [d.join("valkey-server"), d.join("redis-server")])
-        .find(|f| f.is_file())
-}
 
 struct Kill(Child);
 
@@ -26,14 +19,6 @@ impl Drop for Kill {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The gateway's log after it ran `for_how_long` against the store on
@@ -74,40 +59,15 @@ fn gateway_log(scratch: &Scratch, port: u16, password: &str, for_how_long: Durat
 fn a_store_that_refuses_the_password_is_logged_and_a_trailing_newline_is_not_the_password() {
     let test =
         "a_store_that_refuses_the_password_is_logged_and_a_trailing_newline_is_not_the_password";
-    let Some(bin) = redis_bin() else {
-        assert_ne!(
-            std::env::var("LANEKEEPER_REQUIRE_REDIS").as_deref(),
-            Ok("1"),
-            "{test}: no redis-server or valkey-server on PATH"
-        );
-        eprintln!("\n!!!!!!!! SKIPPED {test}: no redis-server/valkey-server on PATH !!!!!!!!\n");
+    let how = Serve {
+        tls: None,
+        password: Some("rightpw".to_owned()),
+    };
+    let Some(store) = Server::start_with(test, how) else {
         return;
     };
     let scratch = Scratch::new(test);
-    let port = free_port();
-    let _store = Kill(
-        Command::new(bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--requirepass",
-                "rightpw",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the store did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let port = store.port();
 
     let wrong = gateway_log(&scratch, port, "wrongpw", Duration::from_secs(3));
     assert!(

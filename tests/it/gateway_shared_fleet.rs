@@ -27,13 +27,18 @@ async fn chat_as(c: &reqwest::Client, gw: &str, lane: &str, tenant: &str) -> u16
         .map_or(0, |r| r.status().as_u16())
 }
 
-const P1: &str = "p1-agent-assist";
+pub(crate) const P1: &str = "p1-agent-assist";
 /// The tenant's maximum in flight over the fleet.
 const MAX: u64 = 4;
 
 /// 24 clients of one tenant, each sending back to back for `secs`, the
 /// i-th client to replica i mod 3: the answers' statuses.
-async fn load(c: &reqwest::Client, gws: &[Proc], tenant: &'static str, secs: f64) -> Vec<u16> {
+pub(crate) async fn load(
+    c: &reqwest::Client,
+    gws: &[Proc],
+    tenant: &'static str,
+    secs: f64,
+) -> Vec<u16> {
     let end = Instant::now() + Duration::from_secs_f64(secs);
     let mut clients = tokio::task::JoinSet::new();
     for i in 0..24 {
