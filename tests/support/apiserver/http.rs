@@ -111,6 +111,7 @@ pub async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
         content_type: content_type.clone(),
         field_manager: query.get("fieldManager").cloned(),
         status: 0,
+        seq: 0,
         time: SystemTime::now(),
         watch: is_watch,
         body: if body.is_empty() {
@@ -155,13 +156,15 @@ pub async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
         };
         record.status = e.code;
         record.fault = Some(format!("{action:?}"));
-        inner.record(record);
+        let _ = inner.record(record);
         return error_response(&e);
     }
     if drop_after.is_some() {
         record.fault = Some(format!("drop watch after {drop_after:?} events"));
     }
 
+    // Logged before it is answered: what it changes is never seen first.
+    let seq = inner.record(record);
     let resp = route(
         &inner,
         &method,
@@ -174,8 +177,7 @@ pub async fn handle(State(inner): State<Arc<Inner>>, req: Request) -> Response {
         drop_after,
     )
     .await;
-    record.status = resp.status().as_u16();
-    inner.record(record);
+    inner.answered(seq, resp.status().as_u16());
     resp
 }
 

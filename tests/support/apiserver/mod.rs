@@ -38,8 +38,12 @@ pub struct RecordedRequest {
     pub query: BTreeMap<String, String>,
     pub content_type: Option<String>,
     pub field_manager: Option<String>,
-    /// HTTP status of the answer (200 for a watch that started streaming).
+    /// HTTP status of the answer (200 for a watch that started streaming;
+    /// 0 while it is being answered: a request is in the log before what
+    /// it changes can be read, so a test that saw the change sees it).
     pub status: u16,
+    /// Its place in the log (for the answer's status).
+    pub seq: u64,
     pub time: SystemTime,
     pub watch: bool,
     /// The request body parsed as JSON (or YAML), if any.
@@ -160,6 +164,7 @@ pub(crate) struct Inner {
     pub(crate) changes: tokio::sync::watch::Sender<u64>,
     pub(crate) shutdown: tokio::sync::watch::Sender<bool>,
     requests: Mutex<VecDeque<RecordedRequest>>,
+    next_seq: std::sync::atomic::AtomicU64,
     request_limit: usize,
     faults: Mutex<Vec<Fault>>,
     pub(crate) addr: SocketAddr,
@@ -182,11 +187,25 @@ impl Inner {
         self.changes.send_replace(rv);
     }
 
-    pub(crate) fn record(&self, r: RecordedRequest) {
+    /// Logs a request; its number, for [`Inner::answered`].
+    pub(crate) fn record(&self, mut r: RecordedRequest) -> u64 {
+        r.seq = self
+            .next_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seq = r.seq;
         let mut q = lock(&self.requests);
         q.push_back(r);
         while q.len() > self.request_limit {
             q.pop_front();
+        }
+        seq
+    }
+
+    /// The status a logged request was answered with.
+    pub(crate) fn answered(&self, seq: u64, status: u16) {
+        let mut q = lock(&self.requests);
+        if let Some(r) = q.iter_mut().rev().find(|r| r.seq == seq) {
+            r.status = status;
         }
     }
 
@@ -328,6 +347,7 @@ impl ApiServer {
             changes: tokio::sync::watch::channel(0).0,
             shutdown: tokio::sync::watch::channel(false).0,
             requests: Mutex::new(VecDeque::new()),
+            next_seq: std::sync::atomic::AtomicU64::new(0),
             request_limit: opts.request_log,
             faults: Mutex::new(Vec::new()),
             addr,
