@@ -69,6 +69,11 @@ pub struct Context {
     pub sources: Vec<Arc<dyn SignalSource>>,
     /// The profiles (the controller's own store).
     pub profiles: Store<DeserializeGuard<CapacityProfile>>,
+    /// The profiles as the watch that triggers a profile's peers on its
+    /// workload has them (`workload_peers`): which profile acts on a shared
+    /// workload is read here, so a peer triggered by a change sees it (the
+    /// controller's own store may not have it yet).
+    pub peer_profiles: Store<DeserializeGuard<CapacityProfile>>,
     /// Lane index.
     pub lanes: Store<DeserializeGuard<LaneContract>>,
     /// Policy index.

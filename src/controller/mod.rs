@@ -20,6 +20,7 @@ mod reconcile;
 pub mod scale;
 pub mod status;
 pub mod watch;
+pub mod workload_peers;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -204,6 +205,15 @@ async fn run_namespace(
         let gone = policies_now.get(&ObjectRef::from_obj(&p)).is_none();
         policies_named.touched(&p, |p| p.spec.profile.as_str(), gone)
     };
+    // A profile deleted or pointed elsewhere concerns the others on the
+    // workload it named (one of them takes over).
+    let (peer_store, peer_stream) = reflected(scoped_api(&client, &ns), watch_config());
+    // Which profile acts on a shared workload is read from the same store.
+    let (targets_named, peers_now) = (workload_peers::LastTarget::default(), peer_store.clone());
+    let peer_map = move |p: DeserializeGuard<CapacityProfile>| {
+        let gone = peers_now.get(&ObjectRef::from_obj(&p)).is_none();
+        targets_named.peers(&p, gone, &peers_now.state())
+    };
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -238,6 +248,7 @@ async fn run_namespace(
         recorder,
         sources,
         profiles: profile_store.clone(),
+        peer_profiles: peer_store,
         lanes: lane_store.clone(),
         policies: policy_store.clone(),
         pods: pods::PodIndex::new(client.clone(), trigger_tx.clone()),
@@ -290,6 +301,7 @@ async fn run_namespace(
         })
         .watches_stream(lane_stream, lane_map)
         .watches_stream(policy_stream, policy_map)
+        .watches_stream(peer_stream, peer_map)
         .reconcile_on(pod_trigger)
         .reconcile_all_on(ticker)
         .graceful_shutdown_on(shutdown.clone())

@@ -616,6 +616,81 @@ async fn two_profiles_on_one_workload_do_not_fight_over_its_replicas() {
     c.stop().await;
 }
 
+/// A profile's `ScalingConflict` condition (null without one).
+fn scaling_conflict(s: &ApiServer, name: &str) -> Value {
+    s.get_object(LK, "capacityprofiles", Some(NS), name)
+        .and_then(|p| {
+            p["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "ScalingConflict")
+                .cloned()
+        })
+        .unwrap_or(Value::Null)
+}
+
+/// When the profile that acts on a shared workload is pointed at another
+/// workload, or deleted, the other takes over at once: the change triggers
+/// it, and it reads the winner from the server (its cache may not have the
+/// change yet). Before, it waited for the resync (a minute here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_profile_on_a_workload_takes_over_at_once() {
+    let s = cluster().await;
+    apply_inc47(&s, None);
+    s.put_direct(deployment("vllm-b", 4, 4)).unwrap();
+    let mut older = inc47_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "CapacityProfile")
+        .unwrap();
+    older["metadata"]["name"] = json!("agent-assist-b");
+    older["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+    s.put_direct(older).unwrap();
+    let c = start(
+        &s,
+        controller::Settings {
+            resync: Duration::from_secs(60),
+            ..settings(false, "a")
+        },
+    );
+    let acts = |s: &ApiServer, yes: bool| {
+        scaling_conflict(s, "agent-assist")["status"] == if yes { "False" } else { "True" }
+    };
+    let retarget = |s: &ApiServer, to: &str| {
+        let pool =
+            json!({"scaleTargetRef": {"name": to}, "podSelector": {"matchLabels": {"app": to}}});
+        s.merge_patch_direct(
+            LK,
+            "capacityprofiles",
+            Some(NS),
+            "agent-assist-b",
+            json!({"spec": {"pool": pool}}),
+            None,
+        )
+        .unwrap();
+    };
+    let soon = Duration::from_secs(15);
+    assert!(s.wait_until(T, |s| acts(s, false)).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    retarget(&s, "vllm-b");
+    assert!(
+        s.wait_until(soon, |s| acts(s, true)).await,
+        "pointed elsewhere: {:#}",
+        scaling_conflict(&s, "agent-assist")
+    );
+    // Back on the workload: the older one acts again.
+    retarget(&s, POOL);
+    assert!(s.wait_until(soon, |s| acts(s, false)).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.delete_direct(LK, "capacityprofiles", Some(NS), "agent-assist-b")
+        .unwrap();
+    assert!(
+        s.wait_until(soon, |s| acts(s, true)).await,
+        "deleted: {:#}",
+        scaling_conflict(&s, "agent-assist")
+    );
+    c.stop().await;
+}
+
 /// The controller's exported series of a lane of the example profile.
 fn lane_series(c: &Running, lane: &str) -> Vec<String> {
     let label = format!(r#"lane="{lane}""#);

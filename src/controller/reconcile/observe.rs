@@ -404,7 +404,7 @@ pub async fn observe(ctx: &Context, profile: &CapacityProfile) -> Result<Observe
     snapshot.lanes = out.lanes;
 
     let current_replicas = target.as_ref().and_then(|t| t.replicas);
-    let outranked_by = shared_target::outranked_by(&profile, &ctx.profiles.state());
+    let outranked_by = shared_target::outranked_by(&profile, &ctx.peer_profiles.state());
     let sized = sized_replicas(
         ctx,
         &profile,

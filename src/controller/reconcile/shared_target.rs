@@ -19,7 +19,7 @@ fn group(api_version: &str) -> &str {
 
 /// Whether two references name the same workload (in one namespace): the
 /// same group, kind and name (the version does not matter).
-fn same_workload(a: &ScaleTargetRef, b: &ScaleTargetRef) -> bool {
+pub fn same_workload(a: &ScaleTargetRef, b: &ScaleTargetRef) -> bool {
     group(&a.api_version) == group(&b.api_version) && a.kind == b.kind && a.name == b.name
 }
 
