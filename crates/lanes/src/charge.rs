@@ -29,6 +29,7 @@ use std::sync::Arc;
 use crate::bucket::Bucket;
 use crate::core::Core;
 use crate::lane::{Lane, effective_rate};
+use crate::request_shape::{DEFAULT_BYTES_PER_TOKEN, estimate_input_tokens};
 use crate::settlement::Usage;
 use crate::token_estimate::TokenEstimate;
 
@@ -180,7 +181,7 @@ impl Lane {
                 body_bytes: size.body_bytes,
                 input_counted: size.input_tokens.is_some(),
                 priced: cost.is_some(),
-                long_context: long_above.is_some_and(|a| tokens.input > a),
+                long_context: long_above.is_some_and(|a| long_input(&size, tokens.input) > a),
             }),
         }
     }
@@ -199,6 +200,22 @@ impl Lane {
             long_context: e.long_context,
         })
     }
+}
+
+/// The input tokens a request counts with against the pool's long-context
+/// limit: its counted tokens, else the larger of the lane's estimate and
+/// its body's bytes ÷ [`DEFAULT_BYTES_PER_TOKEN`] (the figure
+/// `maxInputTokens` reads). The lane's learned ratio follows what its
+/// clients send (bodies padded with fields the model does not read teach
+/// it up to 16 bytes a token), so alone it could make a long prompt look
+/// short to the limit.
+fn long_input(size: &RequestSize, estimated: u64) -> u64 {
+    size.input_tokens.unwrap_or_else(|| {
+        estimated.max(estimate_input_tokens(
+            size.body_bytes,
+            DEFAULT_BYTES_PER_TOKEN,
+        ))
+    })
 }
 
 /// Takes `tokens` from `bucket` if it holds them, or if it is full when the
