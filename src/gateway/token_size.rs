@@ -174,6 +174,11 @@ pub(super) fn prepare(
             .map_err(|r| refused(&r))?
             .1;
     }
+    if rules.priced {
+        plain_flags(&obj).map_err(|(field, value)| {
+            request_shape::not_a_flag(lane.unwrap_or_default(), field, &value)
+        })?;
+    }
     let metering = rules.priced.then(|| meter(&mut obj, &mut changed));
     let body = if changed {
         Bytes::from(serde_json::to_vec(&Value::Object(obj)).expect("JSON serializes"))
@@ -211,6 +216,28 @@ fn meter(obj: &mut Map<String, Value>, changed: &mut bool) -> (Option<u64>, Mete
             strip_usage_chunk: strip,
         },
     )
+}
+
+/// A priced request's `stream` and `stream_options.include_usage` are
+/// booleans (or null): a lax server (vLLM's request models) reads `"true"`
+/// or `1` as true, so a stream the gateway took for no stream would go
+/// unmetered (no usage chunk asked for: the request would keep its
+/// reservation, its output at the lane's P95, however long the answer),
+/// and a usage chunk the client asked for would be taken out. The field
+/// and its value when one is neither.
+fn plain_flags(obj: &Map<String, Value>) -> Result<(), (&'static str, String)> {
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"));
+    for (field, v) in [
+        ("stream", obj.get("stream")),
+        ("stream_options.include_usage", include_usage),
+    ] {
+        if let Some(v) = v.filter(|v| !(v.is_boolean() || v.is_null())) {
+            return Err((field, v.to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// Whether the client asked for the stream's usage chunk.
@@ -318,6 +345,36 @@ mod tests {
         assert_eq!(sent["max_completion_tokens"], 500);
         assert_eq!(sent["max_tokens"], 1);
         assert_eq!(s.size.max_tokens, Some(500));
+    }
+
+    /// `"stream": "true"` is a stream to a lax server (vLLM reads it as
+    /// true): taken for no stream, it went up without asking for the usage
+    /// chunk and its answer was never settled, so a client could have long
+    /// answers at the price of its reservation. A priced lane refuses such
+    /// a flag; false and null go on as sent.
+    #[test]
+    fn a_priced_request_must_say_plainly_whether_it_streams() {
+        for bad in [
+            json!({"stream": "true"}),
+            json!({"stream": 1}),
+            json!({"stream": true, "stream_options": {"include_usage": "true"}}),
+            json!({"stream": true, "stream_options": {"include_usage": 1}}),
+        ] {
+            let body = Bytes::from(bad.to_string());
+            let r = prepare(&rules(true, None), Some("p1"), CHAT, body, None);
+            assert_eq!(refusal(r), (400, "invalid_stream".to_owned()), "{bad}");
+        }
+        for fine in [
+            json!({"stream": false}),
+            json!({"stream": null}),
+            json!({"stream": true, "stream_options": {"include_usage": null}}),
+        ] {
+            let body = Bytes::from(fine.to_string());
+            assert!(prepare(&rules(true, None), Some("p1"), CHAT, body, None).is_ok());
+        }
+        // An unpriced lane reads nothing of it.
+        let body = Bytes::from(json!({"stream": "true"}).to_string());
+        assert!(prepare(&rules(false, None), Some("p1"), CHAT, body, None).is_ok());
     }
 
     #[test]
