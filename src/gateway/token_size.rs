@@ -164,7 +164,14 @@ pub(super) fn prepare(
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
         return match output_limit {
             Some(_) => Err(refused(&ShapeRefusal::NotJsonObject)),
-            // Priced, but no JSON object: forwarded as sent, not metered.
+            // Priced: a completion must be read to be metered (a lax
+            // server reads bodies serde does not, `NaN` in them: one such
+            // would stream unmetered, at the price of its reservation).
+            None if request_shape::takes_output_limit(path) => {
+                Err(request_shape::priced_not_json(lane.unwrap_or_default()))
+            }
+            // Another path (an operator's own, a multipart upload, or an
+            // embedding): forwarded as sent, not metered.
             None => Ok(plain(body)),
         };
     };
@@ -319,11 +326,41 @@ mod tests {
         let (sent, _, metering) = sized(true, body.clone());
         assert_eq!(sent, body);
         assert_eq!(metering.map(|m| m.strip_usage_chunk), Some(false));
-        // A body that is no JSON object goes on as sent, unmetered.
-        let s = sized_as(true, Bytes::from_static(b"not json"), Some(7));
-        assert_eq!((&s.body[..], s.metering), (&b"not json"[..], None));
-        // A counted figure goes to the core either way.
+        // A counted figure goes to the core.
+        let body = Bytes::from_static(b"{}");
+        let s = sized_as(true, body, Some(7));
         assert_eq!(s.size.input_tokens, Some(7));
+    }
+
+    /// A completion body serde cannot read (`NaN`, which Python's JSON
+    /// parser, and so vLLM, reads) went on unmetered: a stream of it was
+    /// never asked for its usage chunk, and the request kept only its
+    /// reservation however long its answer. A priced lane refuses it; on
+    /// other paths it goes on as sent, unmetered.
+    #[test]
+    fn a_priced_completion_that_is_no_json_object_is_refused() {
+        let nan =
+            Bytes::from_static(br#"{"stream": true, "max_tokens": 100000, "temperature": NaN}"#);
+        for (path, body) in [
+            (CHAT, nan.clone()),
+            ("/v1/completions", nan.clone()),
+            (CHAT, Bytes::from_static(b"[1, 2]")),
+        ] {
+            let r = prepare(&rules(true, None), Some("p1"), path, body, None);
+            assert_eq!(refusal(r), (400, "invalid_body".to_owned()), "{path}");
+        }
+        let s = prepare(
+            &rules(true, None),
+            Some("p1"),
+            "/v1/embeddings",
+            nan.clone(),
+            Some(7),
+        );
+        let s = s.unwrap();
+        assert_eq!((&s.body, s.metering), (&nan, None));
+        assert_eq!(s.size.input_tokens, Some(7));
+        // Unpriced and unlimited, nothing reads it.
+        assert!(prepare(&rules(false, None), Some("p1"), CHAT, nan, None).is_ok());
     }
 
     /// A body that asks for 1 token in `max_tokens` and 4,096 in
@@ -444,7 +481,7 @@ mod tests {
             (413, "context_too_long".to_owned())
         );
         // An output limit on a body that is no JSON object: 400; a bad
-        // count: 400; priced alone, such a body goes on unmetered.
+        // count: 400.
         let junk = Bytes::from_static(b"[1, 2]");
         assert_eq!(
             refusal(prepare(&both, Some("p1"), CHAT, junk.clone(), None)),
@@ -455,8 +492,6 @@ mod tests {
             refusal(prepare(&both, Some("p1"), CHAT, bad, None)),
             (400, "invalid_max_tokens".to_owned())
         );
-        let s = prepare(&rules(true, None), Some("p1"), CHAT, junk.clone(), None).unwrap();
-        assert_eq!((s.body, s.metering), (junk.clone(), None));
         // A path without an output limit (embeddings) only has its input
         // checked; priced, it is still metered.
         let s = prepare(&both, Some("p1"), "/v1/embeddings", junk.clone(), None).unwrap();
