@@ -260,6 +260,44 @@ async fn an_answer_without_usage_keeps_its_reservation() {
     assert_eq!(units("charged"), units("reserved"));
 }
 
+/// A client that makes its answer long (here 1.5 million output tokens,
+/// about 4.5 MB of JSON; `logprobs` or many choices make one long sooner)
+/// is charged what the answer's usage says. Reading the usage used to stop
+/// at 4 MiB: the request kept its reservation, its output at the lane's
+/// P95 (256 tokens before any answer), whatever it really used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_json_answer_is_settled_with_its_usage() {
+    let tokens = 1_500_000u64;
+    let m = model(&[
+        "--service-millis",
+        "0",
+        "--completion-tokens",
+        &tokens.to_string(),
+    ]);
+    let file = config_file("settle-long-answer", &priced(1000.0));
+    let gw = gateway_to(&file, &m.addr, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    let r = send(&c, &gw, LANE, body_of(100, "")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let answer = r.bytes().await.unwrap();
+    assert!(answer.len() > 4 << 20, "{} bytes", answer.len());
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], tokens);
+    let text = metrics(&c, &gw).await;
+    assert_eq!(settlements(&text, "missing"), 0.0);
+    assert_eq!(settlements(&text, "reported"), 1.0);
+    let output = sample(
+        &text,
+        &[
+            "lanekeeper_gateway_lane_tokens_total{",
+            "kind=\"output\"",
+            LANE,
+        ],
+    );
+    assert_eq!(output, tokens as f64);
+}
+
 /// INC-47 with the pool's limits set (`concurrency`, `longContext`).
 fn with_pool_limits(limits: Value) -> Value {
     let mut cfg = inc47();
