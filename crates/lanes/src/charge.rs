@@ -283,10 +283,12 @@ impl Core {
     }
 
     /// A passed request's answer ended: its reservation is settled with the
-    /// answer's `usage` (None: the reservation stands) and its long-context
-    /// place, if it held one, is given back. None when its lane left the
-    /// config (its place is still given back).
+    /// answer's `usage` (None, or one that is not [`Usage::plausible`]: the
+    /// reservation stands) and its long-context place, if it held one, is
+    /// given back. None when its lane left the config (its place is still
+    /// given back).
     pub fn settle(&mut self, charge: &Charge, usage: Option<Usage>, now: f64) -> Option<Settled> {
+        let usage = usage.filter(Usage::plausible);
         let mut wake = charge.long_context && self.pool.release_long();
         let li = self.lane_index(&charge.lane)?;
         let rate = effective_rate(&self.lanes, li, now);
