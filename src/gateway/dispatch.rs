@@ -126,6 +126,12 @@ impl Dispatch {
         self.slot.metering = metering;
     }
 
+    /// Whether its answer is read for its usage (a priced request that is
+    /// metered): it must come back as it is, not compressed.
+    pub(super) fn reads_answer(&self) -> bool {
+        self.slot.metering.is_some() && self.slot.charge.as_ref().is_some_and(|c| c.priced)
+    }
+
     /// Its answer begins (an event stream or not): its usage is read on the
     /// way when it is metered and priced.
     pub(super) fn tap_answer(&mut self, sse: bool) {

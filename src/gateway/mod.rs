@@ -25,6 +25,7 @@
 //! decision is the core's.
 #![deny(clippy::too_many_lines)]
 
+mod answer_usage;
 mod args;
 mod body_budget;
 mod capacity_metrics;

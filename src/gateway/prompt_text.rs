@@ -63,8 +63,19 @@ pub(super) fn prompt<'a>(path: &str, body: &'a Value) -> Result<Prompt<'a>, Unco
             for m in messages.ok_or(Uncountable::NotText)? {
                 message(m, &mut p)?;
             }
-            if let Some(tools) = obj.get("tools").filter(|t| !t.is_null()) {
-                p.json.push(tools.to_string());
+            // Offered tools and documents are rendered into the prompt.
+            for field in ["tools", "documents"] {
+                if let Some(v) = obj.get(field).filter(|v| !v.is_null()) {
+                    p.json.push(v.to_string());
+                }
+            }
+            // A template of the client's own (or arguments to one) may
+            // render anything.
+            if ["chat_template", "chat_template_kwargs"]
+                .iter()
+                .any(|f| obj.get(*f).is_some_and(|v| !v.is_null()))
+            {
+                return Err(Uncountable::NotText);
             }
         }
         "/v1/completions" => sequences(obj.get("prompt"), &mut p)?,
@@ -74,34 +85,47 @@ pub(super) fn prompt<'a>(path: &str, body: &'a Value) -> Result<Prompt<'a>, Unco
     Ok(p)
 }
 
-/// One chat message: its content (a string or text parts), its name, its
-/// tool calls' names and arguments.
+/// A chat message's fields that chat templates render as text besides
+/// its `content`: counted when they are strings.
+const MESSAGE_TEXTS: [&str; 4] = ["name", "tool_call_id", "reasoning_content", "reasoning"];
+
+/// One chat message: its content (a string or text parts), its name, the
+/// id of the tool call it answers, its reasoning, its tool calls' names
+/// and arguments. Any other field (or one of another shape) makes the
+/// prompt uncountable: a template may render it, and text the count left
+/// out would make the prompt look shorter than the model reads it.
 fn message<'a>(m: &'a Value, p: &mut Prompt<'a>) -> Result<(), Uncountable> {
     let m = m.as_object().ok_or(Uncountable::NotText)?;
-    match m.get("content") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) => p.texts.push(s),
-        Some(Value::Array(parts)) => {
-            for part in parts {
-                p.texts.push(text_part(part)?);
+    for (key, v) in m {
+        match (key.as_str(), v) {
+            (_, Value::Null) | ("role", Value::String(_)) => {}
+            ("content", Value::String(s)) => p.texts.push(s),
+            ("content", Value::Array(parts)) => {
+                for part in parts {
+                    p.texts.push(text_part(part)?);
+                }
             }
+            ("tool_calls", Value::Array(calls)) => {
+                for call in calls {
+                    tool_call(call, p)?;
+                }
+            }
+            (k, Value::String(s)) if MESSAGE_TEXTS.contains(&k) => p.texts.push(s),
+            _ => return Err(Uncountable::NotText),
         }
-        Some(_) => return Err(Uncountable::NotText),
     }
-    if let Some(name) = m.get("name").and_then(Value::as_str) {
-        p.texts.push(name);
-    }
-    for call in m
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let f = call.get("function").ok_or(Uncountable::NotText)?;
-        for field in ["name", "arguments"] {
-            if let Some(s) = f.get(field).and_then(Value::as_str) {
-                p.texts.push(s);
-            }
+    Ok(())
+}
+
+/// A tool call's function name and arguments (strings, as the API
+/// defines them).
+fn tool_call<'a>(call: &'a Value, p: &mut Prompt<'a>) -> Result<(), Uncountable> {
+    let f = call.get("function").ok_or(Uncountable::NotText)?;
+    for field in ["name", "arguments"] {
+        match f.get(field) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => p.texts.push(s),
+            Some(_) => return Err(Uncountable::NotText),
         }
     }
     Ok(())
@@ -196,6 +220,35 @@ mod tests {
             prompt("/v1/models", &json!({})),
             Err(Uncountable::OtherPath)
         );
+    }
+
+    /// Text the model reads but the count left out made a prompt look
+    /// short to `maxInputTokens`, the long-context limit and a priced
+    /// reservation: a message's reasoning, the id of the tool call it
+    /// answers, an object given as a tool call's arguments, documents, a
+    /// template of the client's own. Each is counted now, or makes the
+    /// prompt uncountable (estimated from the body's bytes).
+    #[test]
+    fn text_the_model_reads_is_counted_or_the_prompt_is_not_counted() {
+        let long = "x".repeat(1000);
+        let body = json!({"messages": [
+            {"role": "assistant", "content": "a", "reasoning_content": long},
+            {"role": "tool", "content": "b", "tool_call_id": "c1"}
+        ], "documents": [{"text": "d"}]});
+        let p = prompt(CHAT, &body).unwrap();
+        assert_eq!(p.texts, ["a", long.as_str(), "b", "c1"]);
+        assert_eq!(p.json, [r#"[{"text":"d"}]"#]);
+        for body in [
+            json!({"messages": [{"role": "user", "content": "a", "extra": long}]}),
+            json!({"messages": [{"role": "user", "content": "a", "name": {"x": long}}]}),
+            json!({"messages": [{"role": "assistant", "tool_calls": [
+                {"function": {"name": "f", "arguments": {"q": long}}}
+            ]}]}),
+            json!({"messages": [{"role": "user", "content": "a"}], "chat_template": "{{ x }}"}),
+            json!({"messages": [], "chat_template_kwargs": {"context": long}}),
+        ] {
+            assert_eq!(prompt(CHAT, &body), Err(Uncountable::NotText), "{body}");
+        }
     }
 
     #[test]

@@ -57,6 +57,35 @@ pub(super) fn refusal(lane: &str, r: &ShapeRefusal) -> Response {
     }
 }
 
+/// The answer to a completion of a priced lane whose body is not a JSON
+/// object: it could not be metered.
+pub(super) fn priced_not_json(lane: &str) -> Response {
+    respond::error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "invalid_body",
+        format!(
+            "lane {lane}: the request body must be a JSON object (the lane is priced by tokens and settles with the answer's usage)"
+        ),
+    )
+}
+
+/// The answer to a priced request whose `field` (`stream`,
+/// `stream_options.include_usage`) is not a boolean: the gateway must know
+/// whether the answer streams, and whether the client asked for its usage
+/// chunk, to settle it.
+pub(super) fn not_a_flag(lane: &str, field: &str, value: &str) -> Response {
+    respond::error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "invalid_stream",
+        format!(
+            "lane {lane}: {field} must be true or false; it was {}",
+            respond::prefix(value, 64)
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

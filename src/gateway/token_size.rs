@@ -164,7 +164,14 @@ pub(super) fn prepare(
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
         return match output_limit {
             Some(_) => Err(refused(&ShapeRefusal::NotJsonObject)),
-            // Priced, but no JSON object: forwarded as sent, not metered.
+            // Priced: a completion must be read to be metered (a lax
+            // server reads bodies serde does not, `NaN` in them: one such
+            // would stream unmetered, at the price of its reservation).
+            None if request_shape::takes_output_limit(path) => {
+                Err(request_shape::priced_not_json(lane.unwrap_or_default()))
+            }
+            // Another path (an operator's own, a multipart upload, or an
+            // embedding): forwarded as sent, not metered.
             None => Ok(plain(body)),
         };
     };
@@ -173,6 +180,11 @@ pub(super) fn prepare(
         changed = shape::limit_output(&mut obj, limit)
             .map_err(|r| refused(&r))?
             .1;
+    }
+    if rules.priced {
+        plain_flags(&obj).map_err(|(field, value)| {
+            request_shape::not_a_flag(lane.unwrap_or_default(), field, &value)
+        })?;
     }
     let metering = rules.priced.then(|| meter(&mut obj, &mut changed));
     let body = if changed {
@@ -211,6 +223,28 @@ fn meter(obj: &mut Map<String, Value>, changed: &mut bool) -> (Option<u64>, Mete
             strip_usage_chunk: strip,
         },
     )
+}
+
+/// A priced request's `stream` and `stream_options.include_usage` are
+/// booleans (or null): a lax server (vLLM's request models) reads `"true"`
+/// or `1` as true, so a stream the gateway took for no stream would go
+/// unmetered (no usage chunk asked for: the request would keep its
+/// reservation, its output at the lane's P95, however long the answer),
+/// and a usage chunk the client asked for would be taken out. The field
+/// and its value when one is neither.
+fn plain_flags(obj: &Map<String, Value>) -> Result<(), (&'static str, String)> {
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"));
+    for (field, v) in [
+        ("stream", obj.get("stream")),
+        ("stream_options.include_usage", include_usage),
+    ] {
+        if let Some(v) = v.filter(|v| !(v.is_boolean() || v.is_null())) {
+            return Err((field, v.to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// Whether the client asked for the stream's usage chunk.
@@ -292,11 +326,41 @@ mod tests {
         let (sent, _, metering) = sized(true, body.clone());
         assert_eq!(sent, body);
         assert_eq!(metering.map(|m| m.strip_usage_chunk), Some(false));
-        // A body that is no JSON object goes on as sent, unmetered.
-        let s = sized_as(true, Bytes::from_static(b"not json"), Some(7));
-        assert_eq!((&s.body[..], s.metering), (&b"not json"[..], None));
-        // A counted figure goes to the core either way.
+        // A counted figure goes to the core.
+        let body = Bytes::from_static(b"{}");
+        let s = sized_as(true, body, Some(7));
         assert_eq!(s.size.input_tokens, Some(7));
+    }
+
+    /// A completion body serde cannot read (`NaN`, which Python's JSON
+    /// parser, and so vLLM, reads) went on unmetered: a stream of it was
+    /// never asked for its usage chunk, and the request kept only its
+    /// reservation however long its answer. A priced lane refuses it; on
+    /// other paths it goes on as sent, unmetered.
+    #[test]
+    fn a_priced_completion_that_is_no_json_object_is_refused() {
+        let nan =
+            Bytes::from_static(br#"{"stream": true, "max_tokens": 100000, "temperature": NaN}"#);
+        for (path, body) in [
+            (CHAT, nan.clone()),
+            ("/v1/completions", nan.clone()),
+            (CHAT, Bytes::from_static(b"[1, 2]")),
+        ] {
+            let r = prepare(&rules(true, None), Some("p1"), path, body, None);
+            assert_eq!(refusal(r), (400, "invalid_body".to_owned()), "{path}");
+        }
+        let s = prepare(
+            &rules(true, None),
+            Some("p1"),
+            "/v1/embeddings",
+            nan.clone(),
+            Some(7),
+        );
+        let s = s.unwrap();
+        assert_eq!((&s.body, s.metering), (&nan, None));
+        assert_eq!(s.size.input_tokens, Some(7));
+        // Unpriced and unlimited, nothing reads it.
+        assert!(prepare(&rules(false, None), Some("p1"), CHAT, nan, None).is_ok());
     }
 
     /// A body that asks for 1 token in `max_tokens` and 4,096 in
@@ -318,6 +382,36 @@ mod tests {
         assert_eq!(sent["max_completion_tokens"], 500);
         assert_eq!(sent["max_tokens"], 1);
         assert_eq!(s.size.max_tokens, Some(500));
+    }
+
+    /// `"stream": "true"` is a stream to a lax server (vLLM reads it as
+    /// true): taken for no stream, it went up without asking for the usage
+    /// chunk and its answer was never settled, so a client could have long
+    /// answers at the price of its reservation. A priced lane refuses such
+    /// a flag; false and null go on as sent.
+    #[test]
+    fn a_priced_request_must_say_plainly_whether_it_streams() {
+        for bad in [
+            json!({"stream": "true"}),
+            json!({"stream": 1}),
+            json!({"stream": true, "stream_options": {"include_usage": "true"}}),
+            json!({"stream": true, "stream_options": {"include_usage": 1}}),
+        ] {
+            let body = Bytes::from(bad.to_string());
+            let r = prepare(&rules(true, None), Some("p1"), CHAT, body, None);
+            assert_eq!(refusal(r), (400, "invalid_stream".to_owned()), "{bad}");
+        }
+        for fine in [
+            json!({"stream": false}),
+            json!({"stream": null}),
+            json!({"stream": true, "stream_options": {"include_usage": null}}),
+        ] {
+            let body = Bytes::from(fine.to_string());
+            assert!(prepare(&rules(true, None), Some("p1"), CHAT, body, None).is_ok());
+        }
+        // An unpriced lane reads nothing of it.
+        let body = Bytes::from(json!({"stream": "true"}).to_string());
+        assert!(prepare(&rules(false, None), Some("p1"), CHAT, body, None).is_ok());
     }
 
     #[test]
@@ -387,7 +481,7 @@ mod tests {
             (413, "context_too_long".to_owned())
         );
         // An output limit on a body that is no JSON object: 400; a bad
-        // count: 400; priced alone, such a body goes on unmetered.
+        // count: 400.
         let junk = Bytes::from_static(b"[1, 2]");
         assert_eq!(
             refusal(prepare(&both, Some("p1"), CHAT, junk.clone(), None)),
@@ -398,8 +492,6 @@ mod tests {
             refusal(prepare(&both, Some("p1"), CHAT, bad, None)),
             (400, "invalid_max_tokens".to_owned())
         );
-        let s = prepare(&rules(true, None), Some("p1"), CHAT, junk.clone(), None).unwrap();
-        assert_eq!((s.body, s.metering), (junk.clone(), None));
         // A path without an output limit (embeddings) only has its input
         // checked; priced, it is still metered.
         let s = prepare(&both, Some("p1"), "/v1/embeddings", junk.clone(), None).unwrap();

@@ -150,6 +150,8 @@ const LANE: HeaderName = HeaderName::from_static("x-lanekeeper-lane");
 const ATTEMPT_KIND: HeaderName = HeaderName::from_static("x-lanekeeper-attempt-kind");
 const READ_ONLY: HeaderName = HeaderName::from_static("x-lanekeeper-read-only");
 const STATIC_FALLBACK: HeaderName = HeaderName::from_static("x-lanekeeper-static-fallback");
+/// The only content coding a metered answer may come in.
+const IDENTITY: HeaderValue = HeaderValue::from_static("identity");
 
 /// Whether a client's header goes upstream: not a hop-by-hop one, not the
 /// length (recomputed), not the client's credential, not the gateway's own
@@ -180,6 +182,12 @@ fn upstream_request(
     let uri = base.join(&out.parts)?;
     let mut headers = std::mem::take(&mut out.parts.headers);
     keep_from_client(&mut headers, &upstream.private);
+    if d.reads_answer() {
+        // Its usage is read on the way back: a compressed answer (the
+        // client's `Accept-Encoding: gzip` passed on) could not be read,
+        // and would keep only its reservation.
+        headers.insert(header::ACCEPT_ENCODING, IDENTITY);
+    }
     if let Ok(v) = HeaderValue::from_str(out.lane) {
         headers.insert(LANE, v);
     }

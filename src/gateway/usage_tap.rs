@@ -1,7 +1,7 @@
 //! Reading an answer's `usage` on its way back to the client, to settle
-//! what the request reserved: a JSON answer is kept (up to
-//! [`MAX_ANSWER_BYTES`]) and read when it ends; an event stream is read
-//! event by event, and the usage chunk the gateway asked the server for
+//! what the request reserved: a JSON answer is scanned for its top-level
+//! `usage` as it passes, whatever its length (`answer_usage`), and read
+//! when it ends; an event stream is read event by event, and the usage chunk the gateway asked the server for
 //! (`stream_options.include_usage`) is taken out again when the client did
 //! not ask for it. An answer whose usage cannot be read settles nothing:
 //! the reservation stands.
@@ -9,9 +9,7 @@
 use axum::body::Bytes;
 use lanes::Usage;
 
-/// The most of a JSON answer kept to read its usage; a longer answer keeps
-/// its reservation.
-pub(super) const MAX_ANSWER_BYTES: usize = 4 << 20;
+use super::answer_usage::UsageScan;
 /// The most of one server-sent event kept while it is incomplete.
 const MAX_EVENT_BYTES: usize = 1 << 20;
 
@@ -26,8 +24,8 @@ pub(super) struct Metering {
 /// What the tap does with the answer.
 #[derive(Debug)]
 enum Kind {
-    /// A JSON answer: kept, read at the end.
-    Json(Vec<u8>),
+    /// A JSON answer: scanned as it passes, read at the end.
+    Json(UsageScan),
     /// An event stream: the incomplete event so far, and whether the usage
     /// chunk is taken out.
     Events { pending: Vec<u8>, strip: bool },
@@ -53,7 +51,7 @@ impl UsageTap {
                     strip,
                 }
             } else {
-                Kind::Json(Vec::new())
+                Kind::Json(UsageScan::new())
             },
             usage: None,
         }
@@ -69,12 +67,8 @@ impl UsageTap {
     pub(super) fn chunk(&mut self, b: Bytes) -> Bytes {
         match &mut self.kind {
             Kind::Off => b,
-            Kind::Json(buf) => {
-                if buf.len() + b.len() > MAX_ANSWER_BYTES {
-                    self.kind = Kind::Off;
-                } else {
-                    buf.extend_from_slice(&b);
-                }
+            Kind::Json(scan) => {
+                scan.feed(&b);
                 b
             }
             Kind::Events { pending, strip } => {
@@ -91,8 +85,8 @@ impl UsageTap {
     pub(super) fn end(&mut self) -> Option<Bytes> {
         match &mut self.kind {
             Kind::Off => None,
-            Kind::Json(buf) => {
-                self.usage = Usage::from_answer(buf);
+            Kind::Json(scan) => {
+                self.usage = scan.usage();
                 self.kind = Kind::Off;
                 None
             }
@@ -210,15 +204,19 @@ mod tests {
         assert_eq!(tap.usage(), None, "no usage, nothing settled");
     }
 
+    /// A client that makes its answer long (a long `max_tokens`, many
+    /// choices, `logprobs`) is charged what the answer says it used all the
+    /// same: reading it used to stop at 4 MiB, and the request then kept
+    /// only its reservation (its output at the lane's P95).
     #[test]
-    fn a_json_answer_too_long_is_not_read() {
+    fn a_long_json_answer_is_read_too() {
         let mut tap = UsageTap::new(false, false);
         let big = format!(
             r#"{{"x":"{}","usage":{{"prompt_tokens":7,"completion_tokens":2}}}}"#,
-            "a".repeat(MAX_ANSWER_BYTES)
+            "a".repeat(8 << 20)
         );
         assert_eq!(feed(&mut tap, &big, 1 << 16).len(), big.len());
-        assert_eq!(tap.usage(), None);
+        assert_eq!(tap.usage(), usage(7, 2));
     }
 
     #[test]

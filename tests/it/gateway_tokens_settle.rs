@@ -260,6 +260,117 @@ async fn an_answer_without_usage_keeps_its_reservation() {
     assert_eq!(units("charged"), units("reserved"));
 }
 
+/// A client that makes its answer long (here 1.5 million output tokens,
+/// about 4.5 MB of JSON; `logprobs` or many choices make one long sooner)
+/// is charged what the answer's usage says. Reading the usage used to stop
+/// at 4 MiB: the request kept its reservation, its output at the lane's
+/// P95 (256 tokens before any answer), whatever it really used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_json_answer_is_settled_with_its_usage() {
+    let tokens = 1_500_000u64;
+    let m = model(&[
+        "--service-millis",
+        "0",
+        "--completion-tokens",
+        &tokens.to_string(),
+    ]);
+    let file = config_file("settle-long-answer", &priced(1000.0));
+    let gw = gateway_to(&file, &m.addr, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    let r = send(&c, &gw, LANE, body_of(100, "")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let answer = r.bytes().await.unwrap();
+    assert!(answer.len() > 4 << 20, "{} bytes", answer.len());
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], tokens);
+    let text = metrics(&c, &gw).await;
+    assert_eq!(settlements(&text, "missing"), 0.0);
+    assert_eq!(settlements(&text, "reported"), 1.0);
+    let output = sample(
+        &text,
+        &[
+            "lanekeeper_gateway_lane_tokens_total{",
+            "kind=\"output\"",
+            LANE,
+        ],
+    );
+    assert_eq!(output, tokens as f64);
+}
+
+/// The answer of [`compressing_upstream`]: 5,000 output tokens.
+const ANSWER: &str = r#"{"id":"chatcmpl-x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":100,"completion_tokens":5000,"total_tokens":5100}}"#;
+
+/// [`ANSWER`] gzipped (Python's `gzip.compress(ANSWER, mtime=0)`).
+const ANSWER_GZIP: [u8; 162] = [
+    31, 139, 8, 0, 0, 0, 0, 0, 2, 3, 69, 142, 209, 10, 194, 48, 12, 69, 255, 229, 62, 87, 169, 15,
+    190, 244, 87, 68, 70, 173, 209, 213, 109, 201, 88, 34, 12, 70, 255, 221, 22, 156, 62, 5, 206,
+    77, 206, 205, 134, 124, 71, 64, 234, 163, 165, 105, 30, 15, 43, 28, 228, 246, 162, 100, 95,
+    122, 76, 82, 57, 89, 22, 174, 81, 234, 37, 39, 82, 132, 203, 134, 204, 119, 90, 17, 188, 195,
+    68, 170, 241, 73, 8, 27, 22, 25, 235, 68, 84, 205, 106, 145, 173, 221, 8, 27, 113, 243, 201,
+    128, 226, 240, 200, 156, 181, 239, 22, 138, 90, 157, 1, 106, 50, 163, 92, 29, 222, 187, 100,
+    94, 106, 167, 117, 38, 3, 113, 237, 58, 121, 223, 44, 251, 27, 63, 126, 246, 45, 48, 177, 56,
+    254, 89, 93, 46, 229, 3, 163, 182, 8, 107, 214, 0, 0, 0,
+];
+
+/// An upstream that compresses its answer when the request accepts gzip,
+/// as a server with compression middleware (or a proxy in front of one)
+/// does; it counts the requests that accepted gzip.
+async fn compressing_upstream() -> (String, Arc<std::sync::atomic::AtomicU32>) {
+    use axum::http::{HeaderMap, header};
+    let gzipped = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = Arc::clone(&gzipped);
+    let answer = move |headers: HeaderMap| {
+        let counted = Arc::clone(&counted);
+        async move {
+            let accepts = headers
+                .get(header::ACCEPT_ENCODING)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.contains("gzip"));
+            let json = (header::CONTENT_TYPE, "application/json");
+            if accepts {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let gzip = (header::CONTENT_ENCODING, "gzip");
+                ([json, gzip], ANSWER_GZIP.to_vec())
+            } else {
+                let plain = (header::CONTENT_ENCODING, "identity");
+                ([json, plain], ANSWER.as_bytes().to_vec())
+            }
+        }
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(answer));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (addr, gzipped)
+}
+
+/// A client that accepts gzip had its `Accept-Encoding` passed on: an
+/// upstream that compresses then answered in gzip, the gateway could not
+/// read the usage, and the request kept only its reservation (its output
+/// at the lane's P95, 256 tokens before anything is measured) for an
+/// answer of 5,000. A metered request now asks for the answer as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metered_answer_is_asked_for_uncompressed_and_settled() {
+    let (upstream, gzipped) = compressing_upstream().await;
+    let file = config_file("settle-gzip", &priced(1000.0));
+    let gw = gateway_to(&file, &upstream, &[]);
+    let c = client();
+    ready(&c, &gw).await;
+    let r = send(&c, &gw, LANE, body_of(100, ""))
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let answer = r.bytes().await.unwrap();
+    let text = metrics(&c, &gw).await;
+    assert_eq!(settlements(&text, "missing"), 0.0);
+    assert_eq!(settlements(&text, "reported"), 1.0);
+    assert_eq!(gzipped.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(answer, ANSWER.as_bytes());
+}
+
 /// INC-47 with the pool's limits set (`concurrency`, `longContext`).
 fn with_pool_limits(limits: Value) -> Value {
     let mut cfg = inc47();

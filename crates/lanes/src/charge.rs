@@ -29,6 +29,7 @@ use std::sync::Arc;
 use crate::bucket::Bucket;
 use crate::core::Core;
 use crate::lane::{Lane, effective_rate};
+use crate::request_shape::{DEFAULT_BYTES_PER_TOKEN, estimate_input_tokens};
 use crate::settlement::Usage;
 use crate::token_estimate::TokenEstimate;
 
@@ -180,7 +181,7 @@ impl Lane {
                 body_bytes: size.body_bytes,
                 input_counted: size.input_tokens.is_some(),
                 priced: cost.is_some(),
-                long_context: long_above.is_some_and(|a| tokens.input > a),
+                long_context: long_above.is_some_and(|a| long_input(&size, tokens.input) > a),
             }),
         }
     }
@@ -199,6 +200,22 @@ impl Lane {
             long_context: e.long_context,
         })
     }
+}
+
+/// The input tokens a request counts with against the pool's long-context
+/// limit: its counted tokens, else the larger of the lane's estimate and
+/// its body's bytes ÷ [`DEFAULT_BYTES_PER_TOKEN`] (the figure
+/// `maxInputTokens` reads). The lane's learned ratio follows what its
+/// clients send (bodies padded with fields the model does not read teach
+/// it up to 16 bytes a token), so alone it could make a long prompt look
+/// short to the limit.
+fn long_input(size: &RequestSize, estimated: u64) -> u64 {
+    size.input_tokens.unwrap_or_else(|| {
+        estimated.max(estimate_input_tokens(
+            size.body_bytes,
+            DEFAULT_BYTES_PER_TOKEN,
+        ))
+    })
 }
 
 /// Takes `tokens` from `bucket` if it holds them, or if it is full when the
@@ -266,10 +283,12 @@ impl Core {
     }
 
     /// A passed request's answer ended: its reservation is settled with the
-    /// answer's `usage` (None: the reservation stands) and its long-context
-    /// place, if it held one, is given back. None when its lane left the
-    /// config (its place is still given back).
+    /// answer's `usage` (None, or one that is not [`Usage::plausible`]: the
+    /// reservation stands) and its long-context place, if it held one, is
+    /// given back. None when its lane left the config (its place is still
+    /// given back).
     pub fn settle(&mut self, charge: &Charge, usage: Option<Usage>, now: f64) -> Option<Settled> {
+        let usage = usage.filter(Usage::plausible);
         let mut wake = charge.long_context && self.pool.release_long();
         let li = self.lane_index(&charge.lane)?;
         let rate = effective_rate(&self.lanes, li, now);

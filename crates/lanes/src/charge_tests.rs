@@ -107,6 +107,44 @@ fn an_answer_without_usage_keeps_its_reservation() {
     assert_eq!(tokens(&c), before, "no refund without usage");
 }
 
+/// An upstream that reports garbage (`prompt_tokens` of 2^64 - 1) put a
+/// lane of 10 units/s 1.8e16 tokens in debt at once: nothing of the lane
+/// passed again until the gateway restarted (a config swap keeps the debt).
+/// Counts above `MAX_REPORTED_TOKENS` are no cost: the reservation
+/// stands, as without usage, and the estimator learns nothing from them.
+#[test]
+fn a_usage_no_answer_can_have_keeps_its_reservation() {
+    let mut c = core(priced(10.0, 10));
+    for garbage in [
+        (u64::MAX, 0),
+        (0, u64::MAX),
+        (crate::settlement::MAX_REPORTED_TOKENS + 1, 1),
+    ] {
+        let p = pass(c.admit_sized(&req("a"), size(4000, 250), 0.0));
+        let before = tokens(&c);
+        let usage = Usage {
+            prompt_tokens: garbage.0,
+            completion_tokens: garbage.1,
+        };
+        let s = c.settle(&p.charge.unwrap(), Some(usage), 0.0).unwrap();
+        assert_eq!((s.charged_units, s.usage), (s.reserved_units, None));
+        assert_eq!(tokens(&c), before, "{garbage:?}");
+    }
+    assert!(matches!(
+        c.admit_sized(&req("a"), size(4000, 250), 1.0),
+        Verdict::Pass(_)
+    ));
+    // The most an answer may report is settled (into debt).
+    let p = pass(c.admit_sized(&req("a"), size(4000, 250), 1.0));
+    let most = Usage {
+        prompt_tokens: crate::settlement::MAX_REPORTED_TOKENS,
+        completion_tokens: 0,
+    };
+    let s = c.settle(&p.charge.unwrap(), Some(most), 1.0).unwrap();
+    assert_eq!(s.usage, Some(most));
+    assert!(tokens(&c) < -99_000.0, "{}", tokens(&c));
+}
+
 #[test]
 fn an_answer_that_cost_more_leaves_the_bucket_in_debt_and_later_requests_wait() {
     let mut c = core(priced(10.0, 10));

@@ -118,6 +118,55 @@ fn long_requests_hold_at_most_their_places_while_short_ones_flow() {
     assert!(refused_by(&c.admit_sized(&req("a"), sized(5000), 1.0)).is_some());
 }
 
+/// A priced lane learns its bytes-per-token ratio from its answers, and
+/// its clients choose both: bodies padded with a field the model does not
+/// read (a few prompt tokens in 60 KB) push it to its bound of 16 in a
+/// few dozen cheap requests. Whether a request is long used to follow that
+/// ratio, so a 12,000-token prompt (48 KB) then looked like 3,000 tokens
+/// and a burst of them went past the long-context limit. A request is long
+/// at least when its bytes ÷ 4 say so, as `maxInputTokens` reads them.
+#[test]
+fn a_trained_ratio_does_not_let_long_prompts_past_the_long_context_limit() {
+    let mut cfg = with_limits(None, Some((8000, 1)));
+    cfg.lanes[0].cost = Some(crate::tokens::TokenCost {
+        per_request: Some(0.01),
+        per_input_token: Some(0.0001),
+        per_output_token: None,
+    });
+    let mut c = core(cfg);
+    let padded = RequestSize {
+        body_bytes: 60_000,
+        max_tokens: Some(1),
+        input_tokens: None,
+    };
+    let mut t = 0.0;
+    for _ in 0..80 {
+        t += 1.0;
+        let charge = match c.admit_sized(&req("a"), padded, t) {
+            Verdict::Pass(p) => p.charge.unwrap(),
+            v => panic!("{v:?}"),
+        };
+        let usage = crate::Usage {
+            prompt_tokens: 10,
+            completion_tokens: 1,
+        };
+        c.settle(&charge, Some(usage), t).unwrap();
+    }
+    assert!(c.lanes[0].estimator.bytes_per_token() > 15.0);
+    t += 1.0;
+    let first = c.admit_sized(&req("a"), sized(12_000), t);
+    assert!(
+        matches!(&first, Verdict::Pass(p) if p.charge.as_ref().unwrap().long_context),
+        "{first:?}"
+    );
+    let second = c.admit_sized(&req("a"), sized(12_000), t);
+    assert_eq!(
+        refused_by(&second).map(|r| r.0),
+        Some(Limit::LongContext),
+        "{second:?}"
+    );
+}
+
 #[test]
 fn a_waiting_long_request_whose_turn_comes_while_the_places_are_taken_is_refused() {
     let mut cfg = with_limits(None, Some((1000, 1)));

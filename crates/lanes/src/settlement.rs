@@ -15,7 +15,21 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
+/// The most tokens of either kind an answer may report and be settled
+/// with: a hundred million, ten times the longest context a model serves
+/// and more than 128 choices of 128k tokens. A larger count is garbage (an
+/// upstream's counter, an overflow), not a request's cost: settled, it
+/// would leave the lane in debt for years.
+pub const MAX_REPORTED_TOKENS: u64 = 100_000_000;
+
 impl Usage {
+    /// Whether it can be a request's cost: neither count is above
+    /// [`MAX_REPORTED_TOKENS`]. An answer whose usage is not keeps its
+    /// reservation, as one without usage does.
+    pub fn plausible(&self) -> bool {
+        self.prompt_tokens <= MAX_REPORTED_TOKENS && self.completion_tokens <= MAX_REPORTED_TOKENS
+    }
+
     /// The `usage` object of an OpenAI-style answer (a JSON body or a
     /// stream's usage chunk); `None` without one or with counts that are not
     /// whole numbers.
