@@ -923,3 +923,26 @@ fn no_spare_capacity_without_known_capacity_nor_for_held_lanes() {
     let c = Core::new(config(vec![f]), 0.5, 0.0, 0.0).unwrap();
     assert_eq!(c.spare_units_per_second(), 100.0 * 0.5 * 0.95 - 25.0);
 }
+
+#[test]
+fn a_swap_keeps_what_a_floor_accrued_since_the_last_refill() {
+    // P0: admitted 20 req/s, floor 90: its bucket refills at 90/s. A burst
+    // of 90 empties it at 0 s; half a second later a new config (the same
+    // lane) comes: 45 tokens accrued at the floor's rate, not 10 at the
+    // admitted rate.
+    let mut p0 = lane("p0", 20.0, 20);
+    p0.floor_units_per_second = Some(90.0);
+    p0.sheddable = false;
+    p0.queue.max_depth = 0;
+    let mut c = core(vec![p0.clone()]);
+    let burst = |c: &mut Core, now: f64| {
+        (0..100)
+            .filter(|_| matches!(c.admit(&req("p0"), now), Verdict::Pass(_)))
+            .count()
+    };
+    assert_eq!(burst(&mut c, 0.0), 90);
+    let mut next = config(vec![p0]);
+    next.level = 1;
+    c.swap(next, 1.0, 0.5, 1_000_000.5).unwrap();
+    assert_eq!(burst(&mut c, 0.5), 45);
+}
