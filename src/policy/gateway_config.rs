@@ -225,12 +225,7 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
             degraded_history_turns: Some(o.degraded_history_turns),
         }),
         borrowing: borrowing(d, contract, ctx),
-        // A paused lane's floor is not reserved (it admits nothing).
-        floor_units_per_second: spec
-            .floor_units_per_second
-            .as_ref()
-            .map(|f| f.value())
-            .filter(|f| *f > 0.0 && !paused),
+        floor_units_per_second: floor_in_force(d, contract, paused),
         ceiling_units_per_second: spec.ceiling_units_per_second.as_ref().map(|c| c.value()),
         expected_service_seconds: spec.expected_service_seconds.as_ref().map(|s| s.value()),
         spare_capacity: matches!(d.state, LaneState::Admitted | LaneState::Throttled),
@@ -242,6 +237,18 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
 }
 
 /// The profile's `spec.breakers` as `lanes.json` carries them.
+/// The floor a gateway reserves for the lane: the contract's, held to the
+/// lane's level cap, as allocation reserves it (a lane capped below its
+/// floor is held to the cap, floor included). A paused lane's floor is not
+/// reserved (it admits nothing).
+fn floor_in_force(d: &LaneDecision, contract: &LaneContract, paused: bool) -> Option<f64> {
+    let floor = contract.spec.floor_units_per_second.as_ref()?.value();
+    let floor = d
+        .level_cap_units_per_second
+        .map_or(floor, |cap| floor.min(cap));
+    (floor > 0.0 && !paused).then_some(floor)
+}
+
 fn breakers(spec: &BreakersSpec) -> Breakers {
     let settings = |b: &BreakerSpec| BreakerSettings {
         consecutive_failures: b.consecutive_failures.max(0) as u32,

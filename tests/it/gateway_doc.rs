@@ -12,7 +12,7 @@ use serde_json::Value;
 
 const PROFILE: &str = "ai-platform/agent-assist";
 /// The fixed clock of the example (2026-08-01T00:00:00Z).
-const NOW: i64 = 1_785_542_400;
+pub(crate) const NOW: i64 = 1_785_542_400;
 
 use crate::cli::root;
 
@@ -36,7 +36,7 @@ fn inc47() -> World {
 
 /// The config the controller publishes for INC-47 with `ready` replicas
 /// ready (70 units/s each), lane request rates overridden by `lane_rps`.
-fn build(world: &World, ready: u32, lane_rps: &[(&str, f64)]) -> GatewayConfig {
+pub(crate) fn build(world: &World, ready: u32, lane_rps: &[(&str, f64)]) -> GatewayConfig {
     let bound = policy::bind::bind(world);
     let b: &Binding<'_> = bound
         .bindings

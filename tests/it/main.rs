@@ -48,6 +48,7 @@ mod gateway_conn;
 mod gateway_cut;
 mod gateway_doc;
 mod gateway_fleet_demand;
+mod gateway_floor_cap;
 mod gateway_objective;
 mod gateway_replay;
 mod gateway_service_account;

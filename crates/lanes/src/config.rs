@@ -217,8 +217,9 @@ pub struct LaneConfig {
     pub optional_context: Option<OptionalContext>,
     /// Borrowing grants.
     pub borrowing: Vec<Borrow>,
-    /// The contract's guaranteed floor in work units/s: reserved by the
-    /// gateway even when the admitted rate is lower (absent: no floor).
+    /// The contract's guaranteed floor in work units/s, held to the lane's
+    /// level cap: reserved by the gateway even when the admitted rate is
+    /// lower (absent: no floor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor_units_per_second: Option<f64>,
     /// The contract's ceiling in work units/s: the most the lane passes,

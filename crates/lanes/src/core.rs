@@ -125,9 +125,13 @@ impl Core {
                 .zip(&next.lanes)
                 .all(|(a, b)| a.cfg.name == b.cfg.name);
         let mut refused = Vec::new();
+        // What each lane accrued since its last refill, at the rate its
+        // bucket ran at (its floor, its grants), before the lanes go.
+        let rates: Vec<f64> = (0..self.lanes.len())
+            .map(|i| effective_rate(&self.lanes, i, now))
+            .collect();
         for (old_idx, mut old) in std::mem::take(&mut self.lanes).into_iter().enumerate() {
-            let rate = old.bucket.rate;
-            old.refill(now, rate);
+            old.refill(now, rates[old_idx]);
             match next.by_name.get(&old.cfg.name).copied() {
                 Some(i) => carry_lane(old, &mut next.lanes[i], now),
                 None => {

@@ -923,3 +923,72 @@ fn no_spare_capacity_without_known_capacity_nor_for_held_lanes() {
     let c = Core::new(config(vec![f]), 0.5, 0.0, 0.0).unwrap();
     assert_eq!(c.spare_units_per_second(), 100.0 * 0.5 * 0.95 - 25.0);
 }
+
+#[test]
+fn a_swap_keeps_what_a_floor_accrued_since_the_last_refill() {
+    // P0: admitted 20 req/s, floor 90: its bucket refills at 90/s. A burst
+    // of 90 empties it at 0 s; half a second later a new config (the same
+    // lane) comes: 45 tokens accrued at the floor's rate, not 10 at the
+    // admitted rate.
+    let mut p0 = lane("p0", 20.0, 20);
+    p0.floor_units_per_second = Some(90.0);
+    p0.sheddable = false;
+    p0.queue.max_depth = 0;
+    let mut c = core(vec![p0.clone()]);
+    let burst = |c: &mut Core, now: f64| {
+        (0..100)
+            .filter(|_| matches!(c.admit(&req("p0"), now), Verdict::Pass(_)))
+            .count()
+    };
+    assert_eq!(burst(&mut c, 0.0), 90);
+    let mut next = config(vec![p0]);
+    next.level = 1;
+    c.swap(next, 1.0, 0.5, 1_000_000.5).unwrap();
+    assert_eq!(burst(&mut c, 0.5), 45);
+}
+
+#[test]
+fn a_request_whose_ttl_ran_out_is_told_when_to_come_back() {
+    // At 0.1 req/s a second request waits 10 s for its token, within the
+    // 25 s TTL; the rate then drops tenfold and its TTL runs out first.
+    // Coming back can help (x-should-retry: true): it is told the
+    // expected wait. One whose deadline can no longer be met is not.
+    let mut l = lane("a", 0.1, 1);
+    l.queue.ttl_seconds = 25;
+    l.retry_after_seconds = Some(7);
+    let mut c = core(vec![l.clone()]);
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Pass(_)));
+    assert!(matches!(c.admit(&req("a"), 0.0), Verdict::Queued { .. }));
+    let mut slower = l;
+    slower.admitted_requests_per_second = 0.01;
+    assert!(
+        c.swap(config(vec![slower]), 1.0, 1.0, 0.0)
+            .unwrap()
+            .is_empty()
+    );
+    match &c.poll(25.5)[..] {
+        [(_, Resolution::Refuse(x))] => {
+            assert_eq!((x.outcome, x.limit), (Outcome::Expired, Limit::QueueTtl));
+            // The lane's queue (now empty) at 0.01/s, less its tokens:
+            // the next token's wait.
+            assert!(x.retry_after_seconds.is_some_and(|s| s >= 1), "{x:?}");
+        }
+        r => panic!("{r:?}"),
+    }
+    // Past its deadline while waiting: no Retry-After.
+    let mut d = lane("d", 0.1, 1);
+    d.queue.ttl_seconds = 25;
+    d.deadline_seconds = 12;
+    let mut c = core(vec![d.clone()]);
+    assert!(matches!(c.admit(&req("d"), 0.0), Verdict::Pass(_)));
+    assert!(matches!(c.admit(&req("d"), 0.0), Verdict::Queued { .. }));
+    d.deadline_seconds = 5;
+    assert!(c.swap(config(vec![d]), 1.0, 1.0, 0.0).unwrap().is_empty());
+    match &c.poll(5.5)[..] {
+        [(_, Resolution::Refuse(x))] => {
+            assert_eq!((x.outcome, x.limit), (Outcome::Expired, Limit::Deadline));
+            assert_eq!(x.retry_after_seconds, None);
+        }
+        r => panic!("{r:?}"),
+    }
+}

@@ -181,7 +181,8 @@ fn earliest(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 }
 
 /// The refusal of a request whose wait ran out: deferred on a `Defer` lane
-/// while its deadline can still be met, expired otherwise.
+/// while its deadline can still be met, expired otherwise; told the
+/// expected wait (`Retry-After`) unless its deadline passed.
 fn expired(
     lane: &mut Lane,
     li: usize,
@@ -210,7 +211,13 @@ fn expired(
         } else {
             Limit::QueueTtl
         },
-        retry_after_seconds: if deferred { lane.retry_after() } else { None },
+        // Coming back helps unless its deadline can no longer be met: the
+        // expected wait, as every refusal that may be retried is told.
+        retry_after_seconds: if past_deadline && !deferred {
+            None
+        } else {
+            lane.retry_after()
+        },
         inside_floor: lane.inside_floor(),
     }
 }
