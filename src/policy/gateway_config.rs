@@ -236,7 +236,6 @@ fn lane_config(d: &LaneDecision, contract: &LaneContract, ctx: &LaneContext<'_>)
     }
 }
 
-/// The profile's `spec.breakers` as `lanes.json` carries them.
 /// The floor a gateway reserves for the lane: the contract's, held to the
 /// lane's level cap, as allocation reserves it (a lane capped below its
 /// floor is held to the cap, floor included). A paused lane's floor is not
@@ -249,6 +248,7 @@ fn floor_in_force(d: &LaneDecision, contract: &LaneContract, paused: bool) -> Op
     (floor > 0.0 && !paused).then_some(floor)
 }
 
+/// The profile's `spec.breakers` as `lanes.json` carries them.
 fn breakers(spec: &BreakersSpec) -> Breakers {
     let settings = |b: &BreakerSpec| BreakerSettings {
         consecutive_failures: b.consecutive_failures.max(0) as u32,
