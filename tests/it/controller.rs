@@ -558,11 +558,7 @@ async fn an_edited_gateway_config_is_put_back() {
 async fn two_profiles_on_one_workload_do_not_fight_over_its_replicas() {
     let s = cluster().await;
     apply_inc47(&s, None);
-    let mut older = inc47_objects()
-        .into_iter()
-        .find(|o| o["kind"] == "CapacityProfile")
-        .unwrap();
-    older["metadata"]["name"] = json!("agent-assist-b");
+    let mut older = example_profile_named("agent-assist-b");
     older["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
     older["spec"]["replicas"] = json!({"min": 12, "max": 12});
     s.put_direct(older).unwrap();
@@ -631,18 +627,14 @@ fn scaling_conflict(s: &ApiServer, name: &str) -> Value {
 
 /// When the profile that acts on a shared workload is pointed at another
 /// workload, or deleted, the other takes over at once: the change triggers
-/// it, and it reads the winner from the server (its cache may not have the
-/// change yet). Before, it waited for the resync (a minute here).
+/// it, from the watch whose store it reads the winner from. Before, it
+/// waited for the resync (a minute here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_profile_on_a_workload_takes_over_at_once() {
     let s = cluster().await;
     apply_inc47(&s, None);
     s.put_direct(deployment("vllm-b", 4, 4)).unwrap();
-    let mut older = inc47_objects()
-        .into_iter()
-        .find(|o| o["kind"] == "CapacityProfile")
-        .unwrap();
-    older["metadata"]["name"] = json!("agent-assist-b");
+    let mut older = example_profile_named("agent-assist-b");
     older["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
     s.put_direct(older).unwrap();
     let c = start(
@@ -750,11 +742,7 @@ async fn a_lane_moved_to_another_profile_leaves_the_old_one_at_once() {
     let s = cluster().await;
     apply_inc47(&s, None);
     s.put_direct(deployment("vllm-b", 4, 4)).unwrap();
-    let mut b = inc47_objects()
-        .into_iter()
-        .find(|o| o["kind"] == "CapacityProfile")
-        .unwrap();
-    b["metadata"]["name"] = json!("agent-assist-b");
+    let mut b = example_profile_named("agent-assist-b");
     b["spec"]["pool"]["scaleTargetRef"]["name"] = json!("vllm-b");
     b["spec"]["pool"]["podSelector"] = json!({"matchLabels": {"app": "vllm-b"}});
     s.put_direct(b).unwrap();

@@ -424,11 +424,7 @@ async fn removing_the_drain_spec_releases_drained_pods_and_gates_still_open() {
 async fn a_profile_outranked_on_its_workload_drains_no_pod() {
     let s = ApiServer::start().await;
     setup(&s, 8, 1, false, false);
-    let mut older = inc47_objects()
-        .into_iter()
-        .find(|o| o["kind"] == "CapacityProfile")
-        .unwrap();
-    older["metadata"]["name"] = json!("agent-assist-b");
+    let mut older = example_profile_named("agent-assist-b");
     older["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
     older["spec"]["replicas"] = json!({"min": 8, "max": 8});
     older["spec"]["drain"] = Value::Null;

@@ -19,9 +19,15 @@ use crate::cli::root;
 /// The INC-47 objects, each at generation 1 as on a cluster after `kubectl
 /// apply`.
 fn inc47() -> World {
-    let mut world = lanekeeper::manifest::load(&[root().join("examples/inc-47/inc-47.yaml")])
+    let world = lanekeeper::manifest::load(&[root().join("examples/inc-47/inc-47.yaml")])
         .expect("examples load")
         .world;
+    at_generation_1(world)
+}
+
+/// `world` with each object at generation 1, as on a cluster after
+/// `kubectl apply`.
+pub(crate) fn at_generation_1(mut world: World) -> World {
     for p in &mut world.profiles {
         p.metadata.generation = Some(1);
     }

@@ -7,7 +7,7 @@ use lanekeeper::policy::World;
 use lanes::{Core, GatewayConfig};
 
 use crate::cli::root;
-use crate::gateway_doc::{NOW, build};
+use crate::gateway_doc::{NOW, at_generation_1, build};
 use crate::scratch::ScratchFile;
 
 /// INC-47 with the `shed` level also capping P2 (`Throttle`, floor 40
@@ -23,19 +23,10 @@ fn inc47_capping_p2(cap: &str) -> World {
         ),
     );
     let file = ScratchFile::new("floor-cap", "inc-47.yaml", capped);
-    let mut world = lanekeeper::manifest::load(&[file.to_path_buf()])
+    let world = lanekeeper::manifest::load(&[file.to_path_buf()])
         .expect("loads")
         .world;
-    for p in &mut world.profiles {
-        p.metadata.generation = Some(1);
-    }
-    for l in &mut world.lanes {
-        l.metadata.generation = Some(1);
-    }
-    for p in &mut world.policies {
-        p.metadata.generation = Some(1);
-    }
-    world
+    at_generation_1(world)
 }
 
 /// Lane `name`'s bucket rate in work units/s in a gateway core enforcing

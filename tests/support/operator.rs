@@ -35,6 +35,16 @@ pub fn inc47_objects() -> Vec<Value> {
         .collect()
 }
 
+/// The example's CapacityProfile under another name (a second profile).
+pub fn example_profile_named(name: &str) -> Value {
+    let mut p = inc47_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "CapacityProfile")
+        .expect("the example has a CapacityProfile");
+    p["metadata"]["name"] = json!(name);
+    p
+}
+
 /// A Deployment with `replicas` wanted and `ready` ready.
 pub fn deployment(name: &str, replicas: i64, ready: i64) -> Value {
     json!({
