@@ -193,27 +193,18 @@ async fn run_namespace(
     let (lane_store, lane_stream) = reflected(lanes, watch_config());
     let (policy_store, policy_stream) = reflected(policies, watch_config());
     // A lane or policy whose `spec.profile` was edited concerns the profile
-    // it named before too; the stores say which were deleted (a watch
-    // updates its store before it passes the object on).
-    let (lanes_named, lanes_now) = (rebind::LastProfile::default(), lane_store.clone());
-    let lane_map = move |lane: DeserializeGuard<LaneContract>| {
-        let gone = lanes_now.get(&ObjectRef::from_obj(&lane)).is_none();
-        lanes_named.touched(&lane, |l| l.spec.profile.as_str(), gone)
-    };
-    let (policies_named, policies_now) = (rebind::LastProfile::default(), policy_store.clone());
-    let policy_map = move |p: DeserializeGuard<DegradationPolicy>| {
-        let gone = policies_now.get(&ObjectRef::from_obj(&p)).is_none();
-        policies_named.touched(&p, |p| p.spec.profile.as_str(), gone)
-    };
+    // it named before too.
+    let lane_map = rebind::profiles_touched(lane_store.clone(), |l: &LaneContract| {
+        l.spec.profile.as_str()
+    });
+    let policy_map = rebind::profiles_touched(policy_store.clone(), |p: &DegradationPolicy| {
+        p.spec.profile.as_str()
+    });
     // A profile deleted or pointed elsewhere concerns the others on the
-    // workload it named (one of them takes over).
+    // workload it named (one of them takes over). Which profile acts on a
+    // shared workload is read from the same store.
     let (peer_store, peer_stream) = reflected(scoped_api(&client, &ns), watch_config());
-    // Which profile acts on a shared workload is read from the same store.
-    let (targets_named, peers_now) = (workload_peers::LastTarget::default(), peer_store.clone());
-    let peer_map = move |p: DeserializeGuard<CapacityProfile>| {
-        let gone = peers_now.get(&ObjectRef::from_obj(&p)).is_none();
-        targets_named.peers(&p, gone, &peers_now.state())
-    };
+    let peer_map = workload_peers::peers_of(peer_store.clone());
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -324,10 +315,16 @@ async fn run_namespace(
     }
     reporter.abort();
     ready_task.abort();
-    ctx_for_stop.pods.shutdown();
-    ctx_for_stop.index.shutdown();
-    for source in &ctx_for_stop.sources {
-        source.detach(&ns);
+    stop_watching(&ctx_for_stop, &ns);
+}
+
+/// The pod and object indexes stopped, and the signal sources detached
+/// from the namespace.
+fn stop_watching(ctx: &Context, ns: &Option<String>) {
+    ctx.pods.shutdown();
+    ctx.index.shutdown();
+    for source in &ctx.sources {
+        source.detach(ns);
     }
 }
 

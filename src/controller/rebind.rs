@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use kube::Resource;
 use kube::core::DeserializeGuard;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::api::CapacityProfile;
 
@@ -57,6 +57,23 @@ impl LastProfile {
             .chain(before)
             .map(|p| ObjectRef::new(&p).within(ns))
             .collect()
+    }
+}
+
+/// The mapper of a lane or policy watch: the profiles each change
+/// concerns. `store` is the watch's own, which says which objects were
+/// deleted (a watch updates its store before it passes the object on).
+pub fn profiles_touched<K>(
+    store: Store<DeserializeGuard<K>>,
+    profile_of: fn(&K) -> &str,
+) -> impl Fn(DeserializeGuard<K>) -> Vec<ProfileRef>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let named = LastProfile::default();
+    move |obj: DeserializeGuard<K>| {
+        let gone = store.get(&ObjectRef::from_obj(&obj)).is_none();
+        named.touched(&obj, profile_of, gone)
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kube::core::DeserializeGuard;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::rebind::ProfileRef;
 use super::reconcile::shared_target::same_workload;
@@ -62,6 +62,18 @@ impl LastTarget {
             })
             .map(|p| ObjectRef::new(p.name_str()).within(ns))
             .collect()
+    }
+}
+
+/// The mapper of the profiles' second watch: each change's peers, found
+/// in that watch's `store` (which also says which profiles were deleted).
+pub fn peers_of(
+    store: Store<DeserializeGuard<CapacityProfile>>,
+) -> impl Fn(DeserializeGuard<CapacityProfile>) -> Vec<ProfileRef> {
+    let named = LastTarget::default();
+    move |p: DeserializeGuard<CapacityProfile>| {
+        let gone = store.get(&ObjectRef::from_obj(&p)).is_none();
+        named.peers(&p, gone, &store.state())
     }
 }
 
