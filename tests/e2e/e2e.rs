@@ -790,6 +790,35 @@ async fn leader_failover_within_one_lease_duration() {
 }
 
 /// Watches the gateway ConfigMap and records every version's lanes.json.
+/// Where two `lanes.json` documents differ: the paths of the values that
+/// do, each with both values.
+fn changed_paths(a: &str, b: &str) -> Vec<String> {
+    fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+        match (a, b) {
+            (Value::Object(x), Value::Object(y)) => {
+                for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
+                    let (va, vb) = (
+                        x.get(k).unwrap_or(&Value::Null),
+                        y.get(k).unwrap_or(&Value::Null),
+                    );
+                    walk(&format!("{path}/{k}"), va, vb, out);
+                }
+            }
+            (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+                for (i, (va, vb)) in x.iter().zip(y).enumerate() {
+                    walk(&format!("{path}/{i}"), va, vb, out);
+                }
+            }
+            _ if a != b => out.push(format!("{path}: {a} -> {b}")),
+            _ => {}
+        }
+    }
+    let parse = |t: &str| serde_json::from_str(t).unwrap_or(Value::String(t.to_owned()));
+    let mut out = Vec::new();
+    walk("", &parse(a), &parse(b), &mut out);
+    out
+}
+
 fn record_config_versions(client: Client, ns: String) -> Arc<Mutex<Vec<(String, String)>>> {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
@@ -912,12 +941,29 @@ async fn apiserver_and_etcd_restarts_mid_incident() {
     assert_eq!(*bound_broken.lock().unwrap(), None, "drain bound");
     assert!(ctl.running(), "controller exited:\n{}", ctl.log_text());
 
-    // Quiet: nothing changes, nothing is written.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let before = versions.lock().unwrap().len();
+    // Quiet: once a recovery ramp that may still be writing has ended
+    // (3 s without a new version), nothing changes, nothing is written.
+    let settled = Instant::now();
+    let mut before = versions.lock().unwrap().len();
+    loop {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = versions.lock().unwrap().len();
+        if now == before || settled.elapsed() > T {
+            break;
+        }
+        before = now;
+    }
     tokio::time::sleep(Duration::from_secs(5)).await;
     let v = versions.lock().unwrap().clone();
-    assert_eq!(v.len(), before, "ConfigMap writes at steady state");
+    assert_eq!(
+        v.len(),
+        before,
+        "ConfigMap writes at steady state; what each changed: {:?}",
+        v[before.saturating_sub(1)..]
+            .windows(2)
+            .map(|w| changed_paths(&w[0].1, &w[1].1))
+            .collect::<Vec<_>>()
+    );
     // Every version of the ConfigMap says something new: no decision
     // written twice, none lost (1 → 2 → 1 seen in order).
     for pair in v.windows(2) {
