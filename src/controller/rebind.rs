@@ -16,17 +16,73 @@ use crate::api::CapacityProfile;
 /// A profile to reconcile.
 pub type ProfileRef = ObjectRef<DeserializeGuard<CapacityProfile>>;
 
-/// The profile each watched object (by namespace and name) last named.
-#[derive(Default)]
-pub struct LastProfile {
-    seen: Mutex<HashMap<(String, String), String>>,
+/// What each watched object (by namespace and name) last named: a watch
+/// event carries only the new object, so what it named before is kept
+/// here.
+pub struct LastNamed<T> {
+    seen: Mutex<HashMap<(String, String), T>>,
 }
+
+impl<T> Default for LastNamed<T> {
+    fn default() -> Self {
+        LastNamed {
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// A touched object: where it is, what it names now (None when it is
+/// invalid) and what it named before (None when nothing, or the same).
+pub struct Noted<'a, T> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub now: Option<T>,
+    pub before: Option<T>,
+}
+
+impl<T: Clone + PartialEq> LastNamed<T> {
+    /// Notes what `obj` names now (by `named`); `gone`: it was deleted
+    /// (it is forgotten then, as is an invalid one). None without a
+    /// namespace and name.
+    pub fn note<'a, K: Resource>(
+        &self,
+        obj: &'a DeserializeGuard<K>,
+        named: impl Fn(&K) -> T,
+        gone: bool,
+    ) -> Option<Noted<'a, T>> {
+        let meta = match &obj.0 {
+            Ok(o) => o.meta(),
+            Err(invalid) => &invalid.metadata,
+        };
+        let (Some(namespace), Some(name)) = (&meta.namespace, &meta.name) else {
+            return None;
+        };
+        let now = obj.0.as_ref().ok().map(named);
+        let key = (namespace.clone(), name.clone());
+        let before = {
+            let mut seen = self.seen.lock().expect("not poisoned");
+            match (&now, gone) {
+                (Some(t), false) => seen.insert(key, t.clone()),
+                _ => seen.remove(&key),
+            }
+        };
+        let before = before.filter(|b| Some(b) != now.as_ref());
+        Some(Noted {
+            namespace,
+            name,
+            now,
+            before,
+        })
+    }
+}
+
+/// The profile each watched lane or policy last named.
+pub type LastProfile = LastNamed<String>;
 
 impl LastProfile {
     /// The profiles to reconcile for a touched object: the one it names now
     /// (none when it is invalid) and the one it named before, when that is
-    /// another. `gone`: the object was deleted (it is forgotten then, as is
-    /// an invalid one).
+    /// another. `gone`: the object was deleted.
     pub fn touched<K>(
         &self,
         obj: &DeserializeGuard<K>,
@@ -36,26 +92,13 @@ impl LastProfile {
     where
         K: Resource,
     {
-        let meta = match &obj.0 {
-            Ok(o) => o.meta(),
-            Err(invalid) => &invalid.metadata,
-        };
-        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+        let Some(n) = self.note(obj, |o| profile_of(o).to_owned(), gone) else {
             return Vec::new();
         };
-        let now = obj.0.as_ref().ok().map(|o| profile_of(o).to_owned());
-        let key = (ns.clone(), name.clone());
-        let before = {
-            let mut seen = self.seen.lock().expect("not poisoned");
-            match (&now, gone) {
-                (Some(p), false) => seen.insert(key, p.clone()),
-                _ => seen.remove(&key),
-            }
-        };
-        let before = before.filter(|b| Some(b) != now.as_ref());
-        now.into_iter()
-            .chain(before)
-            .map(|p| ObjectRef::new(&p).within(ns))
+        n.now
+            .into_iter()
+            .chain(n.before)
+            .map(|p| ObjectRef::new(&p).within(n.namespace))
             .collect()
     }
 }

@@ -6,21 +6,17 @@
 //! A watch event carries only the new object, so the mapper remembers the
 //! workload each profile last named.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::rebind::ProfileRef;
+use super::rebind::{LastNamed, ProfileRef};
 use super::reconcile::shared_target::same_workload;
 use crate::api::{CapacityProfile, ObjectKey, ScaleTargetRef};
 
-/// The workload each watched profile (by namespace and name) last named.
-#[derive(Default)]
-pub struct LastTarget {
-    seen: Mutex<HashMap<(String, String), ScaleTargetRef>>,
-}
+/// The workload each watched profile last named.
+pub type LastTarget = LastNamed<ScaleTargetRef>;
 
 impl LastTarget {
     /// The other profiles of `all` that name the workload `changed` names
@@ -32,35 +28,19 @@ impl LastTarget {
         gone: bool,
         all: &[Arc<DeserializeGuard<CapacityProfile>>],
     ) -> Vec<ProfileRef> {
-        let meta = match &changed.0 {
-            Ok(p) => &p.metadata,
-            Err(invalid) => &invalid.metadata,
-        };
-        let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+        let named = |p: &CapacityProfile| p.spec.pool.scale_target_ref.clone();
+        let Some(n) = self.note(changed, named, gone) else {
             return Vec::new();
         };
-        let now = changed
-            .0
-            .as_ref()
-            .ok()
-            .map(|p| p.spec.pool.scale_target_ref.clone());
-        let key = (ns.clone(), name.clone());
-        let before = {
-            let mut seen = self.seen.lock().expect("not poisoned");
-            match (&now, gone) {
-                (Some(t), false) => seen.insert(key, t.clone()),
-                _ => seen.remove(&key),
-            }
-        };
-        let targets: Vec<ScaleTargetRef> = now.into_iter().chain(before).collect();
+        let targets: Vec<ScaleTargetRef> = n.now.into_iter().chain(n.before).collect();
         all.iter()
             .filter_map(|g| g.0.as_ref().ok())
-            .filter(|p| p.namespace_str() == ns && p.name_str() != name)
+            .filter(|p| p.namespace_str() == n.namespace && p.name_str() != n.name)
             .filter(|p| {
                 let t = &p.spec.pool.scale_target_ref;
                 targets.iter().any(|w| same_workload(t, w))
             })
-            .map(|p| ObjectRef::new(p.name_str()).within(ns))
+            .map(|p| ObjectRef::new(p.name_str()).within(n.namespace))
             .collect()
     }
 }

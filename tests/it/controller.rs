@@ -271,9 +271,19 @@ async fn a_new_profile_does_not_shrink_the_pool_it_adopts() {
 
 /// The example profile's condition of a type.
 fn condition(s: &ApiServer, type_: &str) -> Value {
-    profile_status(s)["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == type_).cloned())
+    condition_of(s, "agent-assist", type_)
+}
+
+/// Profile `name`'s condition of `type_` (null without one).
+fn condition_of(s: &ApiServer, name: &str, type_: &str) -> Value {
+    s.get_object(LK, "capacityprofiles", Some(NS), name)
+        .and_then(|p| {
+            p["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == type_)
+                .cloned()
+        })
         .unwrap_or(Value::Null)
 }
 
@@ -563,17 +573,7 @@ async fn two_profiles_on_one_workload_do_not_fight_over_its_replicas() {
     older["spec"]["replicas"] = json!({"min": 12, "max": 12});
     s.put_direct(older).unwrap();
     let c = start(&s, settings(false, "a"));
-    let conflict = |s: &ApiServer, name: &str| {
-        s.get_object(LK, "capacityprofiles", Some(NS), name)
-            .and_then(|p| {
-                p["status"]["conditions"]
-                    .as_array()?
-                    .iter()
-                    .find(|c| c["type"] == "ScalingConflict")
-                    .cloned()
-            })
-            .unwrap_or(Value::Null)
-    };
+    let conflict = scaling_conflict;
     assert!(
         s.wait_until(T, |s| pool_replicas(s) == 12
             && conflict(s, "agent-assist")["status"] == "True"
@@ -614,15 +614,7 @@ async fn two_profiles_on_one_workload_do_not_fight_over_its_replicas() {
 
 /// A profile's `ScalingConflict` condition (null without one).
 fn scaling_conflict(s: &ApiServer, name: &str) -> Value {
-    s.get_object(LK, "capacityprofiles", Some(NS), name)
-        .and_then(|p| {
-            p["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .find(|c| c["type"] == "ScalingConflict")
-                .cloned()
-        })
-        .unwrap_or(Value::Null)
+    condition_of(s, name, "ScalingConflict")
 }
 
 /// When the profile that acts on a shared workload is pointed at another

@@ -13,8 +13,8 @@ use serde_json::json;
 
 use super::rules_promtool::promtool_test;
 use crate::fleet_store_redis::Server;
-use crate::gateway::{Proc, client, config_file, gateway_to, inc47, metrics, model, ready};
-use crate::gateway_shared::wait_mode;
+use crate::gateway::{Proc, client, config_file, inc47, metrics, model, ready};
+use crate::gateway_shared::{one_of_three, wait_mode};
 use crate::prometheus_support::promtool;
 use crate::scratch::Scratch;
 
@@ -81,15 +81,9 @@ async fn three_replicas_series_give_the_demand_of_originals_once() {
     // Counting is what is tested here, not the fallback: a generous store
     // timeout, so a busy machine does not send an id check to the local
     // memory (where a retry on another replica looks like an original).
-    let flags = [
-        "--replicas",
-        "3",
-        "--shared-state",
-        &url,
-        "--shared-state-timeout-millis",
-        "5000",
-    ];
-    let gws: Vec<Proc> = (0..3).map(|_| gateway_to(&path, &m.addr, &flags)).collect();
+    let gws: Vec<Proc> = (0..3)
+        .map(|_| one_of_three(&path, &m, &url, 5000))
+        .collect();
     let c = client();
     for gw in &gws {
         ready(&c, gw).await;

@@ -7,6 +7,7 @@
 //! Without a server binary the test prints a loud SKIPPED line;
 //! `LANEKEEPER_REQUIRE_REDIS=1` (CI) makes that a failure.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -317,6 +318,22 @@ pub(crate) async fn fleet(
     fleet_at(test, cfg, m, &store.url()).await
 }
 
+/// One replica of a fleet of three (`--replicas 3`) of the config at
+/// `path` in front of `m`, on the store at `url`, each store call given
+/// `timeout_millis`.
+pub(crate) fn one_of_three(path: &Path, m: &Proc, url: &str, timeout_millis: u64) -> Proc {
+    let timeout = timeout_millis.to_string();
+    let flags = [
+        "--replicas",
+        "3",
+        "--shared-state",
+        url,
+        "--shared-state-timeout-millis",
+        &timeout,
+    ];
+    gateway_to(path, &m.addr, &flags)
+}
+
 /// Three replicas on the store at `url` in front of `m`, all shared, and
 /// their config file (held while they run).
 pub(crate) async fn fleet_at(
@@ -326,15 +343,7 @@ pub(crate) async fn fleet_at(
     url: &str,
 ) -> (Vec<Proc>, reqwest::Client, ConfigFile) {
     let path = config_file(test, cfg);
-    let flags = [
-        "--replicas",
-        "3",
-        "--shared-state",
-        url,
-        "--shared-state-timeout-millis",
-        "200",
-    ];
-    let gws: Vec<Proc> = (0..3).map(|_| gateway_to(&path, &m.addr, &flags)).collect();
+    let gws: Vec<Proc> = (0..3).map(|_| one_of_three(&path, m, url, 200)).collect();
     let c = client();
     for gw in &gws {
         ready(&c, gw).await;

@@ -14,10 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::fleet_store_redis::Server;
-use crate::gateway::{
-    Proc, client, config_file, control, gateway_to, inc47, lane_mut, model, ready,
-};
-use crate::gateway_shared::{Answers, config, load_to, tally, wait_mode};
+use crate::gateway::{Proc, client, config_file, control, inc47, lane_mut, model, ready};
+use crate::gateway_shared::{Answers, config, load_to, one_of_three, tally, wait_mode};
 use crate::gateway_shared_fleet::{P1, load};
 use crate::gateway_shared_late::Proxy;
 
@@ -32,17 +30,7 @@ const RATE: f64 = 60.0;
 async fn one_cut_off(test: &str, cfg: &Value, m: &Proc, store: &Server) -> (Vec<Proc>, Proxy) {
     let far = Proxy::always(store.port(), Duration::from_millis(400)).await;
     let path = config_file(test, cfg);
-    let start = |url: String| {
-        let flags = [
-            "--replicas",
-            "3",
-            "--shared-state",
-            &url,
-            "--shared-state-timeout-millis",
-            "200",
-        ];
-        gateway_to(&path, &m.addr, &flags)
-    };
+    let start = |url: String| one_of_three(&path, m, &url, 200);
     let gws: Vec<Proc> = vec![start(far.url()), start(store.url()), start(store.url())];
     let c = client();
     for gw in &gws {
